@@ -1,0 +1,30 @@
+/**
+ * FLOP counts as FlashAttention-2 reports them: forward 4·B·H·Sq·Sk·D (two matmuls), halved when
+ * causal; backward 2.5× the forward (five matmuls, recomputing S).
+ * @packageDocumentation
+ */
+
+/** Which pass a measurement covers. */
+export type Pass = 'fwd' | 'bwd' | 'fwdbwd';
+
+/** Shape of one attention problem. */
+export interface AttentionShape {
+  batch: number;
+  seqlenQ: number;
+  seqlenK: number;
+  headsQ: number;
+  headDim: number;
+  causal: boolean;
+}
+
+/** Forward FLOPs: 4·B·H·Sq·Sk·D, halved when causal. */
+export function forwardFlops(s: AttentionShape): number {
+  const full = 4 * s.batch * s.headsQ * s.seqlenQ * s.seqlenK * s.headDim;
+  return s.causal ? full / 2 : full;
+}
+
+/** FLOPs of a pass: the forward count, ×2.5 for the backward, ×3.5 for forward+backward. */
+export function passFlops(s: AttentionShape, pass: Pass): number {
+  const f = forwardFlops(s);
+  return pass === 'fwd' ? f : pass === 'bwd' ? 2.5 * f : 3.5 * f;
+}

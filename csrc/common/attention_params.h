@@ -1,0 +1,76 @@
+// The plain parameter structs that every attention backend (CPU FA2, CUDA naive reference, CUDA FA2)
+// receives. Validation has already happened when one of these is filled (lib/ validates, csrc/napi
+// re-validates): backends may rely on every invariant written here.
+//
+// Layout (like FlashAttention-2): q, k, v, out, dout, dq, dk, dv are [batch, seqlen, heads, head_dim]
+// and contiguous unless the strides below say otherwise. Strides are in elements, not bytes.
+// lse and the backward's D are float32 [batch, heads_q, seqlen_q], contiguous.
+//
+// Masking semantics, shared by all backends:
+//  - causal is aligned to the bottom-right corner: query row i sees key j iff
+//        j <= i + (seqlen_k - seqlen_q).
+//    With seqlen_q > seqlen_k the first (seqlen_q - seqlen_k) rows see no key at all.
+//  - A row that sees no key writes out = 0 and lse = +inf; in the backward, P = exp(s - lse) = 0
+//    for it, so its dq is 0 and it adds nothing to dk/dv. Never NaN.
+//  - GQA/MQA: query head h reads key/value head h / (heads_q / heads_kv).
+#pragma once
+#include <cstdint>
+
+#include "dtype.h"
+
+namespace fa {
+
+// log2(e): folds the natural-exp softmax into exp2 (seed 002).
+inline constexpr float kLog2e = 1.4426950408889634f;
+// ln(2): converts a base-2 log-sum-exp back to natural log for the stored LSE.
+inline constexpr float kLn2 = 0.6931471805599453f;
+
+struct AttentionFwdParams {
+  // Sizes. All >= 1; head_dim is a multiple of 8 in [8, 256]; heads_q % heads_kv == 0.
+  int64_t batch = 0;
+  int64_t seqlen_q = 0;
+  int64_t seqlen_k = 0;
+  int64_t heads_q = 0;
+  int64_t heads_kv = 0;
+  int64_t head_dim = 0;
+
+  // Element strides of q and out ([batch, seqlen_q, heads_q, head_dim]); the last dim has stride 1.
+  int64_t q_batch_stride = 0, q_row_stride = 0, q_head_stride = 0;
+  // Element strides of k and v ([batch, seqlen_k, heads_kv, head_dim]).
+  int64_t k_batch_stride = 0, k_row_stride = 0, k_head_stride = 0;
+  int64_t v_batch_stride = 0, v_row_stride = 0, v_head_stride = 0;
+  int64_t o_batch_stride = 0, o_row_stride = 0, o_head_stride = 0;
+
+  DType dtype = DType::kFloat32;  // of q, k, v and out (lse is always float32)
+  float softmax_scale = 1.0f;     // finite and > 0; multiplies q.k before the softmax
+  float scale_log2 = kLog2e;      // softmax_scale * kLog2e, for exp2
+  bool causal = false;
+
+  const void* q = nullptr;
+  const void* k = nullptr;
+  const void* v = nullptr;
+  void* out = nullptr;
+  float* lse = nullptr;  // natural log; +inf for rows with no visible key
+};
+
+struct AttentionBwdParams : AttentionFwdParams {
+  // Inputs of the backward (same shape, dtype and strides as out / q / k / v respectively).
+  const void* dout = nullptr;  // strides: the o_* strides
+  const float* lse_in = nullptr;  // the forward's lse (its `lse` field is unused in the backward)
+  // Outputs: dq like q, dk like k, dv like v (same strides as their inputs).
+  void* dq = nullptr;
+  void* dk = nullptr;
+  void* dv = nullptr;
+  // Deterministic accumulation order for dq (backends that have a choice honour it).
+  bool deterministic = false;
+};
+
+// Fills contiguous [batch, seqlen, heads, head_dim] strides.
+inline void set_contiguous_strides(int64_t seqlen, int64_t heads, int64_t head_dim, int64_t* batch_stride,
+                                   int64_t* row_stride, int64_t* head_stride) {
+  *head_stride = head_dim;
+  *row_stride = heads * head_dim;
+  *batch_stride = seqlen * heads * head_dim;
+}
+
+}  // namespace fa

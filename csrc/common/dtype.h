@@ -1,0 +1,32 @@
+// Element types shared by every layer. The numeric values are part of the JS <-> C++ contract
+// (lib/native.ts mirrors them); do not renumber.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+
+namespace fa {
+
+enum class DType : int32_t {
+  kFloat32 = 0,
+  kFloat16 = 1,
+  kBFloat16 = 2,
+};
+
+inline constexpr size_t dtype_size(DType t) { return t == DType::kFloat32 ? 4 : 2; }
+
+inline const char* dtype_name(DType t) {
+  switch (t) {
+    case DType::kFloat32: return "float32";
+    case DType::kFloat16: return "float16";
+    case DType::kBFloat16: return "bfloat16";
+  }
+  return "unknown";
+}
+
+inline bool dtype_from_int(int32_t v, DType* out) {
+  if (v < 0 || v > 2) return false;
+  *out = static_cast<DType>(v);
+  return true;
+}
+
+}  // namespace fa

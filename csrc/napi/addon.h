@@ -1,0 +1,72 @@
+// The Node-API surface. JS values are converted into plain structs on the JS thread, re-validated
+// here (C++ never trusts a length or a shape from JS), and the work is queued on the device's
+// stream; results come back through Promises resolved off the event loop's critical path.
+#pragma once
+#include <napi.h>
+
+#include <memory>
+#include <string>
+
+#include "runtime/error.h"
+#include "runtime/runtime.h"
+
+namespace fa::napi {
+
+// A JS handle on one Buffer. JS `Tensor` objects (lib/tensor.ts) hold one each; `release()` drops
+// the handle's reference (the buffer is freed when queued work on it is done).
+class NativeBuffer : public Napi::ObjectWrap<NativeBuffer> {
+ public:
+  static Napi::Function Define(Napi::Env env);
+  explicit NativeBuffer(const Napi::CallbackInfo& info);
+  // Wraps `buf` in a new JS object (the constructor is not callable from JS with arguments).
+  static Napi::Object Wrap(Napi::Env env, BufferPtr buf);
+  // Unwraps `value`, throwing a TypeError naming `arg` if it is not a live NativeBuffer.
+  static BufferPtr From(const Napi::Value& value, const char* arg);
+
+ private:
+  Napi::Value Release(const Napi::CallbackInfo& info);
+  Napi::Value Share(const Napi::CallbackInfo& info);
+  Napi::Value GetBytes(const Napi::CallbackInfo& info);
+  Napi::Value GetDevice(const Napi::CallbackInfo& info);
+  Napi::Value GetDtype(const Napi::CallbackInfo& info);
+  Napi::Value GetReleased(const Napi::CallbackInfo& info);
+
+  BufferPtr buf_;
+};
+
+// Per-environment state (main thread and each worker get their own).
+struct AddonData {
+  std::unique_ptr<Runtime> runtime;
+  Napi::FunctionReference buffer_ctor;
+};
+
+AddonData& data(Napi::Env env);
+Runtime& runtime(Napi::Env env);
+
+// Maps a C++ exception to the matching JS error and throws it.
+[[noreturn]] void rethrow_as_js(Napi::Env env, const std::exception& e);
+
+// Every exported function is registered through guarded<>: C++ exceptions become JS errors.
+template <Napi::Value (*Fn)(const Napi::CallbackInfo&)>
+Napi::Value guarded(const Napi::CallbackInfo& info) {
+  try {
+    return Fn(info);
+  } catch (const Napi::Error&) {
+    throw;
+  } catch (const std::exception& e) {
+    rethrow_as_js(info.Env(), e);
+  }
+}
+
+// Argument helpers: each throws a TypeError/RangeError that names the argument.
+Device device_arg(const Napi::Value& v, const char* arg);
+DType dtype_arg(const Napi::Value& v, const char* arg);
+int64_t int_arg(const Napi::Value& v, const char* arg, int64_t min, int64_t max);
+double number_arg(const Napi::Value& v, const char* arg);
+bool bool_arg(const Napi::Value& v, const char* arg);
+
+// Exports of each source file.
+void InitTensorOps(Napi::Env env, Napi::Object exports);
+void InitAttentionOps(Napi::Env env, Napi::Object exports);
+
+}  // namespace fa::napi

@@ -1,0 +1,280 @@
+// attentionForward / attentionBackward: re-validate what lib/ validated, fill the plain params
+// struct, and queue the backend's launcher on the device's stream.
+#include <cmath>
+#include <limits>
+
+#include "common/attention_params.h"
+#include "cpu/flash_cpu.h"
+#include "napi/addon.h"
+#ifdef FA_WITH_CUDA
+#include "cuda/naive_attention.h"
+#endif
+
+namespace fa::napi {
+
+namespace {
+
+// Which implementation runs. The numbers are part of the JS contract (lib/native.ts).
+enum class Kernel : int32_t {
+  kAuto = 0,   // the fastest available on the device
+  kFlash = 1,  // FlashAttention-2 (CPU: csrc/cpu; CUDA: lands with the CUDA kernels)
+  kNaive = 2,  // CUDA only: fp32 reference that materialises S (csrc/cuda/naive_attention.cu)
+};
+
+constexpr int64_t kMaxDim = std::numeric_limits<int32_t>::max();
+constexpr int64_t kMaxHeadDim = 256;
+constexpr int64_t kHeadDimMultiple = 8;
+
+struct Dims {
+  int64_t batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim;
+};
+
+Dims dims_arg(const Napi::Value& v) {
+  if (!v.IsArray() || v.As<Napi::Array>().Length() != 6) {
+    throw type_error("Expected dims to be an Array [batch, seqlenQ, seqlenK, headsQ, headsKV, headDim]");
+  }
+  auto a = v.As<Napi::Array>();
+  Dims d{};
+  d.batch = int_arg(a.Get(0u), "batch", 1, kMaxDim);
+  d.seqlen_q = int_arg(a.Get(1u), "seqlenQ", 1, kMaxDim);
+  d.seqlen_k = int_arg(a.Get(2u), "seqlenK", 1, kMaxDim);
+  d.heads_q = int_arg(a.Get(3u), "headsQ", 1, kMaxDim);
+  d.heads_kv = int_arg(a.Get(4u), "headsKV", 1, kMaxDim);
+  d.head_dim = int_arg(a.Get(5u), "headDim", kHeadDimMultiple, kMaxHeadDim);
+  if (d.head_dim % kHeadDimMultiple != 0) {
+    throw range_error("Expected headDim to be a multiple of 8 in [8, 256] but received " + std::to_string(d.head_dim));
+  }
+  if (d.heads_q % d.heads_kv != 0) {
+    throw range_error("Expected headsQ (" + std::to_string(d.heads_q) + ") to be a multiple of headsKV (" +
+                      std::to_string(d.heads_kv) + ")");
+  }
+  return d;
+}
+
+// Element count of a [a, b, c, d] tensor, refusing anything whose byte size would not fit in 62 bits.
+int64_t checked_numel(std::initializer_list<int64_t> dims, const char* what) {
+  constexpr int64_t kLimit = int64_t{1} << 60;
+  int64_t n = 1;
+  for (int64_t d : dims) {
+    if (d != 0 && n > kLimit / d)
+      throw range_error(std::string("Expected ") + what + " to have fewer than 2^60 elements");
+    n *= d;
+  }
+  return n;
+}
+
+void expect_buffer(const BufferPtr& b, const char* arg, Device device, DType dtype, int64_t numel) {
+  if (b->device() != device) {
+    throw type_error(std::string("Expected ") + arg + " to be on device '" + device_name(device) + "' but received '" +
+                     device_name(b->device()) + "'");
+  }
+  if (b->dtype() != dtype) {
+    throw type_error(std::string("Expected ") + arg + " to have dtype " + dtype_name(dtype) + " but received " +
+                     dtype_name(b->dtype()));
+  }
+  if (b->numel() != static_cast<size_t>(numel)) {
+    throw range_error(std::string("Expected ") + arg + " to hold " + std::to_string(numel) + " elements but it holds " +
+                      std::to_string(b->numel()));
+  }
+}
+
+float scale_arg(const Napi::Value& v) {
+  double s = number_arg(v, "softmaxScale");
+  if (!std::isfinite(s) || s <= 0.0 || static_cast<float>(s) <= 0.0f || !std::isfinite(static_cast<float>(s))) {
+    throw range_error("Expected softmaxScale to be a finite number > 0 but received " + std::to_string(s));
+  }
+  return static_cast<float>(s);
+}
+
+Kernel kernel_arg(const Napi::Value& v) {
+  return static_cast<Kernel>(int_arg(v, "kernel", 0, 2));
+}
+
+void fill_fwd_params(AttentionFwdParams& p, const Dims& d, DType dtype, float scale, bool causal) {
+  p.batch = d.batch;
+  p.seqlen_q = d.seqlen_q;
+  p.seqlen_k = d.seqlen_k;
+  p.heads_q = d.heads_q;
+  p.heads_kv = d.heads_kv;
+  p.head_dim = d.head_dim;
+  set_contiguous_strides(d.seqlen_q, d.heads_q, d.head_dim, &p.q_batch_stride, &p.q_row_stride, &p.q_head_stride);
+  set_contiguous_strides(d.seqlen_k, d.heads_kv, d.head_dim, &p.k_batch_stride, &p.k_row_stride, &p.k_head_stride);
+  set_contiguous_strides(d.seqlen_k, d.heads_kv, d.head_dim, &p.v_batch_stride, &p.v_row_stride, &p.v_head_stride);
+  set_contiguous_strides(d.seqlen_q, d.heads_q, d.head_dim, &p.o_batch_stride, &p.o_row_stride, &p.o_head_stride);
+  p.dtype = dtype;
+  p.softmax_scale = scale;
+  p.scale_log2 = scale * kLog2e;
+  p.causal = causal;
+}
+
+// Picks the implementation for `device`, or throws why the requested one cannot run there.
+Kernel resolve_kernel(Kernel k, Device device) {
+  if (device == Device::kCpu) {
+    if (k == Kernel::kNaive) {
+      throw range_error(
+          "Expected kernel to be 'auto' or 'flash' on device 'cpu' but received 'naive' (the naive kernel runs on "
+          "CUDA; on the CPU the float64 reference is referenceAttention)");
+    }
+    return Kernel::kFlash;
+  }
+  if (k == Kernel::kFlash) {
+    throw range_error(
+        "Expected kernel to be 'auto' or 'naive' on device 'cuda' but received 'flash': the CUDA FlashAttention-2 "
+        "kernels are not part of this build yet");
+  }
+  return Kernel::kNaive;
+}
+
+// Runs `fn` on the CPU executor; if an input failed upstream or `fn` throws, the outputs carry the
+// error and reads of them reject with it.
+void submit_cpu(Runtime& rt, std::vector<BufferPtr> inputs, std::vector<BufferPtr> outputs, std::function<void()> fn) {
+  rt.executor().submit([inputs = std::move(inputs), outputs = std::move(outputs), fn = std::move(fn)] {
+    std::string err;
+    for (const auto& in : inputs) {
+      err = in->error();
+      if (!err.empty()) break;
+    }
+    if (err.empty()) {
+      try {
+        fn();
+      } catch (const std::bad_alloc&) {
+        err = "out of host memory for the CPU attention workspace";
+      } catch (const std::exception& e) {
+        err = e.what();
+      }
+    }
+    if (!err.empty()) {
+      for (const auto& out : outputs) out->set_error(err);
+    }
+  });
+}
+
+#ifdef FA_WITH_CUDA
+void check_launch(Runtime& rt, cudaError_t err, const char* what, size_t workspace_bytes) {
+  if (err == cudaErrorMemoryAllocation) {
+    cudaGetLastError();
+    size_t free_bytes = 0, total_bytes = 0;
+    cudaMemGetInfo(&free_bytes, &total_bytes);
+    throw Error(std::string("CUDA out of memory in ") + what + ": its workspace needs " +
+                std::to_string(workspace_bytes) + " bytes and the device has " + std::to_string(free_bytes) +
+                " bytes free of " + std::to_string(total_bytes));
+  }
+  rt.cuda().check(err, what);
+}
+#endif
+
+// attentionForward(q, k, v, dims, causal, softmaxScale, kernel): [out, lse]
+Napi::Value AttentionForward(const Napi::CallbackInfo& info) {
+  Napi::Env env = info.Env();
+  Runtime& rt = runtime(env);
+  BufferPtr q = NativeBuffer::From(info[0], "q");
+  BufferPtr k = NativeBuffer::From(info[1], "k");
+  BufferPtr v = NativeBuffer::From(info[2], "v");
+  const Dims d = dims_arg(info[3]);
+  const bool causal = bool_arg(info[4], "causal");
+  const float scale = scale_arg(info[5]);
+  const Device device = q->device();
+  const DType dtype = q->dtype();
+  const int64_t q_numel = checked_numel({d.batch, d.seqlen_q, d.heads_q, d.head_dim}, "q");
+  const int64_t kv_numel = checked_numel({d.batch, d.seqlen_k, d.heads_kv, d.head_dim}, "k");
+  const int64_t lse_numel = checked_numel({d.batch, d.heads_q, d.seqlen_q}, "lse");
+  expect_buffer(q, "q", device, dtype, q_numel);
+  expect_buffer(k, "k", device, dtype, kv_numel);
+  expect_buffer(v, "v", device, dtype, kv_numel);
+  const Kernel kernel = resolve_kernel(kernel_arg(info[6]), device);
+
+  BufferPtr out = rt.allocate(device, dtype, q_numel * dtype_size(dtype), true);
+  BufferPtr lse = rt.allocate(device, DType::kFloat32, lse_numel * sizeof(float), true);
+  AttentionFwdParams p;
+  fill_fwd_params(p, d, dtype, scale, causal);
+  p.q = q->data();
+  p.k = k->data();
+  p.v = v->data();
+  p.out = out->data();
+  p.lse = static_cast<float*>(lse->data());
+
+  if (kernel == Kernel::kFlash) {  // resolve_kernel picks it on the CPU only, for now
+    cpu::ThreadPool* pool = &rt.pool();
+    submit_cpu(rt, {q, k, v}, {out, lse}, [p, pool] { cpu::flash_fwd(p, *pool); });
+  } else {
+#ifdef FA_WITH_CUDA
+    rt.cuda().ensure_usable();
+    check_launch(rt, cuda::naive_attention_fwd(p, rt.cuda().stream()), "naive attention forward",
+                 cuda::naive_attention_fwd_workspace_bytes(p));
+#endif
+  }
+  Napi::Array result = Napi::Array::New(env, 2);
+  result.Set(0u, NativeBuffer::Wrap(env, out));
+  result.Set(1u, NativeBuffer::Wrap(env, lse));
+  return result;
+}
+
+// attentionBackward(dout, q, k, v, out, lse, dims, causal, softmaxScale, kernel, deterministic): [dq, dk, dv]
+Napi::Value AttentionBackward(const Napi::CallbackInfo& info) {
+  Napi::Env env = info.Env();
+  Runtime& rt = runtime(env);
+  BufferPtr dout = NativeBuffer::From(info[0], "dout");
+  BufferPtr q = NativeBuffer::From(info[1], "q");
+  BufferPtr k = NativeBuffer::From(info[2], "k");
+  BufferPtr v = NativeBuffer::From(info[3], "v");
+  BufferPtr out = NativeBuffer::From(info[4], "out");
+  BufferPtr lse = NativeBuffer::From(info[5], "lse");
+  const Dims d = dims_arg(info[6]);
+  const bool causal = bool_arg(info[7], "causal");
+  const float scale = scale_arg(info[8]);
+  const Kernel requested = kernel_arg(info[9]);
+  const bool deterministic = bool_arg(info[10], "deterministic");
+  const Device device = q->device();
+  const DType dtype = q->dtype();
+  const int64_t q_numel = checked_numel({d.batch, d.seqlen_q, d.heads_q, d.head_dim}, "q");
+  const int64_t kv_numel = checked_numel({d.batch, d.seqlen_k, d.heads_kv, d.head_dim}, "k");
+  const int64_t lse_numel = checked_numel({d.batch, d.heads_q, d.seqlen_q}, "lse");
+  expect_buffer(q, "q", device, dtype, q_numel);
+  expect_buffer(k, "k", device, dtype, kv_numel);
+  expect_buffer(v, "v", device, dtype, kv_numel);
+  expect_buffer(out, "out", device, dtype, q_numel);
+  expect_buffer(dout, "dout", device, dtype, q_numel);
+  expect_buffer(lse, "lse", device, DType::kFloat32, lse_numel);
+  const Kernel kernel = resolve_kernel(requested, device);
+
+  BufferPtr dq = rt.allocate(device, dtype, q_numel * dtype_size(dtype), true);
+  BufferPtr dk = rt.allocate(device, dtype, kv_numel * dtype_size(dtype), true);
+  BufferPtr dv = rt.allocate(device, dtype, kv_numel * dtype_size(dtype), true);
+  AttentionBwdParams p;
+  fill_fwd_params(p, d, dtype, scale, causal);
+  p.q = q->data();
+  p.k = k->data();
+  p.v = v->data();
+  p.out = out->data();
+  p.dout = dout->data();
+  p.lse_in = static_cast<const float*>(lse->data());
+  p.dq = dq->data();
+  p.dk = dk->data();
+  p.dv = dv->data();
+  p.deterministic = deterministic;
+
+  if (kernel == Kernel::kFlash) {  // resolve_kernel picks it on the CPU only, for now
+    cpu::ThreadPool* pool = &rt.pool();
+    submit_cpu(rt, {dout, q, k, v, out, lse}, {dq, dk, dv}, [p, pool] { cpu::flash_bwd(p, *pool); });
+  } else {
+#ifdef FA_WITH_CUDA
+    rt.cuda().ensure_usable();
+    check_launch(rt, cuda::naive_attention_bwd(p, rt.cuda().stream()), "naive attention backward",
+                 cuda::naive_attention_bwd_workspace_bytes(p));
+#endif
+  }
+  Napi::Array result = Napi::Array::New(env, 3);
+  result.Set(0u, NativeBuffer::Wrap(env, dq));
+  result.Set(1u, NativeBuffer::Wrap(env, dk));
+  result.Set(2u, NativeBuffer::Wrap(env, dv));
+  return result;
+}
+
+}  // namespace
+
+void InitAttentionOps(Napi::Env env, Napi::Object exports) {
+  exports.Set("attentionForward", Napi::Function::New<guarded<AttentionForward>>(env, "attentionForward"));
+  exports.Set("attentionBackward", Napi::Function::New<guarded<AttentionBackward>>(env, "attentionBackward"));
+}
+
+}  // namespace fa::napi

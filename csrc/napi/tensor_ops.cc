@@ -1,0 +1,338 @@
+// Tensor memory: creation from host data, asynchronous reads back, accounting, device queries.
+#include <cstring>
+#include <vector>
+
+#include "common/half.h"
+#include "napi/addon.h"
+
+namespace fa::napi {
+
+namespace {
+
+// Converts `n` float32 values into `dst` of dtype `t` (round to nearest even for the half types).
+void convert_from_f32(const float* src, void* dst, size_t n, DType t) {
+  switch (t) {
+    case DType::kFloat32:
+      std::memcpy(dst, src, n * 4);
+      break;
+    case DType::kFloat16: {
+      auto* d = static_cast<uint16_t*>(dst);
+      for (size_t i = 0; i < n; ++i) d[i] = f32_to_f16(src[i]);
+      break;
+    }
+    case DType::kBFloat16: {
+      auto* d = static_cast<uint16_t*>(dst);
+      for (size_t i = 0; i < n; ++i) d[i] = f32_to_bf16(src[i]);
+      break;
+    }
+  }
+}
+
+void convert_to_f32(const void* src, float* dst, size_t n, DType t) {
+  switch (t) {
+    case DType::kFloat32:
+      std::memcpy(dst, src, n * 4);
+      break;
+    case DType::kFloat16: {
+      const auto* s = static_cast<const uint16_t*>(src);
+      for (size_t i = 0; i < n; ++i) dst[i] = f16_to_f32(s[i]);
+      break;
+    }
+    case DType::kBFloat16: {
+      const auto* s = static_cast<const uint16_t*>(src);
+      for (size_t i = 0; i < n; ++i) dst[i] = bf16_to_f32(s[i]);
+      break;
+    }
+  }
+}
+
+// Allocates a buffer on `device` and fills it from host bytes that are already in the buffer's dtype.
+BufferPtr upload(Runtime& rt, Device device, DType dtype, const void* host, size_t bytes) {
+  BufferPtr buf = rt.allocate(device, dtype, bytes, /*is_output=*/false);
+  if (device == Device::kCpu) {
+    std::memcpy(buf->data(), host, bytes);  // a new buffer: no queued work can touch it yet
+  } else {
+#ifdef FA_WITH_CUDA
+    rt.cuda().upload(buf->data(), host, bytes);
+#endif
+  }
+  return buf;
+}
+
+std::string device_unavailable(Runtime& rt, Device device) {
+  if (device != Device::kCuda) return {};
+  std::string why;
+  if (rt.cuda_available(&why)) return {};
+  return "Expected device 'cuda' to be available but it is not: " + why;
+}
+
+void require_device(Runtime& rt, Device device) {
+  std::string why = device_unavailable(rt, device);
+  if (!why.empty()) throw Error(why);
+}
+
+// createFromFloat32(device, dtype, data: Float32Array): NativeBuffer
+Napi::Value CreateFromFloat32(const Napi::CallbackInfo& info) {
+  Napi::Env env = info.Env();
+  Runtime& rt = runtime(env);
+  Device device = device_arg(info[0], "device");
+  DType dtype = dtype_arg(info[1], "dtype");
+  if (!info[2].IsTypedArray() || info[2].As<Napi::TypedArray>().TypedArrayType() != napi_float32_array) {
+    throw type_error("Expected data to be a Float32Array");
+  }
+  require_device(rt, device);
+  auto arr = info[2].As<Napi::Float32Array>();
+  const size_t n = arr.ElementLength();
+  if (n == 0) throw range_error("Expected data to have at least 1 element but received 0");
+  if (dtype == DType::kFloat32) return NativeBuffer::Wrap(env, upload(rt, device, dtype, arr.Data(), n * 4));
+  std::vector<uint16_t> bits(n);
+  convert_from_f32(arr.Data(), bits.data(), n, dtype);
+  return NativeBuffer::Wrap(env, upload(rt, device, dtype, bits.data(), n * 2));
+}
+
+// createFromBits(device, dtype, data: Uint16Array (half types) | Float32Array (float32)): NativeBuffer
+Napi::Value CreateFromBits(const Napi::CallbackInfo& info) {
+  Napi::Env env = info.Env();
+  Runtime& rt = runtime(env);
+  Device device = device_arg(info[0], "device");
+  DType dtype = dtype_arg(info[1], "dtype");
+  const napi_typedarray_type want = dtype == DType::kFloat32 ? napi_float32_array : napi_uint16_array;
+  if (!info[2].IsTypedArray() || info[2].As<Napi::TypedArray>().TypedArrayType() != want) {
+    throw type_error(std::string("Expected data to be a ") +
+                     (dtype == DType::kFloat32 ? "Float32Array" : "Uint16Array") + " for dtype " + dtype_name(dtype));
+  }
+  require_device(rt, device);
+  auto arr = info[2].As<Napi::TypedArray>();
+  const size_t bytes = arr.ByteLength();
+  if (bytes == 0) throw range_error("Expected data to have at least 1 element but received 0");
+  const auto* src = static_cast<const uint8_t*>(arr.ArrayBuffer().Data()) + arr.ByteOffset();
+  return NativeBuffer::Wrap(env, upload(rt, device, dtype, src, bytes));
+}
+
+// Reads a buffer back to the host off the JS thread, as float32 values or as raw bits.
+class ReadWorker : public Napi::AsyncWorker {
+ public:
+  ReadWorker(Napi::Env env, Runtime& rt, BufferPtr buf, bool as_float32)
+      : Napi::AsyncWorker(env, "flash-attn-node:read"),
+        rt_(rt),
+        buf_(std::move(buf)),
+        as_f32_(as_float32),
+        deferred_(Napi::Promise::Deferred::New(env)) {
+    const size_t n = buf_->numel();
+    Napi::TypedArray out;
+    if (as_f32_ || buf_->dtype() == DType::kFloat32) {
+      out = Napi::Float32Array::New(env, n);
+    } else {
+      out = Napi::Uint16Array::New(env, n);
+    }
+    dst_ = static_cast<uint8_t*>(out.ArrayBuffer().Data()) + out.ByteOffset();
+    result_ = Napi::Persistent(static_cast<Napi::Object>(out));
+    fence_ = rt_.fence(buf_->device());  // everything queued so far, in call order
+  }
+
+  Napi::Promise Promise() { return deferred_.Promise(); }
+
+  void Execute() override {
+    const size_t n = buf_->numel();
+    const size_t bytes = buf_->bytes();
+    const bool convert = as_f32_ && buf_->dtype() != DType::kFloat32;
+    if (buf_->device() == Device::kCpu) {
+      std::string err = rt_.wait(fence_);
+      if (err.empty()) err = buf_->error();
+      if (!err.empty()) return SetError(err);
+      if (convert) {
+        convert_to_f32(buf_->data(), reinterpret_cast<float*>(dst_), n, buf_->dtype());
+      } else {
+        std::memcpy(dst_, buf_->data(), bytes);
+      }
+      return;
+    }
+#ifdef FA_WITH_CUDA
+    CudaContext* cuda = rt_.memory().cuda();
+    if (!convert) {
+      std::string err = cuda->read_after(fence_.event, dst_, buf_->data(), bytes);
+      if (!err.empty()) SetError(err);
+      return;
+    }
+    std::vector<uint16_t> staging(n);
+    std::string err = cuda->read_after(fence_.event, staging.data(), buf_->data(), bytes);
+    if (!err.empty()) return SetError(err);
+    convert_to_f32(staging.data(), reinterpret_cast<float*>(dst_), n, buf_->dtype());
+#endif
+  }
+
+  void OnOK() override {
+    deferred_.Resolve(result_.Value());
+  }
+  void OnError(const Napi::Error& e) override {
+    deferred_.Reject(e.Value());
+  }
+
+ private:
+  Runtime& rt_;
+  BufferPtr buf_;  // kept alive until the read is done, even if the tensor is disposed meanwhile
+  bool as_f32_;
+  Napi::Promise::Deferred deferred_;
+  Napi::ObjectReference result_;
+  uint8_t* dst_ = nullptr;
+  Fence fence_;
+};
+
+// readFloat32(buf): Promise<Float32Array>; readBits(buf): Promise<Uint16Array | Float32Array>
+Napi::Value Read(const Napi::CallbackInfo& info, bool as_float32) {
+  Napi::Env env = info.Env();
+  BufferPtr buf = NativeBuffer::From(info[0], "tensor");
+  auto* w = new ReadWorker(env, runtime(env), std::move(buf), as_float32);
+  Napi::Promise p = w->Promise();
+  w->Queue();
+  return p;
+}
+
+Napi::Value ReadFloat32(const Napi::CallbackInfo& info) {
+  return Read(info, true);
+}
+Napi::Value ReadBits(const Napi::CallbackInfo& info) {
+  return Read(info, false);
+}
+
+// Resolves once everything queued on `device` so far has finished (or rejects with its error).
+class SyncWorker : public Napi::AsyncWorker {
+ public:
+  SyncWorker(Napi::Env env, Runtime& rt, Device device)
+      : Napi::AsyncWorker(env, "flash-attn-node:synchronize"), rt_(rt), deferred_(Napi::Promise::Deferred::New(env)) {
+    fence_ = rt_.fence(device);
+  }
+  Napi::Promise Promise() { return deferred_.Promise(); }
+  void Execute() override {
+    std::string err = rt_.wait(fence_);
+    if (!err.empty()) SetError(err);
+  }
+  void OnOK() override { deferred_.Resolve(Env().Undefined()); }
+  void OnError(const Napi::Error& e) override { deferred_.Reject(e.Value()); }
+
+ private:
+  Runtime& rt_;
+  Napi::Promise::Deferred deferred_;
+  Fence fence_;
+};
+
+Napi::Value Synchronize(const Napi::CallbackInfo& info) {
+  Napi::Env env = info.Env();
+  Runtime& rt = runtime(env);
+  Device device = device_arg(info[0], "device");
+  require_device(rt, device);
+  auto* w = new SyncWorker(env, rt, device);
+  Napi::Promise p = w->Promise();
+  w->Queue();
+  return p;
+}
+
+Napi::Object counters_object(Napi::Env env, MemoryCounters& c) {
+  Napi::Object o = Napi::Object::New(env);
+  o.Set("buffers", Napi::Number::New(env, static_cast<double>(c.buffers.load())));
+  o.Set("bytes", Napi::Number::New(env, static_cast<double>(c.bytes.load())));
+  o.Set("peakBytes", Napi::Number::New(env, static_cast<double>(c.peak_bytes.load())));
+  return o;
+}
+
+// memory(): { cpu: {buffers, bytes, peakBytes}, cuda: {..., poolUsedBytes?, poolPeakBytes?} }
+Napi::Value Memory(const Napi::CallbackInfo& info) {
+  Napi::Env env = info.Env();
+  Runtime& rt = runtime(env);
+  Napi::Object o = Napi::Object::New(env);
+  o.Set("cpu", counters_object(env, rt.memory().counters(Device::kCpu)));
+  Napi::Object cuda = counters_object(env, rt.memory().counters(Device::kCuda));
+#ifdef FA_WITH_CUDA
+  if (CudaContext* ctx = rt.memory().cuda()) {
+    cuda.Set("poolUsedBytes", Napi::Number::New(env, static_cast<double>(ctx->pool_used_bytes())));
+    cuda.Set("poolPeakBytes", Napi::Number::New(env, static_cast<double>(ctx->pool_peak_bytes())));
+  }
+#endif
+  o.Set("cuda", cuda);
+  return o;
+}
+
+// resetPeakMemory(device): restarts the high-water marks (accounting and, on CUDA, the pool's).
+Napi::Value ResetPeakMemory(const Napi::CallbackInfo& info) {
+  Napi::Env env = info.Env();
+  Runtime& rt = runtime(env);
+  Device device = device_arg(info[0], "device");
+  MemoryCounters& c = rt.memory().counters(device);
+  c.peak_bytes.store(c.bytes.load());
+#ifdef FA_WITH_CUDA
+  if (device == Device::kCuda && rt.memory().cuda()) rt.memory().cuda()->reset_pool_peak();
+#endif
+  return env.Undefined();
+}
+
+Napi::Value SetPoison(const Napi::CallbackInfo& info) {
+  Napi::Env env = info.Env();
+  runtime(env).memory().poison.store(bool_arg(info[0], "enabled"));
+  return env.Undefined();
+}
+
+// cudaStatus(): { available, reason, device? } -- synchronous, initialises CUDA on first call.
+Napi::Value CudaStatus(const Napi::CallbackInfo& info) {
+  Napi::Env env = info.Env();
+  Runtime& rt = runtime(env);
+  Napi::Object o = Napi::Object::New(env);
+  std::string why;
+  const bool ok = rt.cuda_available(&why);
+  o.Set("available", Napi::Boolean::New(env, ok));
+  o.Set("reason", ok ? Napi::Value(env.Null()) : Napi::String::New(env, why));
+#ifdef FA_WITH_CUDA
+  if (ok) {
+    const CudaDeviceInfo& d = rt.cuda().info();
+    Napi::Object dev = Napi::Object::New(env);
+    dev.Set("ordinal", d.ordinal);
+    dev.Set("name", d.name);
+    dev.Set("computeCapability", std::to_string(d.cc_major) + "." + std::to_string(d.cc_minor));
+    dev.Set("multiprocessors", d.multiprocessors);
+    dev.Set("totalMemoryBytes", static_cast<double>(d.total_memory));
+    dev.Set("sharedMemoryPerBlockBytes", static_cast<double>(d.shared_memory_per_block_optin));
+    dev.Set("l2CacheBytes", d.l2_cache_bytes);
+    dev.Set("driverVersion",
+            std::to_string(d.driver_version / 1000) + "." + std::to_string(d.driver_version % 1000 / 10));
+    dev.Set("runtimeVersion",
+            std::to_string(d.runtime_version / 1000) + "." + std::to_string(d.runtime_version % 1000 / 10));
+    size_t free_bytes = 0, total_bytes = 0;
+    rt.cuda().mem_info(&free_bytes, &total_bytes);
+    dev.Set("freeMemoryBytes", static_cast<double>(free_bytes));
+    o.Set("device", dev);
+  }
+#endif
+  return o;
+}
+
+// cudaDeviceCount(): { count, reason } -- synchronous and cheap (no context), for test gating.
+Napi::Value CudaDeviceCount(const Napi::CallbackInfo& info) {
+  Napi::Env env = info.Env();
+  Napi::Object o = Napi::Object::New(env);
+#ifdef FA_WITH_CUDA
+  std::string why;
+  int n = cuda_device_count(&why);
+  o.Set("count", n);
+  o.Set("reason", n > 0 ? Napi::Value(env.Null()) : Napi::String::New(env, why));
+#else
+  o.Set("count", 0);
+  o.Set("reason", "this build of flash-attn-node was compiled without CUDA (nvcc was not found at install time)");
+#endif
+  return o;
+}
+
+}  // namespace
+
+void InitTensorOps(Napi::Env env, Napi::Object exports) {
+  exports.Set("createFromFloat32", Napi::Function::New<guarded<CreateFromFloat32>>(env, "createFromFloat32"));
+  exports.Set("createFromBits", Napi::Function::New<guarded<CreateFromBits>>(env, "createFromBits"));
+  exports.Set("readFloat32", Napi::Function::New<guarded<ReadFloat32>>(env, "readFloat32"));
+  exports.Set("readBits", Napi::Function::New<guarded<ReadBits>>(env, "readBits"));
+  exports.Set("synchronize", Napi::Function::New<guarded<Synchronize>>(env, "synchronize"));
+  exports.Set("memory", Napi::Function::New<guarded<Memory>>(env, "memory"));
+  exports.Set("resetPeakMemory", Napi::Function::New<guarded<ResetPeakMemory>>(env, "resetPeakMemory"));
+  exports.Set("setPoison", Napi::Function::New<guarded<SetPoison>>(env, "setPoison"));
+  exports.Set("cudaStatus", Napi::Function::New<guarded<CudaStatus>>(env, "cudaStatus"));
+  exports.Set("cudaDeviceCount", Napi::Function::New<guarded<CudaDeviceCount>>(env, "cudaDeviceCount"));
+}
+
+}  // namespace fa::napi

@@ -1,0 +1,307 @@
+/**
+ * FlashAttention-2 forward and backward on device tensors.
+ *
+ * Layout, like FlashAttention-2: q is [batch, seqlenQ, headsQ, headDim]; k and v are
+ * [batch, seqlenK, headsKV, headDim]; out is like q; lse is float32 [batch, headsQ, seqlenQ] in
+ * natural log. All contiguous. seqlenQ and seqlenK may differ; headsQ must be a multiple of headsKV
+ * (grouped-query / multi-query attention, with no copies of k and v); headDim is a multiple of 8 up
+ * to 256. Compute is float32 for every dtype (fp32 accumulation).
+ *
+ * Causal masking is aligned to the bottom-right corner, as in FlashAttention-2: query row i sees
+ * key j iff j <= i + seqlenK - seqlenQ. When seqlenQ > seqlenK the first seqlenQ - seqlenK rows see
+ * no key: their output is 0, their lse is +Infinity, and their gradients are 0 (never NaN).
+ *
+ * Every call validates its arguments on the JS thread and throws a TypeError or RangeError that
+ * names the argument; the work itself is queued (see tensor.ts) and the call returns at once.
+ * @packageDocumentation
+ */
+import { describeValue, formatShape, rangeError, typeError } from './errors';
+import { binding, KERNEL_CODE, NativeBuffer } from './native';
+import { Device, DType, handleOf, Tensor, wrapNative } from './tensor';
+
+/** Which implementation runs. */
+export type AttentionKernel = 'auto' | 'flash' | 'naive';
+
+/** Options shared by the forward and the backward. */
+export interface AttentionOptions {
+  /** Causal mask, aligned to the bottom-right corner. Default false. */
+  causal?: boolean;
+  /** Multiplies q·kᵀ before the softmax. A finite number > 0. Default 1/√headDim. */
+  softmaxScale?: number;
+  /**
+   * 'flash' is FlashAttention-2 (the CPU backend now; the CUDA kernels land next). 'naive' is the
+   * CUDA fp32 reference that materialises the [seqlenQ, seqlenK] scores (memory grows as N²).
+   * 'auto' (default) picks the fastest available on the tensors' device.
+   */
+  kernel?: AttentionKernel;
+}
+
+/** Options of the backward. */
+export interface AttentionBackwardOptions extends AttentionOptions {
+  /** Bit-identical dq across runs (dk and dv always are). Default false. */
+  deterministic?: boolean;
+}
+
+/** Output of {@link flashAttention}. */
+export interface AttentionOutput {
+  /** [batch, seqlenQ, headsQ, headDim], dtype of q. */
+  out: Tensor;
+  /** float32 [batch, headsQ, seqlenQ]: natural-log log-sum-exp of each row's scaled scores (+Infinity for a row that sees no key). */
+  lse: Tensor;
+}
+
+/** Output of {@link flashAttentionBackward}: gradients with the shapes and dtypes of q, k and v. */
+export interface AttentionGradients {
+  dq: Tensor;
+  dk: Tensor;
+  dv: Tensor;
+}
+
+interface Problem {
+  dims: number[]; // [batch, seqlenQ, seqlenK, headsQ, headsKV, headDim]
+  device: Device;
+  dtype: DType;
+  causal: boolean;
+  scale: number;
+  kernel: AttentionKernel;
+}
+
+const QKV_DIMS = '[batch, seqlen, heads, headDim]';
+
+function checkRank4(t: Tensor, name: string): void {
+  if (t.shape.length !== 4) {
+    throw rangeError(`${name} to have 4 dims ${QKV_DIMS}`, formatShape(t.shape));
+  }
+}
+
+function checkLike(t: Tensor, name: string, ref: Tensor, refName: string): void {
+  if (t.dtype !== ref.dtype) throw typeError(`${name} to have dtype ${ref.dtype} (like ${refName})`, t.dtype);
+  if (t.device !== ref.device) throw typeError(`${name} to be on device ${ref.device} (like ${refName})`, t.device);
+}
+
+function checkOptions(options: unknown, backward: boolean): { causal: boolean; scale?: number; kernel: AttentionKernel; deterministic: boolean } {
+  if (options !== undefined && (options === null || typeof options !== 'object' || Array.isArray(options))) {
+    throw typeError('options to be an object or undefined', describeValue(options));
+  }
+  const o = (options ?? {}) as AttentionBackwardOptions;
+  if (o.causal !== undefined && typeof o.causal !== 'boolean') {
+    throw typeError('options.causal to be a boolean', describeValue(o.causal));
+  }
+  if (o.softmaxScale !== undefined) {
+    if (typeof o.softmaxScale !== 'number') {
+      throw typeError('options.softmaxScale to be a number', describeValue(o.softmaxScale));
+    }
+    // float32 must hold it as a positive finite value too (the kernels compute in float32).
+    const f = Math.fround(o.softmaxScale);
+    if (!Number.isFinite(o.softmaxScale) || o.softmaxScale <= 0 || f <= 0 || !Number.isFinite(f)) {
+      throw rangeError('options.softmaxScale to be a finite number > 0', String(o.softmaxScale));
+    }
+  }
+  if (o.kernel !== undefined && !['auto', 'flash', 'naive'].includes(o.kernel as string)) {
+    throw typeError("options.kernel to be 'auto', 'flash' or 'naive'", describeValue(o.kernel));
+  }
+  if (backward && o.deterministic !== undefined && typeof o.deterministic !== 'boolean') {
+    throw typeError('options.deterministic to be a boolean', describeValue(o.deterministic));
+  }
+  return { causal: o.causal ?? false, scale: o.softmaxScale, kernel: o.kernel ?? 'auto', deterministic: o.deterministic ?? false };
+}
+
+/** Validates q, k, v (and the options) and derives the problem's dimensions. */
+function checkQKV(q: unknown, k: unknown, v: unknown, options: unknown, backward: boolean): Problem & { deterministic: boolean } {
+  handleOf(q, 'q');
+  handleOf(k, 'k');
+  handleOf(v, 'v');
+  const Q = q as Tensor, K = k as Tensor, V = v as Tensor;
+  checkRank4(Q, 'q');
+  checkRank4(K, 'k');
+  checkRank4(V, 'v');
+  checkLike(K, 'k', Q, 'q');
+  checkLike(V, 'v', Q, 'q');
+  const [batch, seqlenQ, headsQ, headDim] = Q.shape;
+  const [batchK, seqlenK, headsKV, headDimK] = K.shape;
+  if (headDim % 8 !== 0 || headDim > 256) {
+    throw rangeError('headDim of q to be a multiple of 8 in [8, 256]', `${headDim} (q is ${formatShape(Q.shape)})`);
+  }
+  if (batchK !== batch) throw rangeError(`k to have batch ${batch} (like q)`, `${batchK} (k is ${formatShape(K.shape)})`);
+  if (headDimK !== headDim) {
+    throw rangeError(`k to have headDim ${headDim} (like q)`, `${headDimK} (k is ${formatShape(K.shape)})`);
+  }
+  if (headsQ % headsKV !== 0) {
+    throw rangeError(`heads of q (${headsQ}) to be a multiple of heads of k`, `${headsKV} (k is ${formatShape(K.shape)})`);
+  }
+  if (V.shape.some((d, i) => d !== K.shape[i])) {
+    throw rangeError(`v to have the shape of k ${formatShape(K.shape)}`, formatShape(V.shape));
+  }
+  const o = checkOptions(options, backward);
+  return {
+    dims: [batch, seqlenQ, seqlenK, headsQ, headsKV, headDim],
+    device: Q.device,
+    dtype: Q.dtype,
+    causal: o.causal,
+    scale: o.scale ?? 1 / Math.sqrt(headDim),
+    kernel: o.kernel,
+    deterministic: o.deterministic,
+  };
+}
+
+function checkSameShape(t: unknown, name: string, ref: Tensor, refName: string): Tensor {
+  handleOf(t, name);
+  const T = t as Tensor;
+  checkLike(T, name, ref, refName);
+  if (T.shape.length !== ref.shape.length || T.shape.some((d, i) => d !== ref.shape[i])) {
+    throw rangeError(`${name} to have the shape of ${refName} ${formatShape(ref.shape)}`, formatShape(T.shape));
+  }
+  return T;
+}
+
+function checkLse(lse: unknown, p: Problem): Tensor {
+  handleOf(lse, 'lse');
+  const L = lse as Tensor;
+  const [batch, seqlenQ, , headsQ] = p.dims;
+  const want = [batch, headsQ, seqlenQ];
+  if (L.dtype !== 'float32') throw typeError('lse to have dtype float32', L.dtype);
+  if (L.device !== p.device) throw typeError(`lse to be on device ${p.device} (like q)`, L.device);
+  if (L.shape.length !== 3 || L.shape.some((d, i) => d !== want[i])) {
+    throw rangeError(`lse to have shape [batch, headsQ, seqlenQ] = ${formatShape(want)}`, formatShape(L.shape));
+  }
+  return L;
+}
+
+function forwardNative(q: NativeBuffer, k: NativeBuffer, v: NativeBuffer, p: Problem): AttentionOutput {
+  const [outBuf, lseBuf] = binding().attentionForward(q, k, v, p.dims, p.causal, p.scale, KERNEL_CODE[p.kernel]);
+  const [batch, seqlenQ, , headsQ, , headDim] = p.dims;
+  return {
+    out: wrapNative(outBuf, [batch, seqlenQ, headsQ, headDim], p.dtype, p.device),
+    lse: wrapNative(lseBuf, [batch, headsQ, seqlenQ], 'float32', p.device),
+  };
+}
+
+/**
+ * Attention forward: out = softmax(softmaxScale · q·kᵀ [+ causal mask]) · v, and the row
+ * log-sum-exp. Queued on the tensors' device; returns new tensors at once.
+ *
+ * @param q [batch, seqlenQ, headsQ, headDim]
+ * @param k [batch, seqlenK, headsKV, headDim], same dtype and device as q
+ * @param v like k
+ * @example
+ * const { out, lse } = flashAttention(q, k, v, { causal: true });
+ * const values = await out.toFloat32Array();
+ */
+export function flashAttention(q: Tensor, k: Tensor, v: Tensor, options?: AttentionOptions): AttentionOutput {
+  const p = checkQKV(q, k, v, options, false);
+  return forwardNative(handleOf(q, 'q'), handleOf(k, 'k'), handleOf(v, 'v'), p);
+}
+
+/**
+ * Attention backward: gradients of a loss with respect to q, k and v, given its gradient `dout`
+ * with respect to `out`. `out` and `lse` are the forward's outputs for the same q, k, v and
+ * options. With GQA, dk and dv of a kv head are summed over the query heads that share it.
+ *
+ * @param dout like out: [batch, seqlenQ, headsQ, headDim]
+ * @param lse float32 [batch, headsQ, seqlenQ] from {@link flashAttention}
+ */
+export function flashAttentionBackward(
+  dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, options?: AttentionBackwardOptions,
+): AttentionGradients {
+  const p = checkQKV(q, k, v, options, true);
+  checkSameShape(dout, 'dout', q, 'q');
+  checkSameShape(out, 'out', q, 'q');
+  checkLse(lse, p);
+  return backwardNative(handleOf(dout, 'dout'), handleOf(q, 'q'), handleOf(k, 'k'), handleOf(v, 'v'),
+    handleOf(out, 'out'), handleOf(lse, 'lse'), p);
+}
+
+function backwardNative(
+  dout: NativeBuffer, q: NativeBuffer, k: NativeBuffer, v: NativeBuffer, out: NativeBuffer, lse: NativeBuffer,
+  p: Problem & { deterministic: boolean },
+): AttentionGradients {
+  const [dq, dk, dv] = binding().attentionBackward(dout, q, k, v, out, lse, p.dims, p.causal, p.scale,
+    KERNEL_CODE[p.kernel], p.deterministic);
+  const [batch, seqlenQ, seqlenK, headsQ, headsKV, headDim] = p.dims;
+  return {
+    dq: wrapNative(dq, [batch, seqlenQ, headsQ, headDim], p.dtype, p.device),
+    dk: wrapNative(dk, [batch, seqlenK, headsKV, headDim], p.dtype, p.device),
+    dv: wrapNative(dv, [batch, seqlenK, headsKV, headDim], p.dtype, p.device),
+  };
+}
+
+/**
+ * The result of {@link flashAttentionWithGrad}: the forward's outputs plus what the backward
+ * needs, saved as extra references (so the caller may dispose q, k, v or out before the backward).
+ */
+export class AttentionContext implements Disposable {
+  /** The forward output (the caller owns it and disposes it). */
+  readonly out: Tensor;
+  /** The log-sum-exp (the caller owns it and disposes it). */
+  readonly lse: Tensor;
+  #saved: NativeBuffer[] | null;
+  readonly #problem: Problem & { deterministic: boolean };
+
+  /** @internal */
+  constructor(out: AttentionOutput, saved: NativeBuffer[], problem: Problem & { deterministic: boolean }) {
+    this.out = out.out;
+    this.lse = out.lse;
+    this.#saved = saved;
+    this.#problem = problem;
+  }
+
+  /** Whether the saved tensors were released (after {@link backward} or {@link dispose}). */
+  get released(): boolean {
+    return this.#saved === null;
+  }
+
+  /**
+   * Gradients with respect to q, k and v for `dout` (like out), using the forward's options
+   * (`deterministic` may be set here). Releases what the context saved: call it once.
+   */
+  backward(dout: Tensor, options?: { deterministic?: boolean }): AttentionGradients {
+    if (this.#saved === null) {
+      throw typeError('backward() to be called once on a live AttentionContext', 'a context already released');
+    }
+    const o = checkOptions(options, true);
+    const p = { ...this.#problem, deterministic: o.deterministic };
+    const [batch, seqlenQ, , headsQ, , headDim] = p.dims;
+    const d = handleOf(dout, 'dout');
+    const D = dout as Tensor;
+    const want = [batch, seqlenQ, headsQ, headDim];
+    if (D.dtype !== p.dtype) throw typeError(`dout to have dtype ${p.dtype} (like q)`, D.dtype);
+    if (D.device !== p.device) throw typeError(`dout to be on device ${p.device} (like q)`, D.device);
+    if (D.shape.length !== 4 || D.shape.some((x, i) => x !== want[i])) {
+      throw rangeError(`dout to have the shape of out ${formatShape(want)}`, formatShape(D.shape));
+    }
+    const [q, k, v, out, lse] = this.#saved;
+    try {
+      return backwardNative(d, q, k, v, out, lse, p);
+    } finally {
+      this.dispose();
+    }
+  }
+
+  /** Releases the saved tensors without running the backward. Idempotent. */
+  dispose(): void {
+    if (this.#saved) for (const b of this.#saved) b.release();
+    this.#saved = null;
+  }
+
+  /** Same as {@link dispose}. */
+  [Symbol.dispose](): void {
+    this.dispose();
+  }
+}
+
+/**
+ * Forward for training: like {@link flashAttention}, and returns a context whose
+ * `backward(dout)` computes the gradients and frees what was saved for it.
+ *
+ * @example
+ * const ctx = flashAttentionWithGrad(q, k, v, { causal: true });
+ * const loss = ...ctx.out...;
+ * const { dq, dk, dv } = ctx.backward(dout);
+ */
+export function flashAttentionWithGrad(q: Tensor, k: Tensor, v: Tensor, options?: AttentionBackwardOptions): AttentionContext {
+  const p = checkQKV(q, k, v, options, true);
+  const hq = handleOf(q, 'q'), hk = handleOf(k, 'k'), hv = handleOf(v, 'v');
+  const result = forwardNative(hq, hk, hv, p);
+  const saved = [hq.share(), hk.share(), hv.share(), handleOf(result.out, 'out').share(), handleOf(result.lse, 'lse').share()];
+  return new AttentionContext(result, saved, p);
+}

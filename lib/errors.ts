@@ -1,0 +1,44 @@
+/**
+ * One error factory for argument validation, so every message has the same shape:
+ * "Expected <argument> to <expectation> but received <what was received>".
+ * Wrong types are TypeErrors; values and shapes out of range are RangeErrors.
+ * @packageDocumentation
+ */
+
+/** Describes a received value for an error message: `[2, 128, 64]`, `1.5 of type number`, `null`. */
+export function describeValue(value: unknown): string {
+  if (value === null) return 'null';
+  if (value === undefined) return 'undefined';
+  if (Array.isArray(value)) return `an Array of length ${value.length}`;
+  if (ArrayBuffer.isView(value)) return `a ${value.constructor.name}`;
+  switch (typeof value) {
+    case 'number':
+      return `${value} of type number`;
+    case 'string':
+      return `"${value}" of type string`;
+    case 'boolean':
+    case 'bigint':
+      return `${String(value)} of type ${typeof value}`;
+    case 'function':
+      return 'a function';
+    default: {
+      const ctor = (value as object).constructor?.name;
+      return ctor && ctor !== 'Object' ? `an instance of ${ctor}` : 'an object';
+    }
+  }
+}
+
+/** Formats a shape as `[2, 128, 64]`. */
+export function formatShape(shape: readonly number[]): string {
+  return `[${shape.join(', ')}]`;
+}
+
+/** A TypeError: `Expected ${what} but received ${received}`. */
+export function typeError(what: string, received: string): TypeError {
+  return new TypeError(`Expected ${what} but received ${received}`);
+}
+
+/** A RangeError: `Expected ${what} but received ${received}`. */
+export function rangeError(what: string, received: string): RangeError {
+  return new RangeError(`Expected ${what} but received ${received}`);
+}

@@ -1,0 +1,28 @@
+/**
+ * flash-attn-node: FlashAttention-2 forward and backward for Node.js.
+ *
+ * ```ts
+ * import { Tensor, flashAttention, flashAttentionWithGrad } from 'flash-attn-node';
+ * const q = Tensor.fromFloat32Array(data, [batch, seqlen, heads, headDim], { dtype: 'bfloat16' });
+ * const { out, lse } = flashAttention(q, k, v, { causal: true });
+ * ```
+ * @packageDocumentation
+ */
+export {
+  Tensor, DTYPES, DEVICES, dtypeSize, defaultDevice, memory, resetPeakMemory, synchronize, debug,
+} from './tensor';
+export type { Device, DType, TensorOptions, DeviceMemory, MemoryReport } from './tensor';
+export {
+  flashAttention, flashAttentionBackward, flashAttentionWithGrad, AttentionContext,
+} from './attention';
+export type {
+  AttentionKernel, AttentionOptions, AttentionBackwardOptions, AttentionOutput, AttentionGradients,
+} from './attention';
+export { backends, cudaDeviceCount } from './backends';
+export type { BackendInfo, CpuBackendInfo, CudaBackendInfo, BackendsReport } from './backends';
+export { NativeLoadError } from './native';
+export { referenceAttention, referenceAttentionBackward } from './reference';
+export type { ReferenceShape, ReferenceOptions } from './reference';
+export {
+  f32ToBf16Bits, bf16BitsToF32, f32ToF16Bits, f16BitsToF32, float32ToHalfBits, halfBitsToFloat32, roundToDtype,
+} from './half';

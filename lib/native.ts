@@ -1,0 +1,155 @@
+/**
+ * Loading the native addon, and the shape of what it exports. Internal: the public API is in
+ * tensor.ts, attention.ts and backends.ts.
+ *
+ * The addon is found by node-gyp-build: a local build (build/Release, build/Debug) first, then a
+ * prebuild in prebuilds/<platform>-<arch>/. Loading is lazy, so the float64 reference and the half
+ * conversions work even where the addon cannot load; every native call then throws
+ * {@link NativeLoadError} with what to do next.
+ * @packageDocumentation
+ */
+import * as fs from 'fs';
+import * as path from 'path';
+
+/** A handle on one native allocation (csrc/napi/addon.h `NativeBuffer`). */
+export interface NativeBuffer {
+  readonly bytes: number;
+  readonly device: number | undefined;
+  readonly dtype: number | undefined;
+  readonly released: boolean;
+  release(): void;
+  share(): NativeBuffer;
+}
+
+/** Memory counters of one device, as the addon reports them. */
+export interface NativeCounters {
+  buffers: number;
+  bytes: number;
+  peakBytes: number;
+  poolUsedBytes?: number;
+  poolPeakBytes?: number;
+}
+
+/** CUDA device description returned by `cudaStatus()`. */
+export interface NativeCudaDevice {
+  ordinal: number;
+  name: string;
+  computeCapability: string;
+  multiprocessors: number;
+  totalMemoryBytes: number;
+  freeMemoryBytes: number;
+  sharedMemoryPerBlockBytes: number;
+  l2CacheBytes: number;
+  driverVersion: string;
+  runtimeVersion: string;
+}
+
+/** Everything the addon exports (csrc/napi/*.cc). */
+export interface NativeBinding {
+  NativeBuffer: unknown;
+  cudaCompiled: boolean;
+  cpuThreads: number;
+  createFromFloat32(device: number, dtype: number, data: Float32Array): NativeBuffer;
+  createFromBits(device: number, dtype: number, data: Uint16Array | Float32Array): NativeBuffer;
+  readFloat32(buf: NativeBuffer): Promise<Float32Array>;
+  readBits(buf: NativeBuffer): Promise<Uint16Array | Float32Array>;
+  synchronize(device: number): Promise<void>;
+  memory(): { cpu: NativeCounters; cuda: NativeCounters };
+  resetPeakMemory(device: number): void;
+  setPoison(enabled: boolean): void;
+  cudaStatus(): { available: boolean; reason: string | null; device?: NativeCudaDevice };
+  cudaDeviceCount(): { count: number; reason: string | null };
+  attentionForward(
+    q: NativeBuffer, k: NativeBuffer, v: NativeBuffer, dims: number[], causal: boolean, softmaxScale: number,
+    kernel: number,
+  ): [NativeBuffer, NativeBuffer];
+  attentionBackward(
+    dout: NativeBuffer, q: NativeBuffer, k: NativeBuffer, v: NativeBuffer, out: NativeBuffer, lse: NativeBuffer,
+    dims: number[], causal: boolean, softmaxScale: number, kernel: number, deterministic: boolean,
+  ): [NativeBuffer, NativeBuffer, NativeBuffer];
+}
+
+/** Numeric codes shared with csrc/common/dtype.h and csrc/runtime/runtime.h. */
+export const DTYPE_CODE = { float32: 0, float16: 1, bfloat16: 2 } as const;
+export const DEVICE_CODE = { cpu: 0, cuda: 1 } as const;
+export const KERNEL_CODE = { auto: 0, flash: 1, naive: 2 } as const;
+
+/** Thrown by every native call when the addon could not be loaded; the message says what to do. */
+export class NativeLoadError extends Error {
+  override readonly name = 'NativeLoadError';
+  constructor(message: string, cause: unknown) {
+    super(message, { cause });
+  }
+}
+
+/** The package's root directory (the one with package.json), from lib/ or dist/lib/. */
+export function packageRoot(): string {
+  let dir = __dirname;
+  for (;;) {
+    const pkg = path.join(dir, 'package.json');
+    if (fs.existsSync(pkg)) {
+      try {
+        if (JSON.parse(fs.readFileSync(pkg, 'utf8')).name === 'flash-attn-node') return dir;
+      } catch {
+        // not ours; keep looking
+      }
+    }
+    const parent = path.dirname(dir);
+    if (parent === dir) return path.resolve(__dirname, '..');
+    dir = parent;
+  }
+}
+
+let cached: NativeBinding | undefined;
+let loadFailure: NativeLoadError | undefined;
+let addonPath: string | undefined;
+
+function describeLoadFailure(root: string, err: unknown): string {
+  const reason = err instanceof Error ? err.message : String(err);
+  const platform = `${process.platform}-${process.arch}`;
+  return [
+    `flash-attn-node: the native addon could not be loaded (${reason.split('\n')[0]}).`,
+    `Looked in ${path.join(root, 'build', 'Release')}, ${path.join(root, 'build', 'Debug')} and ` +
+      `${path.join(root, 'prebuilds', platform)}.`,
+    'What to do next:',
+    '  - build it from source: `npm rebuild flash-attn-node` (needs python3, make and a C++17 compiler;',
+    '    with nvcc on PATH or CUDA_HOME set, the CUDA kernels are built too);',
+    '  - in a clone of the repository: `npm install`, or `npm run build:native` for the cmake-js build;',
+    `  - or install a release that ships a prebuild for ${platform}.`,
+    'The float64 reference (referenceAttention) works without the addon.',
+  ].join('\n');
+}
+
+/** The loaded addon; throws {@link NativeLoadError} (with instructions) when it cannot load. */
+export function binding(): NativeBinding {
+  if (cached) return cached;
+  if (loadFailure) throw loadFailure;
+  const root = packageRoot();
+  try {
+    // eslint-disable-next-line @typescript-eslint/no-var-requires
+    const load = require('node-gyp-build') as ((dir: string) => NativeBinding) & { resolve(dir: string): string };
+    addonPath = load.resolve(root);
+    cached = load(root);
+  } catch (err) {
+    loadFailure = new NativeLoadError(describeLoadFailure(root, err), err);
+    throw loadFailure;
+  }
+  if (!cached.cudaCompiled && !process.env.FLASH_ATTN_NODE_QUIET) {
+    process.emitWarning('flash-attn-node was built without CUDA: only the CPU backend is available', {
+      code: 'FLASH_ATTN_NODE_CPU_ONLY',
+      detail: 'nvcc was not found when the addon was built. Install the CUDA toolkit and run `npm rebuild ' +
+        'flash-attn-node` for the GPU kernels. Set FLASH_ATTN_NODE_QUIET=1 to hide this notice.',
+    });
+  }
+  return cached;
+}
+
+/** Whether the addon is loaded or loadable, without throwing; and where it was found. */
+export function nativeStatus(): { loaded: boolean; path: string | null; error: string | null } {
+  try {
+    binding();
+    return { loaded: true, path: addonPath ?? null, error: null };
+  } catch (err) {
+    return { loaded: false, path: null, error: err instanceof Error ? err.message : String(err) };
+  }
+}

@@ -1,0 +1,284 @@
+/**
+ * Device tensors: memory owned by the addon on the CPU or a CUDA device, with a shape and a dtype.
+ *
+ * Threading and ordering: every operation is queued, in call order, on its device's stream (a CUDA
+ * stream, or the CPU backend's executor thread) and returns at once. Reads (`toFloat32Array`,
+ * `toBits`) return Promises that resolve off the event loop once the queued work that precedes them
+ * has finished. Tensors are immutable once created: operations always write new tensors.
+ *
+ * Lifetime: call `dispose()` (or use `using t = ...` / `[Symbol.dispose]`) when done. Disposing a
+ * tensor that queued work still reads is safe; the memory is returned when that work is done (on
+ * CUDA to the stream-ordered pool, at once). A FinalizationRegistry frees tensors that are garbage
+ * collected without `dispose()` as a backstop, and counts them in {@link memory}.
+ * @packageDocumentation
+ */
+import { describeValue, formatShape, rangeError, typeError } from './errors';
+import type { DType } from './half';
+import { binding, DEVICE_CODE, DTYPE_CODE, NativeBuffer } from './native';
+
+export type { DType } from './half';
+
+/** Where a tensor's memory lives: host memory for the CPU backend, or CUDA device 0. */
+export type Device = 'cpu' | 'cuda';
+
+/** The dtypes a tensor can hold. */
+export const DTYPES: readonly DType[] = ['float32', 'float16', 'bfloat16'];
+/** The devices a tensor can live on. */
+export const DEVICES: readonly Device[] = ['cpu', 'cuda'];
+
+/** Options of the tensor factories. */
+export interface TensorOptions {
+  /** Element type of the new tensor. Default 'float32'. */
+  dtype?: DType;
+  /** Device of the new tensor. Default {@link defaultDevice}(): 'cuda' when usable, else 'cpu'. */
+  device?: Device;
+}
+
+/** Bytes of one element of `dtype`. */
+export function dtypeSize(dtype: DType): number {
+  return dtype === 'float32' ? 4 : 2;
+}
+
+let cachedDefault: Device | undefined;
+
+/** 'cuda' when the addon was built with CUDA and a device is usable, else 'cpu'. Cached. */
+export function defaultDevice(): Device {
+  if (!cachedDefault) cachedDefault = binding().cudaStatus().available ? 'cuda' : 'cpu';
+  return cachedDefault;
+}
+
+let finalizedCount = 0;
+const registry = new FinalizationRegistry<NativeBuffer>((buf) => {
+  if (!buf.released) {
+    finalizedCount += 1;
+    buf.release();
+  }
+});
+
+const handles = new WeakMap<Tensor, NativeBuffer>();
+
+function checkDType(dtype: unknown, arg: string): DType {
+  if (typeof dtype !== 'string' || !(DTYPES as readonly string[]).includes(dtype)) {
+    throw typeError(`${arg} to be one of ${DTYPES.map((d) => `'${d}'`).join(', ')}`, describeValue(dtype));
+  }
+  return dtype as DType;
+}
+
+function checkDevice(device: unknown, arg: string): Device {
+  if (typeof device !== 'string' || !(DEVICES as readonly string[]).includes(device)) {
+    throw typeError(`${arg} to be 'cpu' or 'cuda'`, describeValue(device));
+  }
+  return device as Device;
+}
+
+/** Validates a shape: an array of positive safe integers. Returns a frozen copy and its element count. */
+function checkShape(shape: unknown): { shape: readonly number[]; numel: number } {
+  if (!Array.isArray(shape) || shape.length === 0) {
+    throw typeError('shape to be a non-empty Array of positive integers', describeValue(shape));
+  }
+  let numel = 1;
+  for (const d of shape) {
+    if (typeof d !== 'number' || !Number.isSafeInteger(d) || d < 1) {
+      const shown = shape.every((x) => typeof x === 'number') ? formatShape(shape as number[]) : describeValue(d);
+      throw rangeError('every dim of shape to be a positive integer (empty tensors are not supported)', shown);
+    }
+    numel *= d;
+  }
+  if (!Number.isSafeInteger(numel)) {
+    throw rangeError('shape to have fewer than 2^53 elements', formatShape(shape as number[]));
+  }
+  return { shape: Object.freeze([...(shape as number[])]), numel };
+}
+
+function resolveOptions(options: unknown): { dtype: DType; device: Device } {
+  if (options !== undefined && (options === null || typeof options !== 'object')) {
+    throw typeError('options to be an object or undefined', describeValue(options));
+  }
+  const o = (options ?? {}) as TensorOptions;
+  const dtype = o.dtype === undefined ? 'float32' : checkDType(o.dtype, 'options.dtype');
+  const device = o.device === undefined ? defaultDevice() : checkDevice(o.device, 'options.device');
+  return { dtype, device };
+}
+
+/**
+ * A dense, contiguous, row-major tensor on a device. Create it with {@link Tensor.fromFloat32Array}
+ * or {@link Tensor.fromBits}; operations such as `flashAttention` return new tensors.
+ */
+export class Tensor implements Disposable {
+  /** Dimensions, outermost first (row-major, contiguous). Frozen. */
+  readonly shape: readonly number[];
+  /** Element type. */
+  readonly dtype: DType;
+  /** Device the memory lives on. */
+  readonly device: Device;
+  /** Number of elements (product of the shape). */
+  readonly numel: number;
+
+  /** @internal Use the static factories; this wraps an existing native buffer. */
+  constructor(buf: NativeBuffer, shape: readonly number[], dtype: DType, device: Device) {
+    this.shape = shape;
+    this.dtype = dtype;
+    this.device = device;
+    this.numel = shape.reduce((a, b) => a * b, 1);
+    if (buf.bytes !== this.numel * dtypeSize(dtype)) {
+      throw new Error(`internal: buffer of ${buf.bytes} bytes does not match ${formatShape(shape)} ${dtype}`);
+    }
+    handles.set(this, buf);
+    registry.register(this, buf, this);
+  }
+
+  /**
+   * A new tensor holding `data` converted to `options.dtype` (round to nearest, ties to even, for
+   * float16 and bfloat16; NaN stays NaN and overflow becomes ±Infinity). `data.length` must equal
+   * the product of `shape`. The data is copied; the array may be reused at once.
+   */
+  static fromFloat32Array(data: Float32Array, shape: readonly number[], options?: TensorOptions): Tensor {
+    const s = checkShape(shape);
+    const { dtype, device } = resolveOptions(options);
+    if (!(data instanceof Float32Array)) throw typeError('data to be a Float32Array', describeValue(data));
+    if (data.length !== s.numel) {
+      throw rangeError(`data to have ${s.numel} elements for shape ${formatShape(s.shape)}`, `${data.length}`);
+    }
+    const buf = binding().createFromFloat32(DEVICE_CODE[device], DTYPE_CODE[dtype], data);
+    return new Tensor(buf, s.shape, dtype, device);
+  }
+
+  /**
+   * A new tensor from raw element bits: a Uint16Array of IEEE binary16 or bfloat16 bit patterns for
+   * those dtypes, or a Float32Array for 'float32'. `options.dtype` is required. Copied.
+   */
+  static fromBits(bits: Uint16Array | Float32Array, shape: readonly number[], options: TensorOptions): Tensor {
+    const s = checkShape(shape);
+    if (options === undefined || options === null || typeof options !== 'object' || options.dtype === undefined) {
+      throw typeError("options.dtype to be given for fromBits ('float32', 'float16' or 'bfloat16')", 'none');
+    }
+    const { dtype, device } = resolveOptions(options);
+    const want = dtype === 'float32' ? Float32Array : Uint16Array;
+    if (!(bits instanceof want)) throw typeError(`bits to be a ${want.name} for dtype ${dtype}`, describeValue(bits));
+    if (bits.length !== s.numel) {
+      throw rangeError(`bits to have ${s.numel} elements for shape ${formatShape(s.shape)}`, `${bits.length}`);
+    }
+    const buf = binding().createFromBits(DEVICE_CODE[device], DTYPE_CODE[dtype], bits);
+    return new Tensor(buf, s.shape, dtype, device);
+  }
+
+  /** Bytes of device memory the tensor holds. */
+  get bytes(): number {
+    return this.numel * dtypeSize(this.dtype);
+  }
+
+  /** Whether {@link dispose} was called. */
+  get disposed(): boolean {
+    const h = handles.get(this);
+    return !h || h.released;
+  }
+
+  /** Reads the values back as float32 (exact for every dtype), once queued work is done. */
+  toFloat32Array(): Promise<Float32Array> {
+    return binding().readFloat32(handleOf(this, 'tensor'));
+  }
+
+  /** Reads the raw element bits back: a Uint16Array for float16/bfloat16, a Float32Array for float32. */
+  toBits(): Promise<Uint16Array | Float32Array> {
+    return binding().readBits(handleOf(this, 'tensor'));
+  }
+
+  /** Frees the tensor's memory (after queued work that uses it). Idempotent. */
+  dispose(): void {
+    const h = handles.get(this);
+    if (h && !h.released) {
+      registry.unregister(this);
+      h.release();
+    }
+  }
+
+  /** Same as {@link dispose}; lets `using t = ...` free the tensor at the end of a scope. */
+  [Symbol.dispose](): void {
+    this.dispose();
+  }
+
+  /** `Tensor(bfloat16 [2, 128, 8, 64] on cuda)`. */
+  toString(): string {
+    return `Tensor(${this.dtype} ${formatShape(this.shape)} on ${this.device}${this.disposed ? ', disposed' : ''})`;
+  }
+}
+
+/**
+ * @internal The native handle of a live tensor. Throws a TypeError naming `arg` for a value that is
+ * not a Tensor or a disposed one.
+ */
+export function handleOf(t: unknown, arg: string): NativeBuffer {
+  if (!(t instanceof Tensor)) throw typeError(`${arg} to be a Tensor`, describeValue(t));
+  const h = handles.get(t);
+  if (!h || h.released) throw typeError(`${arg} to be a live Tensor`, 'a disposed Tensor');
+  return h;
+}
+
+/** @internal Wraps a native buffer that an operation returned. */
+export function wrapNative(buf: NativeBuffer, shape: readonly number[], dtype: DType, device: Device): Tensor {
+  return new Tensor(buf, Object.freeze([...shape]), dtype, device);
+}
+
+/** Memory held by live tensors on one device. */
+export interface DeviceMemory {
+  /** Live allocations (tensors, including ones kept alive by queued work). */
+  tensors: number;
+  /** Bytes they hold. */
+  bytes: number;
+  /** The most bytes held at once since the start (or {@link resetPeakMemory}). */
+  peakBytes: number;
+  /** CUDA only: bytes the stream-ordered pool has handed out (tensors plus kernel workspaces). */
+  poolUsedBytes?: number;
+  /** CUDA only: the pool's high-water mark since {@link resetPeakMemory}. */
+  poolPeakBytes?: number;
+}
+
+/** Snapshot of the addon's memory accounting. */
+export interface MemoryReport {
+  cpu: DeviceMemory;
+  cuda: DeviceMemory;
+  /** Tensors freed by the garbage-collection backstop instead of `dispose()` (a leak in the caller). */
+  finalizedWithoutDispose: number;
+}
+
+/**
+ * Live tensors and bytes per device. Counts change when memory is really returned: after
+ * `dispose()`, and after queued work that still uses the tensor is done; `await synchronize()`
+ * first for exact numbers.
+ */
+export function memory(): MemoryReport {
+  const m = binding().memory();
+  const conv = (c: typeof m.cpu): DeviceMemory => {
+    const out: DeviceMemory = { tensors: c.buffers, bytes: c.bytes, peakBytes: c.peakBytes };
+    if (c.poolUsedBytes !== undefined) out.poolUsedBytes = c.poolUsedBytes;
+    if (c.poolPeakBytes !== undefined) out.poolPeakBytes = c.poolPeakBytes;
+    return out;
+  };
+  return { cpu: conv(m.cpu), cuda: conv(m.cuda), finalizedWithoutDispose: finalizedCount };
+}
+
+/** Restarts the peak counters of `device` (and, on CUDA, the pool's high-water mark). */
+export function resetPeakMemory(device: Device): void {
+  binding().resetPeakMemory(DEVICE_CODE[checkDevice(device, 'device')]);
+}
+
+/**
+ * Resolves when everything queued on `device` so far has finished; rejects with the error of a
+ * queued operation that failed. Default: {@link defaultDevice}().
+ */
+export function synchronize(device?: Device): Promise<void> {
+  const d = device === undefined ? defaultDevice() : checkDevice(device, 'device');
+  return binding().synchronize(DEVICE_CODE[d]);
+}
+
+/** Testing aids. Not for production use. */
+export const debug = {
+  /**
+   * When enabled, every output tensor an operation allocates is first filled with NaN (0xff bytes),
+   * so a test can check that the kernel wrote every element.
+   */
+  poisonOutputs(enabled: boolean): void {
+    if (typeof enabled !== 'boolean') throw typeError('enabled to be a boolean', describeValue(enabled));
+    binding().setPoison(enabled);
+  },
+};
