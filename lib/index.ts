@@ -22,7 +22,11 @@ export { backends, cudaDeviceCount } from './backends';
 export type { BackendInfo, CpuBackendInfo, CudaBackendInfo, BackendsReport } from './backends';
 export { NativeLoadError } from './native';
 export { referenceAttention, referenceAttentionBackward } from './reference';
-export type { ReferenceShape, ReferenceOptions } from './reference';
+export type {
+  ReferenceShape, ReferenceOptions, ReferenceInput, ReferenceForwardResult, ReferenceBackwardResult,
+} from './reference';
 export {
   f32ToBf16Bits, bf16BitsToF32, f32ToF16Bits, f16BitsToF32, float32ToHalfBits, halfBitsToFloat32, roundToDtype,
+  dtypeRounder,
 } from './half';
+export type { HalfDType } from './half';

@@ -1,0 +1,593 @@
+/**
+ * Naive (non-tiled) attention, forward and backward, written straight from the formulas of the
+ * design seeds (001: gradients; 002: masking) and following the conventions of
+ * `csrc/common/attention_params.h`. It is the ground truth that every backend is tested against.
+ *
+ * Layout (like FlashAttention-2), all arrays flat, row-major and contiguous:
+ * - `q`, `out`, `dout`, `dq`: `[batch, seqlenQ, headsQ, headDim]`
+ * - `k`, `v`, `dk`, `dv`:     `[batch, seqlenK, headsKV, headDim]`
+ * - `lse`:                    `[batch, headsQ, seqlenQ]`, natural log of the row's sum of exp(scores).
+ *
+ * Semantics:
+ * - `S = softmaxScale · Q·Kᵀ`, `P = softmax(S)` over the visible keys of each row, `O = P·V`,
+ *   `lse_i = log Σ_j exp(S_ij)` over the visible keys.
+ * - Causal masking is aligned to the bottom-right corner: query row `i` sees key `j` iff
+ *   `j <= i + seqlenK - seqlenQ`. With `seqlenQ > seqlenK` the first `seqlenQ - seqlenK` rows see no
+ *   key: they get `out = 0`, `lse = +Infinity`, `dq = 0`, and add nothing to `dk`/`dv`. Never NaN.
+ * - GQA/MQA: query head `h` reads key/value head `floor(h / (headsQ / headsKV))`; `dk`/`dv` of a
+ *   key/value head are summed over the query heads that share it.
+ * - Backward (seed 001): `D_i = Σ_c dO_ic·O_ic`, `dV = Pᵀ·dO`, `dP = dO·Vᵀ`, `dS = P∘(dP − D)`,
+ *   `dQ = scale·dS·K`, `dK = scale·dSᵀ·Q`.
+ *
+ * Cost: `2·B·Hq·Sq·Sk·d` multiply-adds for the forward, `6·B·Hq·Sq·Sk·d` for the backward (which
+ * recomputes the forward). Memory: `O((Sk + Sq)·d)` scratch per key/value head; no `Sq×Sk` matrix is
+ * ever stored (the backward streams over query rows).
+ *
+ * @module reference
+ */
+
+import { DType, dtypeRounder } from './half';
+
+// Module-level aliases of the Math functions used in the hot loops: a global lookup per call is
+// slow inside vm contexts (Jest runs tests in one: ~0.3 µs per `Math.x` access).
+const f = Math.fround;
+const exp = Math.exp;
+const log = Math.log;
+
+/** Input arrays accepted by the reference: any flat row-major array of numbers (not half bits). */
+export type ReferenceInput = Float32Array | Float64Array | ReadonlyArray<number>;
+
+/** Sizes of one attention problem. All are positive integers; `headsQ % headsKV === 0`. */
+export interface ReferenceShape {
+  /** Number of independent sequences. */
+  batch: number;
+  /** Query rows per sequence. */
+  seqlenQ: number;
+  /** Key/value rows per sequence. */
+  seqlenK: number;
+  /** Query heads (also the heads of `out`, `lse`, `dq`). */
+  headsQ: number;
+  /** Key/value heads; divides `headsQ` (MQA: 1; MHA: `headsQ`). */
+  headsKV: number;
+  /** Elements per head vector (any positive integer here; the kernels need a multiple of 8). */
+  headDim: number;
+}
+
+/** Options of {@link referenceAttention} and {@link referenceAttentionBackward}. */
+export interface ReferenceOptions {
+  /** Bottom-right aligned causal mask: query `i` sees key `j` iff `j <= i + seqlenK - seqlenQ`. Default false. */
+  causal?: boolean;
+  /** Multiplies `q·k` before the softmax; finite and > 0. Default `1 / sqrt(headDim)`. */
+  softmaxScale?: number;
+  /**
+   * `'float64'` (default): exact reference, every operation in float64 on the inputs as given.
+   *
+   * A {@link DType}: "same-precision" mode, emulating a plain (non-tiled) implementation that stores
+   * tensors in that dtype and accumulates in float32 — the yardstick of the flash-attention test rule
+   * (`|actual − ref| ≤ factor·|samePrecision − ref| + atol`). Let `rd(x)` be the round trip through
+   * the dtype (`roundToDtype`), `f(x)` = `Math.fround(x)`, and `Σᶠ` a sequential float32 sum
+   * `acc = f(acc + f(a·b))` starting from 0 (in index order). With `scale = f(softmaxScale)`:
+   *
+   * Forward, for each (batch, query head, row i), over the visible keys j in increasing order:
+   * 1. inputs rounded: `q̃ = rd(q)`, `k̃ = rd(k)`, `ṽ = rd(v)` (and `dÕ = rd(dout)` in the backward);
+   * 2. `s_j = f(scale · Σᶠ_c q̃_ic k̃_jc)`;
+   * 3. `m = max_j s_j`, `e_j = f(exp(f(s_j − m)))`, `l = f-sum of e_j`, `p_j = f(e_j / l)`,
+   *    `lse_i = f(m + f(log l))` (lse is float32, never rounded to the dtype);
+   * 4. `p̃_j = rd(p_j)` (P rounded to the dtype before P·V);
+   * 5. `out_ic = rd(Σᶠ_j p̃_j ṽ_jc)`.
+   *
+   * Backward, additionally:
+   * 6. `D_i = Σᶠ_c dÕ_ic · out_ic` (with the rounded `out` of step 5);
+   * 7. `dv_j += f(p̃_j · dÕ_ic)` in a float32 accumulator (rows in order, query heads of a group in order);
+   * 8. `dp_j = Σᶠ_c dÕ_ic ṽ_jc`;
+   * 9. `ds_j = f(p_j · f(dp_j − D_i))` with the float32 `p_j` of step 3, then `d̃s_j = rd(ds_j)`
+   *    (dS rounded to the dtype before the dS·K and dSᵀ·Q products);
+   * 10. `dq_i = rd(f(scale · Σᶠ_j d̃s_j k̃_j))`;
+   * 11. `dk_j += f(d̃s_j · q̃_ic)` in a float32 accumulator; at the end `dk = rd(f(scale · dk))`,
+   *     `dv = rd(dv)`.
+   *
+   * With `'float32'`, `rd = f`: only the float32 accumulation differs from the exact reference.
+   * Empty (fully masked) rows behave as in float64 mode.
+   */
+  precision?: 'float64' | DType;
+}
+
+/** Result of {@link referenceAttention}. */
+export interface ReferenceForwardResult {
+  /** `[batch, seqlenQ, headsQ, headDim]`, the attention output. */
+  out: Float64Array;
+  /** `[batch, headsQ, seqlenQ]`, natural-log log-sum-exp of the visible scaled scores; +Infinity for empty rows. */
+  lse: Float64Array;
+}
+
+/** Result of {@link referenceAttentionBackward}. */
+export interface ReferenceBackwardResult extends ReferenceForwardResult {
+  /** `[batch, seqlenQ, headsQ, headDim]`, gradient of the loss with respect to `q`. */
+  dq: Float64Array;
+  /** `[batch, seqlenK, headsKV, headDim]`, gradient with respect to `k` (summed over the query heads of a group). */
+  dk: Float64Array;
+  /** `[batch, seqlenK, headsKV, headDim]`, gradient with respect to `v` (summed over the query heads of a group). */
+  dv: Float64Array;
+}
+
+interface Resolved {
+  B: number;
+  Sq: number;
+  Sk: number;
+  Hq: number;
+  Hkv: number;
+  d: number;
+  group: number;
+  scale: number;
+  causal: boolean;
+  precision: 'float64' | DType;
+}
+
+function checkPositiveInt(name: string, v: unknown): number {
+  if (typeof v !== 'number' || !Number.isSafeInteger(v) || v < 1) {
+    throw new RangeError(`shape.${name} must be a positive integer, got ${String(v)}`);
+  }
+  return v;
+}
+
+function checkLength(name: string, a: ReferenceInput, expected: number, dims: string): void {
+  if (a === null || typeof a !== 'object' || typeof (a as { length?: unknown }).length !== 'number') {
+    throw new TypeError(`${name} must be a Float32Array, Float64Array or number[]`);
+  }
+  if (a.length !== expected) {
+    throw new RangeError(`${name} has ${a.length} elements, expected ${expected} (${dims})`);
+  }
+}
+
+function resolve(shape: ReferenceShape, options: ReferenceOptions | undefined): Resolved {
+  if (shape === null || typeof shape !== 'object') throw new TypeError('shape must be an object');
+  const B = checkPositiveInt('batch', shape.batch);
+  const Sq = checkPositiveInt('seqlenQ', shape.seqlenQ);
+  const Sk = checkPositiveInt('seqlenK', shape.seqlenK);
+  const Hq = checkPositiveInt('headsQ', shape.headsQ);
+  const Hkv = checkPositiveInt('headsKV', shape.headsKV);
+  const d = checkPositiveInt('headDim', shape.headDim);
+  if (Hq % Hkv !== 0) throw new RangeError(`headsQ (${Hq}) must be a multiple of headsKV (${Hkv})`);
+  const opts = options ?? {};
+  const scale = opts.softmaxScale ?? 1 / Math.sqrt(d);
+  if (typeof scale !== 'number' || !Number.isFinite(scale) || scale <= 0) {
+    throw new RangeError(`softmaxScale must be a finite number > 0, got ${String(scale)}`);
+  }
+  const precision = opts.precision ?? 'float64';
+  if (precision !== 'float64' && precision !== 'float32' && precision !== 'float16' && precision !== 'bfloat16') {
+    throw new TypeError(`precision must be 'float64', 'float32', 'float16' or 'bfloat16', got ${String(precision)}`);
+  }
+  return { B, Sq, Sk, Hq, Hkv, d, group: Hq / Hkv, scale, causal: opts.causal === true, precision };
+}
+
+/** Number of keys that query row i sees (keys 0 .. n-1). */
+function visibleKeys(r: Resolved, i: number): number {
+  if (!r.causal) return r.Sk;
+  const n = i + r.Sk - r.Sq + 1;
+  return n <= 0 ? 0 : n >= r.Sk ? r.Sk : n;
+}
+
+/** Copies head `h` of batch `b` of a `[B, S, H, d]` array into `dst` as `[S, d]`, mapped by `conv`. */
+function gatherHead(
+  src: ReferenceInput,
+  b: number,
+  h: number,
+  S: number,
+  H: number,
+  d: number,
+  dst: Float64Array | Float32Array,
+  conv: ((x: number) => number) | null,
+): void {
+  for (let s = 0; s < S; s++) {
+    const base = ((b * S + s) * H + h) * d;
+    const o = s * d;
+    if (conv === null) {
+      for (let c = 0; c < d; c++) dst[o + c] = src[base + c];
+    } else {
+      for (let c = 0; c < d; c++) dst[o + c] = conv(src[base + c]);
+    }
+  }
+}
+
+/** Writes `[S, d]` `src` into head `h` of batch `b` of a `[B, S, H, d]` array, multiplied by `mul`, mapped by `conv`. */
+function scatterHead(
+  src: Float64Array | Float32Array,
+  b: number,
+  h: number,
+  S: number,
+  H: number,
+  d: number,
+  dst: Float64Array,
+  mul: number,
+  conv: ((x: number) => number) | null,
+): void {
+  for (let s = 0; s < S; s++) {
+    const base = ((b * S + s) * H + h) * d;
+    const o = s * d;
+    if (conv === null) {
+      for (let c = 0; c < d; c++) dst[base + c] = src[o + c] * mul;
+    } else {
+      for (let c = 0; c < d; c++) dst[base + c] = conv(f(src[o + c] * mul));
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// float64 kernels (rows of length d, contiguous)
+// ---------------------------------------------------------------------------------------------
+
+/** s[j] = scale · (Q[qo..qo+d) · K[j]) for j < n, float64. */
+function scores64(Q: Float64Array, qo: number, K: Float64Array, n: number, d: number, scale: number, s: Float64Array): void {
+  for (let j = 0; j < n; j++) {
+    const o = j * d;
+    let a = 0;
+    for (let c = 0; c < d; c++) a += Q[qo + c] * K[o + c];
+    s[j] = a * scale;
+  }
+}
+
+/** In place: s[0..n) -> softmax(s); returns log Σ exp(s). n >= 1. */
+function softmax64(s: Float64Array, n: number): number {
+  let m = -Infinity;
+  for (let j = 0; j < n; j++) if (s[j] > m) m = s[j];
+  let l = 0;
+  for (let j = 0; j < n; j++) {
+    const e = exp(s[j] - m);
+    s[j] = e;
+    l += e;
+  }
+  const inv = 1 / l;
+  for (let j = 0; j < n; j++) s[j] *= inv;
+  return m + log(l);
+}
+
+/** orow = Σ_j p[j] · V[j], float64. */
+function pv64(p: Float64Array, V: Float64Array, n: number, d: number, orow: Float64Array): void {
+  orow.fill(0);
+  for (let j = 0; j < n; j++) {
+    const pj = p[j];
+    const o = j * d;
+    for (let c = 0; c < d; c++) orow[c] += pj * V[o + c];
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// float32-accumulation kernels for same-precision mode (every operation rounded with Math.fround)
+// ---------------------------------------------------------------------------------------------
+
+
+function scores32(Q: Float32Array, qo: number, K: Float32Array, n: number, d: number, scale: number, s: Float32Array): void {
+  for (let j = 0; j < n; j++) {
+    const o = j * d;
+    let a = 0;
+    for (let c = 0; c < d; c++) a = f(a + f(Q[qo + c] * K[o + c]));
+    s[j] = f(a * scale);
+  }
+}
+
+/** In place: s -> float32 softmax p (unrounded to the dtype); returns the float32 lse. */
+function softmax32(s: Float32Array, n: number): number {
+  let m = -Infinity;
+  for (let j = 0; j < n; j++) if (s[j] > m) m = s[j];
+  let l = 0;
+  for (let j = 0; j < n; j++) {
+    const e = f(exp(f(s[j] - m)));
+    s[j] = e;
+    l = f(l + e);
+  }
+  for (let j = 0; j < n; j++) s[j] = f(s[j] / l);
+  return f(m + f(log(l)));
+}
+
+function pv32(p: Float32Array, V: Float32Array, n: number, d: number, acc: Float32Array): void {
+  acc.fill(0);
+  for (let j = 0; j < n; j++) {
+    const pj = p[j];
+    const o = j * d;
+    for (let c = 0; c < d; c++) acc[c] = f(acc[c] + f(pj * V[o + c]));
+  }
+}
+
+function makeOutputs(r: Resolved): { out: Float64Array; lse: Float64Array } {
+  return { out: new Float64Array(r.B * r.Sq * r.Hq * r.d), lse: new Float64Array(r.B * r.Hq * r.Sq) };
+}
+
+// ---------------------------------------------------------------------------------------------
+// Forward
+// ---------------------------------------------------------------------------------------------
+
+function forward64(q: ReferenceInput, k: ReferenceInput, v: ReferenceInput, r: Resolved): ReferenceForwardResult {
+  const { B, Sq, Sk, Hq, Hkv, d, group, scale } = r;
+  const { out, lse } = makeOutputs(r);
+  const K = new Float64Array(Sk * d);
+  const V = new Float64Array(Sk * d);
+  const Q = new Float64Array(Sq * d);
+  const s = new Float64Array(Sk);
+  const orow = new Float64Array(d);
+  for (let b = 0; b < B; b++) {
+    for (let kh = 0; kh < Hkv; kh++) {
+      gatherHead(k, b, kh, Sk, Hkv, d, K, null);
+      gatherHead(v, b, kh, Sk, Hkv, d, V, null);
+      for (let h = kh * group; h < (kh + 1) * group; h++) {
+        gatherHead(q, b, h, Sq, Hq, d, Q, null);
+        for (let i = 0; i < Sq; i++) {
+          const ob = ((b * Sq + i) * Hq + h) * d;
+          const li = (b * Hq + h) * Sq + i;
+          const n = visibleKeys(r, i);
+          if (n === 0) {
+            lse[li] = Infinity; // out stays 0
+            continue;
+          }
+          scores64(Q, i * d, K, n, d, scale, s);
+          lse[li] = softmax64(s, n);
+          pv64(s, V, n, d, orow);
+          for (let c = 0; c < d; c++) out[ob + c] = orow[c];
+        }
+      }
+    }
+  }
+  return { out, lse };
+}
+
+function forwardSame(
+  q: ReferenceInput,
+  k: ReferenceInput,
+  v: ReferenceInput,
+  r: Resolved,
+  dtype: DType,
+): ReferenceForwardResult {
+  const { B, Sq, Sk, Hq, Hkv, d, group } = r;
+  const rd = dtypeRounder(dtype);
+  const scale = f(r.scale);
+  const { out, lse } = makeOutputs(r);
+  const K = new Float32Array(Sk * d);
+  const V = new Float32Array(Sk * d);
+  const Q = new Float32Array(Sq * d);
+  const s = new Float32Array(Sk);
+  const acc = new Float32Array(d);
+  for (let b = 0; b < B; b++) {
+    for (let kh = 0; kh < Hkv; kh++) {
+      gatherHead(k, b, kh, Sk, Hkv, d, K, rd);
+      gatherHead(v, b, kh, Sk, Hkv, d, V, rd);
+      for (let h = kh * group; h < (kh + 1) * group; h++) {
+        gatherHead(q, b, h, Sq, Hq, d, Q, rd);
+        for (let i = 0; i < Sq; i++) {
+          const ob = ((b * Sq + i) * Hq + h) * d;
+          const li = (b * Hq + h) * Sq + i;
+          const n = visibleKeys(r, i);
+          if (n === 0) {
+            lse[li] = Infinity;
+            continue;
+          }
+          scores32(Q, i * d, K, n, d, scale, s);
+          lse[li] = softmax32(s, n);
+          for (let j = 0; j < n; j++) s[j] = rd(s[j]);
+          pv32(s, V, n, d, acc);
+          for (let c = 0; c < d; c++) out[ob + c] = rd(acc[c]);
+        }
+      }
+    }
+  }
+  return { out, lse };
+}
+
+/**
+ * Naive attention forward: `out = softmax(softmaxScale · q·kᵀ, masked) · v` and its log-sum-exp.
+ *
+ * @param q `[batch, seqlenQ, headsQ, headDim]`, flat row-major.
+ * @param k `[batch, seqlenK, headsKV, headDim]`, flat row-major.
+ * @param v `[batch, seqlenK, headsKV, headDim]`, flat row-major.
+ * @param shape the sizes (validated: positive integers, `headsQ % headsKV === 0`, array lengths).
+ * @param options causal mask, softmax scale, precision (see {@link ReferenceOptions}).
+ * @returns `out` `[batch, seqlenQ, headsQ, headDim]` and `lse` `[batch, headsQ, seqlenQ]` (natural
+ *   log; +Infinity and an all-zero output row for a query row that sees no key).
+ * @throws RangeError / TypeError on an invalid shape, array length or option.
+ */
+export function referenceAttention(
+  q: ReferenceInput,
+  k: ReferenceInput,
+  v: ReferenceInput,
+  shape: ReferenceShape,
+  options?: ReferenceOptions,
+): ReferenceForwardResult {
+  const r = resolve(shape, options);
+  checkLength('q', q, r.B * r.Sq * r.Hq * r.d, '[batch, seqlenQ, headsQ, headDim]');
+  checkLength('k', k, r.B * r.Sk * r.Hkv * r.d, '[batch, seqlenK, headsKV, headDim]');
+  checkLength('v', v, r.B * r.Sk * r.Hkv * r.d, '[batch, seqlenK, headsKV, headDim]');
+  return r.precision === 'float64' ? forward64(q, k, v, r) : forwardSame(q, k, v, r, r.precision);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Backward
+// ---------------------------------------------------------------------------------------------
+
+function backward64(
+  dout: ReferenceInput,
+  q: ReferenceInput,
+  k: ReferenceInput,
+  v: ReferenceInput,
+  r: Resolved,
+): ReferenceBackwardResult {
+  const { B, Sq, Sk, Hq, Hkv, d, group, scale } = r;
+  const { out, lse } = makeOutputs(r);
+  const dq = new Float64Array(out.length);
+  const dk = new Float64Array(B * Sk * Hkv * d);
+  const dv = new Float64Array(dk.length);
+  const K = new Float64Array(Sk * d);
+  const V = new Float64Array(Sk * d);
+  const Q = new Float64Array(Sq * d);
+  const DO = new Float64Array(Sq * d);
+  const dK = new Float64Array(Sk * d);
+  const dV = new Float64Array(Sk * d);
+  const p = new Float64Array(Sk);
+  const orow = new Float64Array(d);
+  const dqrow = new Float64Array(d);
+  for (let b = 0; b < B; b++) {
+    for (let kh = 0; kh < Hkv; kh++) {
+      gatherHead(k, b, kh, Sk, Hkv, d, K, null);
+      gatherHead(v, b, kh, Sk, Hkv, d, V, null);
+      dK.fill(0);
+      dV.fill(0);
+      for (let h = kh * group; h < (kh + 1) * group; h++) {
+        gatherHead(q, b, h, Sq, Hq, d, Q, null);
+        gatherHead(dout, b, h, Sq, Hq, d, DO, null);
+        for (let i = 0; i < Sq; i++) {
+          const ob = ((b * Sq + i) * Hq + h) * d;
+          const li = (b * Hq + h) * Sq + i;
+          const n = visibleKeys(r, i);
+          if (n === 0) {
+            lse[li] = Infinity; // out, dq stay 0; nothing reaches dk/dv
+            continue;
+          }
+          const qo = i * d;
+          // Forward recompute of the row.
+          scores64(Q, qo, K, n, d, scale, p);
+          lse[li] = softmax64(p, n);
+          pv64(p, V, n, d, orow);
+          let D = 0;
+          for (let c = 0; c < d; c++) {
+            out[ob + c] = orow[c];
+            D += DO[qo + c] * orow[c];
+          }
+          dqrow.fill(0);
+          for (let j = 0; j < n; j++) {
+            const o = j * d;
+            const pj = p[j];
+            // dV_j += P_ij · dO_i ; dP_ij = dO_i · V_j
+            let dp = 0;
+            for (let c = 0; c < d; c++) {
+              dV[o + c] += pj * DO[qo + c];
+              dp += DO[qo + c] * V[o + c];
+            }
+            const ds = pj * (dp - D);
+            // dQ_i += dS_ij · K_j ; dK_j += dS_ij · Q_i   (scale applied at the end)
+            for (let c = 0; c < d; c++) {
+              dqrow[c] += ds * K[o + c];
+              dK[o + c] += ds * Q[qo + c];
+            }
+          }
+          for (let c = 0; c < d; c++) dq[ob + c] = dqrow[c] * scale;
+        }
+      }
+      scatterHead(dK, b, kh, Sk, Hkv, d, dk, scale, null);
+      scatterHead(dV, b, kh, Sk, Hkv, d, dv, 1, null);
+    }
+  }
+  return { dq, dk, dv, out, lse };
+}
+
+function backwardSame(
+  dout: ReferenceInput,
+  q: ReferenceInput,
+  k: ReferenceInput,
+  v: ReferenceInput,
+  r: Resolved,
+  dtype: DType,
+): ReferenceBackwardResult {
+  const { B, Sq, Sk, Hq, Hkv, d, group } = r;
+  const rd = dtypeRounder(dtype);
+  const scale = f(r.scale);
+  const { out, lse } = makeOutputs(r);
+  const dq = new Float64Array(out.length);
+  const dk = new Float64Array(B * Sk * Hkv * d);
+  const dv = new Float64Array(dk.length);
+  const K = new Float32Array(Sk * d);
+  const V = new Float32Array(Sk * d);
+  const Q = new Float32Array(Sq * d);
+  const DO = new Float32Array(Sq * d);
+  const dK = new Float32Array(Sk * d);
+  const dV = new Float32Array(Sk * d);
+  const p = new Float32Array(Sk); // float32 softmax
+  const pr = new Float32Array(Sk); // rounded to the dtype
+  const acc = new Float32Array(d);
+  const orow = new Float32Array(d);
+  const dqacc = new Float32Array(d);
+  for (let b = 0; b < B; b++) {
+    for (let kh = 0; kh < Hkv; kh++) {
+      gatherHead(k, b, kh, Sk, Hkv, d, K, rd);
+      gatherHead(v, b, kh, Sk, Hkv, d, V, rd);
+      dK.fill(0);
+      dV.fill(0);
+      for (let h = kh * group; h < (kh + 1) * group; h++) {
+        gatherHead(q, b, h, Sq, Hq, d, Q, rd);
+        gatherHead(dout, b, h, Sq, Hq, d, DO, rd);
+        for (let i = 0; i < Sq; i++) {
+          const ob = ((b * Sq + i) * Hq + h) * d;
+          const li = (b * Hq + h) * Sq + i;
+          const n = visibleKeys(r, i);
+          if (n === 0) {
+            lse[li] = Infinity;
+            continue;
+          }
+          const qo = i * d;
+          scores32(Q, qo, K, n, d, scale, p);
+          lse[li] = softmax32(p, n);
+          for (let j = 0; j < n; j++) pr[j] = rd(p[j]);
+          pv32(pr, V, n, d, acc);
+          let D = 0;
+          for (let c = 0; c < d; c++) {
+            const o = rd(acc[c]);
+            orow[c] = o;
+            out[ob + c] = o;
+            D = f(D + f(DO[qo + c] * o));
+          }
+          dqacc.fill(0);
+          for (let j = 0; j < n; j++) {
+            const o = j * d;
+            const pj = pr[j];
+            let dp = 0;
+            for (let c = 0; c < d; c++) {
+              dV[o + c] = f(dV[o + c] + f(pj * DO[qo + c]));
+              dp = f(dp + f(DO[qo + c] * V[o + c]));
+            }
+            const ds = rd(f(p[j] * f(dp - D)));
+            for (let c = 0; c < d; c++) {
+              dqacc[c] = f(dqacc[c] + f(ds * K[o + c]));
+              dK[o + c] = f(dK[o + c] + f(ds * Q[qo + c]));
+            }
+          }
+          for (let c = 0; c < d; c++) dq[ob + c] = rd(f(dqacc[c] * scale));
+        }
+      }
+      scatterHead(dK, b, kh, Sk, Hkv, d, dk, scale, rd);
+      scatterHead(dV, b, kh, Sk, Hkv, d, dv, 1, rd);
+    }
+  }
+  return { dq, dk, dv, out, lse };
+}
+
+/**
+ * Naive attention backward from the seed-001 formulas, for the loss gradient `dout` of `out`.
+ * Recomputes the forward internally (its `out` and `lse` are returned too, identical to
+ * {@link referenceAttention} with the same arguments).
+ *
+ * @param dout `[batch, seqlenQ, headsQ, headDim]`, gradient of the loss with respect to `out`.
+ * @param q `[batch, seqlenQ, headsQ, headDim]`.
+ * @param k `[batch, seqlenK, headsKV, headDim]`.
+ * @param v `[batch, seqlenK, headsKV, headDim]`.
+ * @param shape the sizes (validated as in {@link referenceAttention}).
+ * @param options causal mask, softmax scale, precision (see {@link ReferenceOptions}).
+ * @returns `dq` (layout of q), `dk`, `dv` (layout of k; summed over the query heads of each GQA
+ *   group), and the forward's `out` and `lse`. Rows that see no key give `dq = 0` and add nothing
+ *   to `dk`/`dv`.
+ * @throws RangeError / TypeError on an invalid shape, array length or option.
+ */
+export function referenceAttentionBackward(
+  dout: ReferenceInput,
+  q: ReferenceInput,
+  k: ReferenceInput,
+  v: ReferenceInput,
+  shape: ReferenceShape,
+  options?: ReferenceOptions,
+): ReferenceBackwardResult {
+  const r = resolve(shape, options);
+  const nq = r.B * r.Sq * r.Hq * r.d;
+  const nk = r.B * r.Sk * r.Hkv * r.d;
+  checkLength('dout', dout, nq, '[batch, seqlenQ, headsQ, headDim]');
+  checkLength('q', q, nq, '[batch, seqlenQ, headsQ, headDim]');
+  checkLength('k', k, nk, '[batch, seqlenK, headsKV, headDim]');
+  checkLength('v', v, nk, '[batch, seqlenK, headsKV, headDim]');
+  return r.precision === 'float64'
+    ? backward64(dout, q, k, v, r)
+    : backwardSame(dout, q, k, v, r, r.precision);
+}

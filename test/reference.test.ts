@@ -1,0 +1,734 @@
+/**
+ * lib/reference.ts: the float64 reference attention (forward, backward, same-precision mode), checked
+ * by hand-computed cases, an independent direct implementation, finite differences and invariants.
+ * Also exercises the test helpers (random.ts, tolerance.ts) that the backend tests rely on.
+ */
+
+import { DType, roundToDtype } from '../lib/half';
+import {
+  referenceAttention,
+  referenceAttentionBackward,
+  ReferenceInput,
+  ReferenceOptions,
+  ReferenceShape,
+} from '../lib/reference';
+import { currentSeed, randn, randu, Rng, rngFor, seedHint } from './helpers/random';
+import {
+  checkFlashRule,
+  decodeIndex,
+  expectAllWritten,
+  expectFlashRule,
+  maxAbsDiff,
+} from './helpers/tolerance';
+
+// ----------------------------------------------------------------------------------------------
+// helpers local to this file
+// ----------------------------------------------------------------------------------------------
+
+const qSize = (s: ReferenceShape) => s.batch * s.seqlenQ * s.headsQ * s.headDim;
+const kSize = (s: ReferenceShape) => s.batch * s.seqlenK * s.headsKV * s.headDim;
+
+interface Inputs {
+  q: Float64Array;
+  k: Float64Array;
+  v: Float64Array;
+  dout: Float64Array;
+}
+
+function randomInputs(shape: ReferenceShape, rng: Rng, std = 1): Inputs {
+  return {
+    q: Float64Array.from(randn(qSize(shape), rng, std)),
+    k: Float64Array.from(randn(kSize(shape), rng, std)),
+    v: Float64Array.from(randn(kSize(shape), rng)),
+    dout: Float64Array.from(randn(qSize(shape), rng)),
+  };
+}
+
+/** Flat index into [B, S, H, d]. */
+const at = (b: number, s: number, h: number, c: number, S: number, H: number, d: number) => ((b * S + s) * H + h) * d + c;
+
+/**
+ * Direct, deliberately unoptimised attention: mask by explicit condition, exp without max
+ * subtraction (fine for moderate scores), sum, divide. Independent of lib/reference.ts.
+ */
+function directAttention(q: ReferenceInput, k: ReferenceInput, v: ReferenceInput, sh: ReferenceShape, causal: boolean, scale: number) {
+  const { batch: B, seqlenQ: Sq, seqlenK: Sk, headsQ: Hq, headsKV: Hkv, headDim: d } = sh;
+  const out = new Float64Array(qSize(sh));
+  const lse = new Float64Array(B * Hq * Sq);
+  for (let b = 0; b < B; b++)
+    for (let h = 0; h < Hq; h++) {
+      const kh = Math.floor(h / (Hq / Hkv));
+      for (let i = 0; i < Sq; i++) {
+        let sum = 0;
+        const w = new Float64Array(Sk);
+        for (let j = 0; j < Sk; j++) {
+          if (causal && j > i + Sk - Sq) continue;
+          let dot = 0;
+          for (let c = 0; c < d; c++) dot += q[at(b, i, h, c, Sq, Hq, d)] * k[at(b, j, kh, c, Sk, Hkv, d)];
+          w[j] = Math.exp(scale * dot);
+          sum += w[j];
+        }
+        lse[(b * Hq + h) * Sq + i] = Math.log(sum); // log(0) = -Infinity for empty rows; fixed below
+        if (sum === 0) {
+          lse[(b * Hq + h) * Sq + i] = Infinity;
+          continue;
+        }
+        for (let c = 0; c < d; c++) {
+          let o = 0;
+          for (let j = 0; j < Sk; j++) o += (w[j] / sum) * v[at(b, j, kh, c, Sk, Hkv, d)];
+          out[at(b, i, h, c, Sq, Hq, d)] = o;
+        }
+      }
+    }
+  return { out, lse };
+}
+
+/** Head h of a [B, S, H, d] array as a [B, S, 1, d] array. */
+function sliceHead(x: Float64Array, B: number, S: number, H: number, d: number, h: number): Float64Array {
+  const y = new Float64Array(B * S * d);
+  for (let b = 0; b < B; b++) for (let s = 0; s < S; s++) for (let c = 0; c < d; c++) y[(b * S + s) * d + c] = x[at(b, s, h, c, S, H, d)];
+  return y;
+}
+
+function maxAbs(a: ArrayLike<number>): number {
+  let m = 0;
+  for (let i = 0; i < a.length; i++) m = Math.max(m, Math.abs(a[i]));
+  return m;
+}
+
+function relErr(a: ArrayLike<number>, ref: ArrayLike<number>): number {
+  return maxAbsDiff(a, ref) / maxAbs(ref);
+}
+
+function expectClose(a: ArrayLike<number>, b: ArrayLike<number>, tol: number, what: string): void {
+  const e = maxAbsDiff(a, b);
+  if (!(e <= tol)) throw new Error(`${what}: max abs diff ${e} > ${tol}; ${seedHint()}`);
+}
+
+// ----------------------------------------------------------------------------------------------
+// Forward: hand-computed cases
+// ----------------------------------------------------------------------------------------------
+
+describe('forward, by hand', () => {
+  test('1 query, 2 keys with known scores', () => {
+    // d = 2, scale 0.5: s0 = 0.5·(1·1 + 2·0) = 0.5, s1 = 0.5·(1·0 + 2·1) = 1
+    const shape = { batch: 1, seqlenQ: 1, seqlenK: 2, headsQ: 1, headsKV: 1, headDim: 2 };
+    const q = [1, 2];
+    const k = [1, 0, 0, 1];
+    const v = [1, 2, 3, -1];
+    const { out, lse } = referenceAttention(q, k, v, shape, { softmaxScale: 0.5 });
+    const e0 = Math.exp(0.5);
+    const e1 = Math.exp(1);
+    const p0 = e0 / (e0 + e1);
+    const p1 = e1 / (e0 + e1);
+    expect(lse[0]).toBeCloseTo(1.4740769841801067, 14); // ln(e^0.5 + e^1)
+    expect(lse[0]).toBeCloseTo(Math.log(e0 + e1), 14);
+    expect(out[0]).toBeCloseTo(p0 * 1 + p1 * 3, 14);
+    expect(out[1]).toBeCloseTo(p0 * 2 + p1 * -1, 14);
+    expect(out[0]).toBeCloseTo(2.2449186624037093, 13); // (e^0.5 + 3e) / (e^0.5 + e)
+  });
+
+  test('uniform scores give the mean of V and lse = log(seqlenK)', () => {
+    const shape = { batch: 1, seqlenQ: 2, seqlenK: 4, headsQ: 1, headsKV: 1, headDim: 3 };
+    const q = [0, 0, 0, 0, 0, 0]; // all scores 0
+    const k = [1, 2, 3, -1, 0.5, 2, 7, 7, 7, 0, 1, 0];
+    const v = [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12];
+    const { out, lse } = referenceAttention(q, k, v, shape);
+    const mean = [(1 + 4 + 7 + 10) / 4, (2 + 5 + 8 + 11) / 4, (3 + 6 + 9 + 12) / 4];
+    expect(Array.from(out)).toEqual([...mean, ...mean].map((x) => expect.closeTo(x, 14)));
+    expect(lse[0]).toBeCloseTo(Math.log(4), 15);
+    expect(lse[1]).toBeCloseTo(Math.log(4), 15);
+  });
+
+  test('causal, seqlenQ > seqlenK: the first row is empty (out 0, lse +Inf), the others by hand', () => {
+    // Sq = 3, Sk = 2: row i sees j <= i - 1. Row 0: none; row 1: key 0; row 2: keys 0, 1.
+    const shape = { batch: 1, seqlenQ: 3, seqlenK: 2, headsQ: 1, headsKV: 1, headDim: 1 };
+    const q = [5, 2, 1];
+    const k = [1, -1];
+    const v = [10, 20];
+    const { out, lse } = referenceAttention(q, k, v, shape, { causal: true, softmaxScale: 1 });
+    expect(out[0]).toBe(0);
+    expect(lse[0]).toBe(Infinity);
+    expect(out[1]).toBeCloseTo(10, 14); // only key 0
+    expect(lse[1]).toBeCloseTo(2, 14); // score 2·1
+    const p0 = Math.exp(1) / (Math.exp(1) + Math.exp(-1));
+    expect(out[2]).toBeCloseTo(10 * p0 + 20 * (1 - p0), 13);
+    expect(lse[2]).toBeCloseTo(Math.log(Math.exp(1) + Math.exp(-1)), 14);
+  });
+
+  test('causal, seqlenQ < seqlenK: bottom-right alignment by hand', () => {
+    // Sq = 2, Sk = 3: row 0 sees keys 0, 1; row 1 sees keys 0, 1, 2.
+    const shape = { batch: 1, seqlenQ: 2, seqlenK: 3, headsQ: 1, headsKV: 1, headDim: 1 };
+    const q = [1, 1];
+    const k = [0, 0, 0]; // uniform scores
+    const v = [3, 6, 30];
+    const { out, lse } = referenceAttention(q, k, v, shape, { causal: true });
+    expect(out[0]).toBeCloseTo(4.5, 14); // mean of 3, 6
+    expect(out[1]).toBeCloseTo(13, 14); // mean of 3, 6, 30
+    expect(lse[0]).toBeCloseTo(Math.log(2), 15);
+    expect(lse[1]).toBeCloseTo(Math.log(3), 15);
+  });
+
+  test.each([
+    [3, 2, [[0, 0], [1, 0], [1, 1]]],
+    [2, 4, [[1, 1, 1, 0], [1, 1, 1, 1]]],
+    [3, 3, [[1, 0, 0], [1, 1, 0], [1, 1, 1]]],
+    [4, 1, [[0], [0], [0], [1]]],
+  ])('causal mask Sq=%i Sk=%i equals the hand-written visibility matrix (probed by perturbing v)', (Sq, Sk, vis) => {
+    const shape = { batch: 1, seqlenQ: Sq, seqlenK: Sk, headsQ: 1, headsKV: 1, headDim: 2 };
+    const rng = rngFor(`mask-${Sq}-${Sk}`);
+    const { q, k, v } = randomInputs(shape, rng);
+    const base = referenceAttention(q, k, v, shape, { causal: true });
+    const seen: number[][] = [];
+    for (let i = 0; i < Sq; i++) seen.push(new Array<number>(Sk).fill(0));
+    for (let j = 0; j < Sk; j++) {
+      const v2 = v.slice();
+      v2[j * 2] += 1;
+      const pert = referenceAttention(q, k, v2, shape, { causal: true });
+      for (let i = 0; i < Sq; i++) seen[i][j] = pert.out[i * 2] !== base.out[i * 2] ? 1 : 0;
+    }
+    expect(seen).toEqual(vis);
+    for (let i = 0; i < Sq; i++) {
+      const empty = vis[i].every((x) => x === 0);
+      expect(Number.isFinite(base.lse[i])).toBe(!empty);
+      if (empty) {
+        expect(base.lse[i]).toBe(Infinity);
+        expect([base.out[i * 2], base.out[i * 2 + 1]]).toEqual([0, 0]);
+      }
+    }
+  });
+});
+
+// ----------------------------------------------------------------------------------------------
+// Forward: against the direct implementation, scale, GQA, stability
+// ----------------------------------------------------------------------------------------------
+
+describe('forward, general', () => {
+  const shapes: Array<[string, ReferenceShape]> = [
+    ['MHA', { batch: 2, seqlenQ: 5, seqlenK: 7, headsQ: 3, headsKV: 3, headDim: 4 }],
+    ['GQA', { batch: 1, seqlenQ: 6, seqlenK: 6, headsQ: 4, headsKV: 2, headDim: 8 }],
+    ['MQA Sq>Sk', { batch: 2, seqlenQ: 9, seqlenK: 4, headsQ: 3, headsKV: 1, headDim: 3 }],
+  ];
+
+  test.each(shapes.flatMap(([n, s]) => [[n, false, s] as const, [n, true, s] as const]))(
+    '%s causal=%s: out and lse = log(sum(exp)) match the direct computation',
+    (name, causal, shape) => {
+      const { q, k, v } = randomInputs(shape, rngFor(`direct-${name}-${causal}`));
+      const scale = 0.37;
+      const ref = referenceAttention(q, k, v, shape, { causal, softmaxScale: scale });
+      const dir = directAttention(q, k, v, shape, causal, scale);
+      expectClose(ref.out, dir.out, 1e-13, 'out');
+      expectClose(ref.lse, dir.lse, 1e-13, 'lse');
+      expect(ref.lse.some((x) => x === Infinity)).toBe(causal && shape.seqlenQ > shape.seqlenK);
+    },
+  );
+
+  test('inputs as Float32Array, Float64Array and number[] give the same result', () => {
+    const shape = shapes[1][1];
+    const rng = rngFor('input-kinds');
+    const q32 = randn(qSize(shape), rng);
+    const k32 = randn(kSize(shape), rng);
+    const v32 = randn(kSize(shape), rng);
+    const a = referenceAttention(q32, k32, v32, shape, { causal: true });
+    const b = referenceAttention(Float64Array.from(q32), Float64Array.from(k32), Float64Array.from(v32), shape, { causal: true });
+    const c = referenceAttention(Array.from(q32), Array.from(k32), Array.from(v32), shape, { causal: true });
+    expect(a.out).toEqual(b.out);
+    expect(a.out).toEqual(c.out);
+    expect(a.lse).toEqual(c.lse);
+  });
+
+  test('softmaxScale is respected; the default is 1/sqrt(headDim)', () => {
+    const shape = { batch: 1, seqlenQ: 4, seqlenK: 5, headsQ: 2, headsKV: 1, headDim: 16 };
+    const { q, k, v } = randomInputs(shape, rngFor('scale'));
+    const def = referenceAttention(q, k, v, shape);
+    const explicit = referenceAttention(q, k, v, shape, { softmaxScale: 1 / Math.sqrt(16) });
+    expect(def.out).toEqual(explicit.out);
+    expect(def.lse).toEqual(explicit.lse);
+    // scale c on q and 1/c on the softmax scale cancel
+    const c = 3;
+    const q3 = q.map((x) => x * c);
+    const moved = referenceAttention(q3, k, v, shape, { softmaxScale: 0.25 / c });
+    expectClose(moved.out, def.out, 1e-13, 'out with moved scale');
+    expectClose(moved.lse, def.lse, 1e-13, 'lse with moved scale');
+    // a different scale changes the result
+    const other = referenceAttention(q, k, v, shape, { softmaxScale: 0.5 });
+    expect(maxAbsDiff(other.out, def.out)).toBeGreaterThan(1e-3);
+  });
+
+  test('GQA equals running each query head against its kv head', () => {
+    const sh = { batch: 2, seqlenQ: 5, seqlenK: 4, headsQ: 6, headsKV: 2, headDim: 3 };
+    const { q, k, v, dout } = randomInputs(sh, rngFor('gqa'));
+    for (const causal of [false, true]) {
+      const full = referenceAttentionBackward(dout, q, k, v, sh, { causal });
+      const one = { ...sh, headsQ: 1, headsKV: 1 };
+      const dkSum = [new Float64Array(sh.batch * sh.seqlenK * sh.headDim), new Float64Array(sh.batch * sh.seqlenK * sh.headDim)];
+      const dvSum = [new Float64Array(dkSum[0].length), new Float64Array(dkSum[0].length)];
+      for (let h = 0; h < sh.headsQ; h++) {
+        const kh = Math.floor(h / 3);
+        const r = referenceAttentionBackward(
+          sliceHead(dout, sh.batch, sh.seqlenQ, sh.headsQ, sh.headDim, h),
+          sliceHead(q, sh.batch, sh.seqlenQ, sh.headsQ, sh.headDim, h),
+          sliceHead(k, sh.batch, sh.seqlenK, sh.headsKV, sh.headDim, kh),
+          sliceHead(v, sh.batch, sh.seqlenK, sh.headsKV, sh.headDim, kh),
+          one,
+          { causal },
+        );
+        expectClose(r.out, sliceHead(full.out, sh.batch, sh.seqlenQ, sh.headsQ, sh.headDim, h), 1e-14, `out head ${h}`);
+        expectClose(r.dq, sliceHead(full.dq, sh.batch, sh.seqlenQ, sh.headsQ, sh.headDim, h), 1e-14, `dq head ${h}`);
+        for (let b = 0; b < sh.batch; b++)
+          for (let i = 0; i < sh.seqlenQ; i++) expect(r.lse[b * sh.seqlenQ + i]).toBe(full.lse[(b * sh.headsQ + h) * sh.seqlenQ + i]);
+        for (let x = 0; x < r.dk.length; x++) {
+          dkSum[kh][x] += r.dk[x];
+          dvSum[kh][x] += r.dv[x];
+        }
+      }
+      for (let kh = 0; kh < 2; kh++) {
+        expectClose(dkSum[kh], sliceHead(full.dk, sh.batch, sh.seqlenK, sh.headsKV, sh.headDim, kh), 1e-13, `dk kv head ${kh}`);
+        expectClose(dvSum[kh], sliceHead(full.dv, sh.batch, sh.seqlenK, sh.headsKV, sh.headDim, kh), 1e-13, `dv kv head ${kh}`);
+      }
+    }
+  });
+
+  test.each([
+    ['all scores very negative', -1],
+    ['mixed huge positive and negative scores', 0],
+  ])('large scores (%s): stable, finite, lse within [max, max + log n]', (_, mode) => {
+    // q > 0 everywhere; keys < 0 (mode -1) or alternating sign by key (mode 0): |score| >= 4·20·20
+    const shape = { batch: 1, seqlenQ: 3, seqlenK: 5, headsQ: 1, headsKV: 1, headDim: 4 };
+    const rng = rngFor(`large-${mode}`);
+    const q = Float64Array.from(randu(12, 20, 40, rng));
+    const k = Float64Array.from(randu(20, 20, 40, rng)).map((x, e) => (mode === -1 || Math.floor(e / 4) % 2 === 1 ? -x : x));
+    const v = Float64Array.from(randn(20, rng));
+    const dout = Float64Array.from(randn(12, rng));
+    const r = referenceAttentionBackward(dout, q, k, v, shape, { softmaxScale: 1 });
+    for (const a of [r.out, r.lse, r.dq, r.dk, r.dv]) expect(a.every(Number.isFinite)).toBe(true);
+    for (let i = 0; i < 3; i++) {
+      let m = -Infinity;
+      for (let j = 0; j < 5; j++) {
+        let s = 0;
+        for (let c = 0; c < 4; c++) s += q[i * 4 + c] * k[j * 4 + c];
+        expect(Math.abs(s)).toBeGreaterThanOrEqual(1600); // the test really has large scores
+        m = Math.max(m, s);
+      }
+      expect(Math.sign(m)).toBe(mode === -1 ? -1 : 1);
+      expect(r.lse[i]).toBeGreaterThanOrEqual(m);
+      expect(r.lse[i]).toBeLessThanOrEqual(m + Math.log(5));
+      // out is a convex combination of the rows of v
+      for (let c = 0; c < 4; c++) {
+        const col = [0, 1, 2, 3, 4].map((j) => v[j * 4 + c]);
+        expect(r.out[i * 4 + c]).toBeGreaterThanOrEqual(Math.min(...col) - 1e-12);
+        expect(r.out[i * 4 + c]).toBeLessThanOrEqual(Math.max(...col) + 1e-12);
+      }
+    }
+  });
+
+  test('validation: bad shapes, lengths and options throw', () => {
+    const shape = { batch: 1, seqlenQ: 2, seqlenK: 2, headsQ: 2, headsKV: 1, headDim: 2 };
+    const q = new Float64Array(8);
+    const k = new Float64Array(4);
+    expect(() => referenceAttention(q, k, k, shape)).not.toThrow();
+    expect(() => referenceAttention(q.subarray(1), k, k, shape)).toThrow(RangeError);
+    expect(() => referenceAttention(q, k, new Float64Array(5), shape)).toThrow(RangeError);
+    expect(() => referenceAttention(q, k, k, { ...shape, headsKV: 3 })).toThrow(RangeError);
+    expect(() => referenceAttention(q, k, k, { ...shape, headDim: 0 })).toThrow(RangeError);
+    expect(() => referenceAttention(q, k, k, { ...shape, batch: 1.5 })).toThrow(RangeError);
+    expect(() => referenceAttention(q, k, k, shape, { softmaxScale: NaN })).toThrow(RangeError);
+    expect(() => referenceAttention(q, k, k, shape, { softmaxScale: -1 })).toThrow(RangeError);
+    expect(() => referenceAttention(q, k, k, shape, { precision: 'int8' as unknown as DType })).toThrow(TypeError);
+    expect(() => referenceAttentionBackward(q.subarray(2), q, k, k, shape)).toThrow(RangeError);
+  });
+});
+
+// ----------------------------------------------------------------------------------------------
+// Backward
+// ----------------------------------------------------------------------------------------------
+
+describe('backward', () => {
+  const fdCases: Array<[string, ReferenceShape, ReferenceOptions]> = [
+    ['MHA', { batch: 2, seqlenQ: 3, seqlenK: 4, headsQ: 2, headsKV: 2, headDim: 4 }, {}],
+    ['causal MQA, scale 0.7', { batch: 1, seqlenQ: 4, seqlenK: 4, headsQ: 2, headsKV: 1, headDim: 3 }, { causal: true, softmaxScale: 0.7 }],
+    ['causal GQA Sq>Sk (empty rows)', { batch: 1, seqlenQ: 5, seqlenK: 3, headsQ: 4, headsKV: 2, headDim: 2 }, { causal: true }],
+    ['causal Sq<Sk', { batch: 1, seqlenQ: 3, seqlenK: 6, headsQ: 1, headsKV: 1, headDim: 5 }, { causal: true }],
+    ['cross-length non-causal GQA', { batch: 1, seqlenQ: 2, seqlenK: 5, headsQ: 2, headsKV: 1, headDim: 3 }, { softmaxScale: 1.3 }],
+  ];
+
+  test.each(fdCases)('%s: gradients match central finite differences of L = sum(out ∘ W)', (name, shape, opts) => {
+    const { q, k, v, dout: W } = randomInputs(shape, rngFor(`fd-${name}`));
+    const g = referenceAttentionBackward(W, q, k, v, shape, opts);
+    const loss = (qq: Float64Array, kk: Float64Array, vv: Float64Array) => {
+      const { out } = referenceAttention(qq, kk, vv, shape, opts);
+      let L = 0;
+      for (let i = 0; i < out.length; i++) L += out[i] * W[i];
+      return L;
+    };
+    const h = 1e-5;
+    const fd = (which: 0 | 1 | 2) => {
+      const xs = [q.slice(), k.slice(), v.slice()];
+      const x = xs[which];
+      const grad = new Float64Array(x.length);
+      for (let e = 0; e < x.length; e++) {
+        const x0 = x[e];
+        x[e] = x0 + h;
+        const lp = loss(xs[0], xs[1], xs[2]);
+        x[e] = x0 - h;
+        const lm = loss(xs[0], xs[1], xs[2]);
+        x[e] = x0;
+        grad[e] = (lp - lm) / (2 * h);
+      }
+      return grad;
+    };
+    const named: Array<[string, Float64Array, Float64Array]> = [
+      ['dq', g.dq, fd(0)],
+      ['dk', g.dk, fd(1)],
+      ['dv', g.dv, fd(2)],
+    ];
+    for (const [n, analytic, numeric] of named) {
+      expect(maxAbs(analytic)).toBeGreaterThan(1e-3); // a real gradient, not zeros
+      const rel = relErr(analytic, numeric);
+      if (!(rel <= 1e-6)) throw new Error(`${name} ${n}: relative error vs finite differences ${rel}; ${seedHint()}`);
+    }
+  });
+
+  test('out and lse of the backward equal the forward', () => {
+    const shape = fdCases[2][1];
+    const { q, k, v, dout } = randomInputs(shape, rngFor('bwd-fwd'));
+    const f = referenceAttention(q, k, v, shape, { causal: true });
+    const b = referenceAttentionBackward(dout, q, k, v, shape, { causal: true });
+    expect(b.out).toEqual(f.out);
+    expect(b.lse).toEqual(f.lse);
+  });
+
+  test('empty rows: dq = 0 and they add nothing to dk/dv (whatever their q and dout)', () => {
+    const shape = { batch: 1, seqlenQ: 5, seqlenK: 2, headsQ: 2, headsKV: 1, headDim: 3 };
+    const { q, k, v, dout } = randomInputs(shape, rngFor('empty-rows'));
+    const r = referenceAttentionBackward(dout, q, k, v, shape, { causal: true });
+    // rows 0..2 are empty (they see j <= i - 3)
+    const q2 = q.slice();
+    const do2 = dout.slice();
+    for (let i = 0; i < 3; i++)
+      for (let x = 0; x < 6; x++) {
+        q2[i * 6 + x] = 1e3 * (x + 1);
+        do2[i * 6 + x] = -1e3;
+      }
+    const r2 = referenceAttentionBackward(do2, q2, k, v, shape, { causal: true });
+    for (const a of [r, r2]) {
+      for (const t of [a.out, a.dq, a.dk, a.dv]) expect(t.some(Number.isNaN)).toBe(false);
+      expect(Array.from(a.dq.subarray(0, 18))).toEqual(new Array(18).fill(0));
+      expect(Array.from(a.out.subarray(0, 18))).toEqual(new Array(18).fill(0));
+    }
+    expect(r2.dk).toEqual(r.dk);
+    expect(r2.dv).toEqual(r.dv);
+    expect(maxAbs(r.dq.subarray(18))).toBeGreaterThan(0);
+  });
+
+  test('seqlen 1025, headDim 128: runs quickly and satisfies the gradient invariants', () => {
+    const shape = { batch: 1, seqlenQ: 1025, seqlenK: 1025, headsQ: 2, headsKV: 2, headDim: 128 };
+    const rng = rngFor('big');
+    const q = randn(qSize(shape), rng);
+    const k = randn(kSize(shape), rng);
+    const v = randn(kSize(shape), rng);
+    const dout = randn(qSize(shape), rng);
+    // CPU time of this process (not wall time: robust to other load on the machine)
+    const t0 = process.cpuUsage();
+    const f = referenceAttention(q, k, v, shape, { causal: true });
+    const b = referenceAttentionBackward(dout, q, k, v, shape, { causal: true });
+    const cpu = process.cpuUsage(t0);
+    expect((cpu.user + cpu.system) / 1e6).toBeLessThan(10); // about 2 s
+    expect(maxAbsDiff(b.out, f.out)).toBe(0); // (toEqual is slow on 262k elements)
+    expect(maxAbsDiff(b.lse, f.lse)).toBe(0);
+    const d = 128;
+    const H = 2;
+    const Sk = 1025;
+    // a few rows against the direct computation (one row of the problem each)
+    for (const [h, i] of [[0, 0], [1, 511], [0, 1024]]) {
+      const one = { batch: 1, seqlenQ: 1, seqlenK: i + 1, headsQ: 1, headsKV: 1, headDim: d };
+      const qi = q.slice(at(0, i, h, 0, 1025, H, d), at(0, i, h, d, 1025, H, d));
+      const ks = sliceHead(Float64Array.from(k), 1, Sk, H, d, h).subarray(0, (i + 1) * d);
+      const vs = sliceHead(Float64Array.from(v), 1, Sk, H, d, h).subarray(0, (i + 1) * d);
+      const dir = directAttention(qi, ks, vs, one, false, 1 / Math.sqrt(d));
+      expectClose(f.out.subarray(at(0, i, h, 0, 1025, H, d), at(0, i, h, d, 1025, H, d)), dir.out, 1e-12, `row ${i} head ${h}`);
+      expect(f.lse[h * 1025 + i]).toBeCloseTo(dir.lse[0], 12);
+    }
+    // Σ_j dS_ij = 0 for every row, so Σ_j dk_j = 0; Σ_j P_ij = 1, so Σ_j dv_j = Σ_i dO_i.
+    for (let h = 0; h < H; h++)
+      for (let c = 0; c < d; c++) {
+        let sk = 0;
+        let sv = 0;
+        let sdo = 0;
+        let scale = 0;
+        for (let j = 0; j < Sk; j++) {
+          sk += b.dk[at(0, j, h, c, Sk, H, d)];
+          sv += b.dv[at(0, j, h, c, Sk, H, d)];
+          sdo += dout[at(0, j, h, c, Sk, H, d)];
+          scale += Math.abs(b.dk[at(0, j, h, c, Sk, H, d)]);
+        }
+        expect(Math.abs(sk)).toBeLessThan(1e-10 * scale);
+        expect(sv).toBeCloseTo(sdo, 9);
+      }
+  });
+});
+
+// ----------------------------------------------------------------------------------------------
+// Same-precision mode
+// ----------------------------------------------------------------------------------------------
+
+describe('same-precision mode', () => {
+  const shape = { batch: 1, seqlenQ: 96, seqlenK: 80, headsQ: 2, headsKV: 1, headDim: 64 };
+  // max |samePrecision − float64| / max |float64| on unit-normal data, by dtype
+  const bands: Record<DType, [number, number]> = {
+    bfloat16: [4e-4, 3e-2],
+    float16: [5e-5, 4e-3],
+    float32: [5e-9, 1e-5],
+  };
+
+  test.each<DType>(['bfloat16', 'float16', 'float32'])(
+    '%s: nonzero error of the expected magnitude, outputs representable in the dtype',
+    (dtype) => {
+      const rng = rngFor(`sp-${dtype}`);
+      const rd = (a: Float32Array) => Float64Array.from(a, (x) => roundToDtype(x, dtype));
+      // inputs already in the dtype: the error measured is that of the computation alone
+      const q = rd(randn(qSize(shape), rng));
+      const k = rd(randn(kSize(shape), rng));
+      const v = rd(randn(kSize(shape), rng));
+      const dout = rd(randn(qSize(shape), rng));
+      const ref = referenceAttentionBackward(dout, q, k, v, shape, { causal: true });
+      const sp = referenceAttentionBackward(dout, q, k, v, shape, { causal: true, precision: dtype });
+      const [lo, hi] = bands[dtype];
+      const report: string[] = [];
+      for (const n of ['out', 'dq', 'dk', 'dv'] as const) {
+        const e = relErr(sp[n], ref[n]);
+        if (!(e >= lo && e <= hi)) report.push(`${n}: ${e} not in [${lo}, ${hi}]`);
+        const notRepresentable = sp[n].findIndex((x) => roundToDtype(x, dtype) !== x);
+        if (notRepresentable >= 0) report.push(`${n}[${notRepresentable}] not a ${dtype} value`);
+      }
+      const finite = (a: Float64Array) => a.filter((_, i) => Number.isFinite(ref.lse[i]));
+      expect(finite(ref.lse).length).toBe(shape.headsQ * shape.seqlenK); // 16 empty rows per head
+      const lseErr = relErr(finite(sp.lse), finite(ref.lse));
+      if (!(lseErr > 0 && lseErr < 1e-6)) report.push(`lse: ${lseErr}`);
+      if (sp.lse.some((x) => Math.fround(x) !== x)) report.push('lse not float32');
+      expect(report).toEqual([]);
+      // forward-only entry point gives the backward's out/lse
+      const fwd = referenceAttention(q, k, v, shape, { causal: true, precision: dtype });
+      expect(fwd.out).toEqual(sp.out);
+      expect(fwd.lse).toEqual(sp.lse);
+    },
+  );
+
+  /**
+   * The same-precision algorithm written again, directly from the steps listed in the JSDoc of
+   * ReferenceOptions.precision (naive indexing, no scratch rows), for an exact comparison.
+   */
+  function samePrecisionDirect(dout: Float64Array, q: Float64Array, k: Float64Array, v: Float64Array, sh: ReferenceShape, causal: boolean, dtype: DType) {
+    const { batch: B, seqlenQ: Sq, seqlenK: Sk, headsQ: Hq, headsKV: Hkv, headDim: d } = sh;
+    const f = Math.fround;
+    const rd = (x: number) => roundToDtype(x, dtype);
+    const scale = f(1 / Math.sqrt(d));
+    const [Q, K, V, DO] = [q, k, v, dout].map((a) => a.map(rd));
+    const out = new Float64Array(Q.length);
+    const lse = new Float64Array(B * Hq * Sq);
+    const dq = new Float64Array(Q.length);
+    const dkAcc = new Float64Array(K.length); // float32 values
+    const dvAcc = new Float64Array(K.length);
+    const group = Hq / Hkv;
+    for (let b = 0; b < B; b++)
+      for (let h = 0; h < Hq; h++) {
+        const kh = Math.floor(h / group);
+        for (let i = 0; i < Sq; i++) {
+          const vis = (j: number) => !causal || j <= i + Sk - Sq;
+          const js = Array.from({ length: Sk }, (_, j) => j).filter(vis);
+          if (js.length === 0) {
+            lse[(b * Hq + h) * Sq + i] = Infinity;
+            continue;
+          }
+          const s = js.map((j) => {
+            let a = 0;
+            for (let c = 0; c < d; c++) a = f(a + f(Q[at(b, i, h, c, Sq, Hq, d)] * K[at(b, j, kh, c, Sk, Hkv, d)]));
+            return f(scale * a);
+          });
+          const m = Math.max(...s);
+          const e = s.map((x) => f(Math.exp(f(x - m))));
+          let l = 0;
+          for (const x of e) l = f(l + x);
+          const p = e.map((x) => f(x / l));
+          lse[(b * Hq + h) * Sq + i] = f(m + f(Math.log(l)));
+          const pr = p.map(rd);
+          let D = 0;
+          for (let c = 0; c < d; c++) {
+            let a = 0;
+            js.forEach((j, t) => (a = f(a + f(pr[t] * V[at(b, j, kh, c, Sk, Hkv, d)]))));
+            out[at(b, i, h, c, Sq, Hq, d)] = rd(a);
+            D = f(D + f(DO[at(b, i, h, c, Sq, Hq, d)] * rd(a)));
+          }
+          const dqAcc = new Float64Array(d);
+          js.forEach((j, t) => {
+            let dp = 0;
+            for (let c = 0; c < d; c++) {
+              const x = at(b, j, kh, c, Sk, Hkv, d);
+              dvAcc[x] = f(dvAcc[x] + f(pr[t] * DO[at(b, i, h, c, Sq, Hq, d)]));
+              dp = f(dp + f(DO[at(b, i, h, c, Sq, Hq, d)] * V[x]));
+            }
+            const ds = rd(f(p[t] * f(dp - D)));
+            for (let c = 0; c < d; c++) {
+              const x = at(b, j, kh, c, Sk, Hkv, d);
+              dqAcc[c] = f(dqAcc[c] + f(ds * K[x]));
+              dkAcc[x] = f(dkAcc[x] + f(ds * Q[at(b, i, h, c, Sq, Hq, d)]));
+            }
+          });
+          for (let c = 0; c < d; c++) dq[at(b, i, h, c, Sq, Hq, d)] = rd(f(dqAcc[c] * scale));
+        }
+      }
+    return { out, lse, dq, dk: dkAcc.map((x) => rd(f(x * scale))), dv: dvAcc.map(rd) };
+  }
+
+  test.each<[DType, boolean]>([
+    ['bfloat16', true],
+    ['float16', false],
+    ['float32', true],
+  ])('%s causal=%s: bit-exact with the documented rounding steps, written again naively', (dtype, causal) => {
+    const small = { batch: 2, seqlenQ: 7, seqlenK: 5, headsQ: 4, headsKV: 2, headDim: 8 };
+    const { q, k, v, dout } = randomInputs(small, rngFor(`sp-direct-${dtype}`));
+    const got = referenceAttentionBackward(dout, q, k, v, small, { causal, precision: dtype });
+    const want = samePrecisionDirect(dout, q, k, v, small, causal, dtype);
+    for (const n of ['out', 'lse', 'dq', 'dk', 'dv'] as const) {
+      const diff = maxAbsDiff(got[n], want[n]);
+      if (diff !== 0) throw new Error(`${dtype} ${n}: differs from the documented steps by ${diff}; ${seedHint()}`);
+    }
+  });
+
+  test('the coarser the dtype, the larger the error', () => {
+    const rng = rngFor('sp-order');
+    const q = randn(qSize(shape), rng);
+    const k = randn(kSize(shape), rng);
+    const v = randn(kSize(shape), rng);
+    const ref = referenceAttention(q, k, v, shape);
+    const err = (p: DType) => relErr(referenceAttention(q, k, v, shape, { precision: p }).out, ref.out);
+    const [eb, eh, ef] = [err('bfloat16'), err('float16'), err('float32')];
+    expect(eb).toBeGreaterThan(3 * eh);
+    expect(eh).toBeGreaterThan(30 * ef);
+    expect(ef).toBeGreaterThan(0);
+  });
+
+  test('inputs are rounded to the dtype internally (unrounded and pre-rounded inputs agree exactly)', () => {
+    const small = { batch: 1, seqlenQ: 7, seqlenK: 9, headsQ: 2, headsKV: 2, headDim: 8 };
+    const { q, k, v, dout } = randomInputs(small, rngFor('sp-round-inputs'));
+    for (const dtype of ['bfloat16', 'float16'] as const) {
+      const rd = (a: Float64Array) => a.map((x) => roundToDtype(x, dtype));
+      const a = referenceAttentionBackward(dout, q, k, v, small, { precision: dtype });
+      const b = referenceAttentionBackward(rd(dout), rd(q), rd(k), rd(v), small, { precision: dtype });
+      for (const n of ['out', 'lse', 'dq', 'dk', 'dv'] as const) expect(a[n]).toEqual(b[n]);
+      // and the rounding matters: the float64 reference on unrounded inputs differs
+      const exact = referenceAttention(q, k, v, small);
+      expect(maxAbsDiff(a.out, exact.out)).toBeGreaterThan(0);
+    }
+  });
+
+  test('empty rows: out 0, lse +Inf, dq 0, never NaN', () => {
+    const small = { batch: 1, seqlenQ: 6, seqlenK: 4, headsQ: 2, headsKV: 1, headDim: 8 };
+    const { q, k, v, dout } = randomInputs(small, rngFor('sp-empty'));
+    for (const dtype of ['bfloat16', 'float16', 'float32'] as const) {
+      const r = referenceAttentionBackward(dout, q, k, v, small, { causal: true, precision: dtype });
+      for (const t of [r.out, r.lse, r.dq, r.dk, r.dv]) expect(t.some(Number.isNaN)).toBe(false);
+      for (let h = 0; h < 2; h++) {
+        expect([r.lse[h * 6], r.lse[h * 6 + 1]]).toEqual([Infinity, Infinity]);
+        expect(Number.isFinite(r.lse[h * 6 + 2])).toBe(true);
+      }
+      expect(maxAbs(r.out.subarray(0, 2 * 16))).toBe(0);
+      expect(maxAbs(r.dq.subarray(0, 2 * 16))).toBe(0);
+      expect(maxAbs(r.dq.subarray(2 * 16))).toBeGreaterThan(0);
+    }
+  });
+});
+
+// ----------------------------------------------------------------------------------------------
+// The test helpers
+// ----------------------------------------------------------------------------------------------
+
+describe('test helpers', () => {
+  test('flash rule: the same-precision result passes at factor 2, a 3x worse one fails with a readable message', () => {
+    const sh = { batch: 1, seqlenQ: 16, seqlenK: 16, headsQ: 2, headsKV: 2, headDim: 8 };
+    const { q, k, v } = randomInputs(sh, rngFor('rule'));
+    const ref = referenceAttention(q, k, v, sh);
+    const sp = referenceAttention(q, k, v, sh, { precision: 'bfloat16' });
+    const ok = expectFlashRule({ actual: sp.out, reference: ref.out, samePrecision: sp.out, factor: 2, atol: 0, name: 'out' });
+    expect(ok.pass).toBe(true);
+    expect(ok.maxErr).toBe(ok.refErr);
+    expect(ok.refErr).toBeGreaterThan(0);
+    const worse = ref.out.map((r, i) => r + 3 * (sp.out[i] - r));
+    const input = {
+      actual: worse,
+      reference: ref.out,
+      samePrecision: sp.out,
+      factor: 2,
+      atol: 0,
+      name: 'out',
+      shape: [1, 16, 2, 8],
+      dims: ['b', 's', 'h', 'd'],
+    };
+    const rep = checkFlashRule(input);
+    expect(rep.pass).toBe(false);
+    expect(rep.maxErr).toBeCloseTo(3 * rep.refErr, 12);
+    expect(Math.abs(worse[rep.worstIndex] - ref.out[rep.worstIndex])).toBe(rep.maxErr);
+    expect(() => expectFlashRule(input)).toThrow(/out/);
+    expect(() => expectFlashRule(input)).toThrow(/FA_TEST_SEED=0x[0-9a-f]{8}/);
+    expect(() => expectFlashRule(input)).toThrow(decodeIndex(rep.worstIndex, input.shape, input.dims));
+    // atol can rescue it
+    expect(checkFlashRule({ ...input, atol: rep.maxErr }).pass).toBe(true);
+  });
+
+  test('flash rule: +Inf == +Inf is no error; NaN or a lost infinity fails', () => {
+    const reference = [Infinity, 1, 2];
+    const samePrecision = [Infinity, 1.01, 2];
+    expect(checkFlashRule({ actual: [Infinity, 1.015, 2], reference, samePrecision, factor: 2, atol: 0, name: 'lse' }).pass).toBe(true);
+    const nan = checkFlashRule({ actual: [Infinity, NaN, 2], reference, samePrecision, factor: 2, atol: 1, name: 'lse' });
+    expect([nan.pass, nan.worstIndex, nan.maxErr]).toEqual([false, 1, Infinity]);
+    expect(checkFlashRule({ actual: [5, 1, 2], reference, samePrecision, factor: 2, atol: 1, name: 'lse' }).pass).toBe(false);
+    expect(checkFlashRule({ actual: [Infinity, 1, 2], reference, samePrecision: [NaN, 1, 2], factor: 2, atol: 1, name: 'x' }).pass).toBe(false);
+    expect(() => checkFlashRule({ actual: [1], reference, samePrecision, factor: 2, atol: 0, name: 'x' })).toThrow(/lengths/);
+  });
+
+  test('maxAbsDiff, decodeIndex, expectAllWritten', () => {
+    expect(maxAbsDiff([1, 2, Infinity], [1, 2.5, Infinity])).toBe(0.5);
+    expect(maxAbsDiff([NaN], [0])).toBe(Infinity);
+    expect(decodeIndex(2 * 12 + 1 * 4 + 3, [3, 3, 4], ['b', 's', 'd'])).toBe('[b=2, s=1, d=3]');
+    expect(decodeIndex(7, [2, 4])).toBe('[i0=1, i1=3]');
+    const a = new Float32Array(10).fill(NaN);
+    for (let i = 0; i < 10; i++) if (i !== 6) a[i] = i;
+    expect(() => expectAllWritten(a, 'out')).toThrow(/out: 1 of 10 .* index 6/);
+    a[6] = 0;
+    expect(() => expectAllWritten(a, 'out')).not.toThrow();
+    const bits = new Uint16Array([0x3c00, 0x7e00, 0x7c00]);
+    expect(() => expectAllWritten(bits, 'h', { dtype: 'float16' })).toThrow(/index 1/);
+    expect(() => expectAllWritten(bits.subarray(2), 'h', { dtype: 'float16' })).not.toThrow(); // Inf is written data
+    expect(() => expectAllWritten([1, -7, 3], 'p', { poison: -7 })).toThrow(/index 1/);
+  });
+
+  test('random: seeded, reproducible streams; randn ~ N(0, 1) and randu in range, never zero', () => {
+    expect(Number.isInteger(currentSeed())).toBe(true);
+    const a = rngFor('x');
+    const b = rngFor('x');
+    const c = rngFor('y');
+    const sa = [a.nextU32(), a.nextU32(), a.nextU32()];
+    expect([b.nextU32(), b.nextU32(), b.nextU32()]).toEqual(sa);
+    expect([c.nextU32(), c.nextU32(), c.nextU32()]).not.toEqual(sa);
+    // known answer: xoshiro128** seeded through splitmix32 (computed independently in Python)
+    const known = new Rng(12345);
+    expect(Array.from({ length: 5 }, () => known.nextU32())).toEqual([518667457, 440444462, 4232892992, 3757857622, 3939018813]);
+    const n = 200000;
+    const z = randn(n, rngFor('normal'));
+    let mean = 0;
+    let sq = 0;
+    for (const x of z) {
+      mean += x;
+      sq += x * x;
+    }
+    mean /= n;
+    const variance = sq / n - mean * mean;
+    expect(Math.abs(mean)).toBeLessThan(0.015); // 6.7 standard errors
+    expect(Math.abs(variance - 1)).toBeLessThan(0.025);
+    expect(z.includes(0)).toBe(false);
+    const u = randu(n, -0.5, 2, rngFor('uniform'));
+    expect(u.every((x) => x >= -0.5 && x < 2 && x !== 0)).toBe(true);
+    expect(Math.min(...u.subarray(0, 50000))).toBeLessThan(-0.49);
+    expect(Math.max(...u.subarray(0, 50000))).toBeGreaterThan(1.99);
+  });
+});
