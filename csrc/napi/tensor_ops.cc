@@ -291,10 +291,8 @@ Napi::Value CudaStatus(const Napi::CallbackInfo& info) {
     dev.Set("totalMemoryBytes", static_cast<double>(d.total_memory));
     dev.Set("sharedMemoryPerBlockBytes", static_cast<double>(d.shared_memory_per_block_optin));
     dev.Set("l2CacheBytes", d.l2_cache_bytes);
-    dev.Set("driverVersion",
-            std::to_string(d.driver_version / 1000) + "." + std::to_string(d.driver_version % 1000 / 10));
-    dev.Set("runtimeVersion",
-            std::to_string(d.runtime_version / 1000) + "." + std::to_string(d.runtime_version % 1000 / 10));
+    dev.Set("driverVersion", cuda_version_string(d.driver_version));
+    dev.Set("runtimeVersion", cuda_version_string(d.runtime_version));
     size_t free_bytes = 0, total_bytes = 0;
     rt.cuda().mem_info(&free_bytes, &total_bytes);
     dev.Set("freeMemoryBytes", static_cast<double>(free_bytes));

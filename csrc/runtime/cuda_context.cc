@@ -44,12 +44,29 @@ std::string format_bytes(size_t bytes) {
 
 }  // namespace
 
+std::string cuda_version_string(int v) {
+  return std::to_string(v / 1000) + "." + std::to_string(v % 1000 / 10);
+}
+
 int cuda_device_count(std::string* why) {
   int n = 0;
   cudaError_t err = cudaGetDeviceCount(&n);
   if (err != cudaSuccess) {
-    if (why) *why = std::string(cudaGetErrorName(err)) + ": " + cudaGetErrorString(err);
     cudaGetLastError();  // clear it; the CPU backend stays usable
+    if (!why) return 0;
+    int driver = 0, runtime = 0;
+    cudaDriverGetVersion(&driver);  // 0 when no driver library could be loaded
+    cudaRuntimeGetVersion(&runtime);
+    if (err == cudaErrorInsufficientDriver && driver == 0) {
+      *why = "no NVIDIA driver was found (libcuda.so.1 could not be loaded)";
+    } else if (err == cudaErrorInsufficientDriver) {
+      *why = "the NVIDIA driver supports CUDA " + cuda_version_string(driver) + " but this addon was built with CUDA " +
+             cuda_version_string(runtime) + ": update the driver";
+    } else if (err == cudaErrorNoDevice) {
+      *why = "no CUDA device is visible (check CUDA_VISIBLE_DEVICES)";
+    } else {
+      *why = std::string(cudaGetErrorName(err)) + ": " + cudaGetErrorString(err);
+    }
     return 0;
   }
   if (n == 0 && why) *why = "no CUDA device is visible";

@@ -28,6 +28,8 @@ struct CudaDeviceInfo {
 // Number of CUDA devices, without creating a context. On failure returns 0 and sets *why
 // (no driver, driver too old, no device...).
 int cuda_device_count(std::string* why);
+// "13.0" for 13000 (the encoding of cudaDriverGetVersion / cudaRuntimeGetVersion).
+std::string cuda_version_string(int version);
 
 class CudaContext {
  public:
