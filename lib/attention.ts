@@ -26,7 +26,11 @@ export type AttentionKernel = 'auto' | 'flash' | 'naive';
 export interface AttentionOptions {
   /** Causal mask, aligned to the bottom-right corner. Default false. */
   causal?: boolean;
-  /** Multiplies q·kᵀ before the softmax. A finite number > 0. Default 1/√headDim. */
+  /**
+   * Multiplies q·kᵀ before the softmax. A finite number > 0 (and < 2.3e38, so that
+   * softmaxScale·log2(e) is a finite float32). Default 1/√headDim. Scaled scores must fit in
+   * float32 (|score| < 3.4e38), as in any float32 softmax.
+   */
   softmaxScale?: number;
   /**
    * 'flash' is FlashAttention-2 (the CPU backend now; the CUDA kernels land next). 'naive' is the
@@ -91,10 +95,10 @@ function checkOptions(options: unknown, backward: boolean): { causal: boolean; s
     if (typeof o.softmaxScale !== 'number') {
       throw typeError('options.softmaxScale to be a number', describeValue(o.softmaxScale));
     }
-    // float32 must hold it as a positive finite value too (the kernels compute in float32).
+    // The kernels use softmaxScale·log2(e) in float32: it must be a positive finite float32 too.
     const f = Math.fround(o.softmaxScale);
-    if (!Number.isFinite(o.softmaxScale) || o.softmaxScale <= 0 || f <= 0 || !Number.isFinite(f)) {
-      throw rangeError('options.softmaxScale to be a finite number > 0', String(o.softmaxScale));
+    if (!Number.isFinite(o.softmaxScale) || o.softmaxScale <= 0 || f <= 0 || !Number.isFinite(Math.fround(f * Math.LOG2E))) {
+      throw rangeError('options.softmaxScale to be a finite number > 0 and < 2.3e38', String(o.softmaxScale));
     }
   }
   if (o.kernel !== undefined && !['auto', 'flash', 'naive'].includes(o.kernel as string)) {
@@ -256,7 +260,16 @@ export class AttentionContext implements Disposable {
    */
   backward(dout: Tensor, options?: { deterministic?: boolean }): AttentionGradients {
     if (this.#saved === null) {
-      throw typeError('backward() to be called once on a live AttentionContext', 'a context already released');
+      throw new Error(
+        'AttentionContext.backward() was already called or the context was disposed: its saved tensors are released',
+      );
+    }
+    if (options !== undefined && (options === null || typeof options !== 'object' || Array.isArray(options))) {
+      throw typeError('options to be an object or undefined', describeValue(options));
+    }
+    const extra = Object.keys(options ?? {}).filter((key) => key !== 'deterministic');
+    if (extra.length > 0) {
+      throw typeError("options of backward() to hold only 'deterministic' (the rest are the forward's)", extra.join(', '));
     }
     const o = checkOptions(options, true);
     const p = { ...this.#problem, deterministic: o.deterministic };

@@ -10,7 +10,10 @@ export function describeValue(value: unknown): string {
   if (value === null) return 'null';
   if (value === undefined) return 'undefined';
   if (Array.isArray(value)) return `an Array of length ${value.length}`;
-  if (ArrayBuffer.isView(value)) return `a ${value.constructor.name}`;
+  if (ArrayBuffer.isView(value)) {
+    const name = value.constructor.name;
+    return `${/^[AEIOU]/.test(name) ? 'an' : 'a'} ${name}`;
+  }
   switch (typeof value) {
     case 'number':
       return `${value} of type number`;

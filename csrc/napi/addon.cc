@@ -32,24 +32,29 @@ void rethrow_as_js(Napi::Env env, const std::exception& e) {
 
 // ---- argument helpers ----
 
-static std::string describe(const Napi::Value& v) {
+std::string describe(const Napi::Value& v) {
   switch (v.Type()) {
     case napi_undefined:
       return "undefined";
     case napi_null:
       return "null";
     case napi_boolean:
-      return v.As<Napi::Boolean>().Value() ? "true" : "false";
-    case napi_number: {
-      double d = v.As<Napi::Number>().DoubleValue();
-      std::string s = std::to_string(d);
-      if (std::isfinite(d) && d == std::floor(d) && std::fabs(d) < 1e15) s = std::to_string(static_cast<int64_t>(d));
-      return s + " of type number";
-    }
+      return std::string(v.As<Napi::Boolean>().Value() ? "true" : "false") + " of type boolean";
+    case napi_number:  // JS's own formatting: 0.5, NaN, 1e-50
+      return v.ToString().Utf8Value() + " of type number";
     case napi_string:
-      return "a string";
+      return "\"" + v.As<Napi::String>().Utf8Value() + "\" of type string";
     case napi_object:
-      return v.IsArray() ? "an Array" : "an object";
+      if (v.IsArray()) return "an Array of length " + std::to_string(v.As<Napi::Array>().Length());
+      if (v.IsTypedArray()) {
+        static const char* const kNames[] = {"an Int8Array",    "a Uint8Array",    "a Uint8ClampedArray",
+                                             "an Int16Array",   "a Uint16Array",   "an Int32Array",
+                                             "a Uint32Array",   "a Float32Array",  "a Float64Array",
+                                             "a BigInt64Array", "a BigUint64Array"};
+        const auto t = static_cast<size_t>(v.As<Napi::TypedArray>().TypedArrayType());
+        return t < sizeof(kNames) / sizeof(kNames[0]) ? kNames[t] : "a typed array";
+      }
+      return "an object";
     case napi_function:
       return "a function";
     default:
@@ -175,5 +180,7 @@ Napi::Object Init(Napi::Env env, Napi::Object exports) {
 
 // Context-aware (NAPI_MODULE_INIT): each environment, the main thread's and each worker's, gets its
 // own AddonData.
-static Napi::Object InitModule(Napi::Env env, Napi::Object exports) { return fa::napi::Init(env, exports); }
+static Napi::Object InitModule(Napi::Env env, Napi::Object exports) {
+  return fa::napi::Init(env, exports);
+}
 NODE_API_MODULE(flash_attn_node, InitModule)

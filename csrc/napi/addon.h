@@ -58,6 +58,9 @@ Napi::Value guarded(const Napi::CallbackInfo& info) {
   }
 }
 
+// "0.5 of type number", "\"x\" of type string", "an Array of length 3", "null": for error messages.
+std::string describe(const Napi::Value& v);
+
 // Argument helpers: each throws a TypeError/RangeError that names the argument.
 Device device_arg(const Napi::Value& v, const char* arg);
 DType dtype_arg(const Napi::Value& v, const char* arg);

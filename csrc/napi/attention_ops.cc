@@ -31,7 +31,9 @@ struct Dims {
 
 Dims dims_arg(const Napi::Value& v) {
   if (!v.IsArray() || v.As<Napi::Array>().Length() != 6) {
-    throw type_error("Expected dims to be an Array [batch, seqlenQ, seqlenK, headsQ, headsKV, headDim]");
+    throw type_error(
+        "Expected dims to be an Array of 6 [batch, seqlenQ, seqlenK, headsQ, headsKV, headDim] but received " +
+        describe(v));
   }
   auto a = v.As<Napi::Array>();
   Dims d{};
@@ -45,19 +47,23 @@ Dims dims_arg(const Napi::Value& v) {
     throw range_error("Expected headDim to be a multiple of 8 in [8, 256] but received " + std::to_string(d.head_dim));
   }
   if (d.heads_q % d.heads_kv != 0) {
-    throw range_error("Expected headsQ (" + std::to_string(d.heads_q) + ") to be a multiple of headsKV (" +
-                      std::to_string(d.heads_kv) + ")");
+    throw range_error("Expected headsQ to be a multiple of headsKV (" + std::to_string(d.heads_kv) + ") but received " +
+                      std::to_string(d.heads_q));
   }
   return d;
 }
 
-// Element count of a [a, b, c, d] tensor, refusing anything whose byte size would not fit in 62 bits.
+// Element count of a tensor with these dims, refusing anything whose byte size would not fit in 62 bits.
 int64_t checked_numel(std::initializer_list<int64_t> dims, const char* what) {
   constexpr int64_t kLimit = int64_t{1} << 60;
   int64_t n = 1;
   for (int64_t d : dims) {
-    if (d != 0 && n > kLimit / d)
-      throw range_error(std::string("Expected ") + what + " to have fewer than 2^60 elements");
+    if (d != 0 && n > kLimit / d) {
+      std::string shape;
+      for (int64_t x : dims) shape += (shape.empty() ? "" : ", ") + std::to_string(x);
+      throw range_error(std::string("Expected ") + what + " to have fewer than 2^60 elements but received [" + shape +
+                        "]");
+    }
     n *= d;
   }
   return n;
@@ -80,8 +86,11 @@ void expect_buffer(const BufferPtr& b, const char* arg, Device device, DType dty
 
 float scale_arg(const Napi::Value& v) {
   double s = number_arg(v, "softmaxScale");
-  if (!std::isfinite(s) || s <= 0.0 || static_cast<float>(s) <= 0.0f || !std::isfinite(static_cast<float>(s))) {
-    throw range_error("Expected softmaxScale to be a finite number > 0 but received " + std::to_string(s));
+  // The kernels use softmaxScale * log2(e) in float32: it must be a positive finite float32 too.
+  const float scale_log2 = static_cast<float>(s) * kLog2e;
+  if (!std::isfinite(s) || s <= 0.0 || static_cast<float>(s) <= 0.0f || !std::isfinite(scale_log2)) {
+    throw range_error("Expected softmaxScale to be a finite number > 0 and < 2.3e38 but received " +
+                      v.ToString().Utf8Value());
   }
   return static_cast<float>(s);
 }

@@ -78,7 +78,7 @@ Napi::Value CreateFromFloat32(const Napi::CallbackInfo& info) {
   Device device = device_arg(info[0], "device");
   DType dtype = dtype_arg(info[1], "dtype");
   if (!info[2].IsTypedArray() || info[2].As<Napi::TypedArray>().TypedArrayType() != napi_float32_array) {
-    throw type_error("Expected data to be a Float32Array");
+    throw type_error("Expected data to be a Float32Array but received " + describe(info[2]));
   }
   require_device(rt, device);
   auto arr = info[2].As<Napi::Float32Array>();
@@ -99,7 +99,8 @@ Napi::Value CreateFromBits(const Napi::CallbackInfo& info) {
   const napi_typedarray_type want = dtype == DType::kFloat32 ? napi_float32_array : napi_uint16_array;
   if (!info[2].IsTypedArray() || info[2].As<Napi::TypedArray>().TypedArrayType() != want) {
     throw type_error(std::string("Expected data to be a ") +
-                     (dtype == DType::kFloat32 ? "Float32Array" : "Uint16Array") + " for dtype " + dtype_name(dtype));
+                     (dtype == DType::kFloat32 ? "Float32Array" : "Uint16Array") + " for dtype " + dtype_name(dtype) +
+                     " but received " + describe(info[2]));
   }
   require_device(rt, device);
   auto arr = info[2].As<Napi::TypedArray>();
