@@ -4,7 +4,7 @@
  * Runs once per device (see helpers/backend.ts).
  */
 
-import { spawnSync } from 'child_process';
+import { runNodeChild } from './helpers/child';
 import * as path from 'path';
 
 import {
@@ -390,19 +390,7 @@ describeEachDevice('Tensor', (device: Device) => {
 
     test('a tensor dropped without dispose is reclaimed by the FinalizationRegistry backstop (child node --expose-gc)', () => {
       const repo = path.resolve(__dirname, '..');
-      // The child loads lib/*.ts through a tiny require hook (typescript.transpileModule), so it tests
-      // the current sources and needs no dist/ build.
       const script = `
-        const fs = require('fs');
-        const ts = require(${JSON.stringify(require.resolve('typescript'))});
-        require.extensions['.ts'] = (m, filename) => {
-          const src = fs.readFileSync(filename, 'utf8');
-          const out = ts.transpileModule(src, {
-            fileName: filename,
-            compilerOptions: { module: ts.ModuleKind.CommonJS, target: ts.ScriptTarget.ES2022, esModuleInterop: true },
-          });
-          m._compile(out.outputText, filename);
-        };
         const fa = require(${JSON.stringify(path.join(repo, 'lib', 'index.ts'))});
         const device = process.env.FA_GC_DEVICE;
         const tick = () => new Promise((r) => setImmediate(r));
@@ -425,12 +413,7 @@ describeEachDevice('Tensor', (device: Device) => {
           process.stdout.write(JSON.stringify({ before, during, after }));
         })().catch((e) => { console.error(e); process.exit(1); });
       `;
-      const child = spawnSync(process.execPath, ['--expose-gc', '-e', script], {
-        cwd: repo,
-        env: { ...process.env, FA_GC_DEVICE: device, FLASH_ATTN_NODE_QUIET: '1' },
-        encoding: 'utf8',
-        timeout: 60000,
-      });
+      const child = runNodeChild(script, { cwd: repo, nodeArgs: ['--expose-gc'], env: { FA_GC_DEVICE: device } });
       expect({ status: child.status, stderr: child.stderr }).toEqual({ status: 0, stderr: '' });
       const r = JSON.parse(child.stdout) as Record<'before' | 'during' | 'after', ReturnType<typeof memory>>;
       expect(r.before[device].tensors).toBe(0);
