@@ -12,7 +12,7 @@ export function describeValue(value: unknown): string {
   if (Array.isArray(value)) return `an Array of length ${value.length}`;
   if (ArrayBuffer.isView(value)) {
     const name = value.constructor.name;
-    return `${/^[AEIOU]/.test(name) ? 'an' : 'a'} ${name}`;
+    return `${/^[AEIO]/.test(name) ? 'an' : 'a'} ${name}`; // a Uint16Array, an Int16Array
   }
   switch (typeof value) {
     case 'number':
