@@ -1,0 +1,120 @@
+// Forward work item of the CPU backend (FlashAttention-2 Algorithm 1) for one instruction set.
+// Included by flash_fwd_cpu.cc once per instruction set, after tile_kernels.h (no include guard:
+// see tile_kernels.h for the inclusion contract).
+//
+// One item = (batch b, query head h, query tile of plan.block_q rows). Everything is computed
+// transposed, S^T = K_j Q_i^T and O^T += V_j^T P^T, so that every per-query-row statistic (max m,
+// sum l, rescale alpha) is a vector along the query rows (no horizontal reductions), and K_j and V_j
+// are both GEMM A operands (read by broadcasts), so fp32 K and V are read in place, never copied.
+//
+// Numerics (as FlashAttention-2's CUDA kernels): S is the unscaled Q K^T (exact when the products
+// are, e.g. integer inputs), the row max m is taken on it, and P = exp2(S * scale_log2 - off) with
+// off = m * scale_log2 rounded once and one fma, so the exponent is rounded once, after the
+// cancellation. Folding the scale into Q instead rounded every product and lost ~1e-3 in P at
+// scores ~1e4 (test/attention.test.ts, large-magnitude cases).
+
+void fwd_item(const FwdPlan& plan, int64_t item, float* ws) {
+  const AttentionFwdParams& p = *plan.p;
+  const int d = plan.head_dim;
+  const int bq = plan.block_q;
+  constexpr int kBk = kFwdBlockK;
+
+  // Heaviest causal tiles (the last ones) first, so the dynamic schedule ends with short items.
+  const int64_t qt = plan.q_tiles - 1 - item % plan.q_tiles;
+  const int64_t bh = item / plan.q_tiles;
+  const int64_t b = bh / p.heads_q;
+  const int64_t h = bh % p.heads_q;
+  const int64_t hk = h / plan.group;
+  const int64_t i0 = qt * bq;
+  const int rows = static_cast<int>(std::min<int64_t>(bq, p.seqlen_q - i0));
+  const int rows_pad = pad_to_tile(rows);
+
+  float* qt_s = ws + plan.off_qt;    // [d][bq]    Q_i^T
+  float* kc = ws + plan.off_k;       // [kBk][d]   K_j (unless read in place, fp32)
+  float* vc = ws + plan.off_v;       // [kBk][d]   V_j (unless read in place, fp32)
+  float* st = ws + plan.off_s;       // [kBk][bq]  S^T, then P^T
+  float* ot = ws + plan.off_o;       // [d][bq]    O^T, unscaled output accumulator
+  float* m = ws + plan.off_m;        // [bq]       running row max of S (unscaled)
+  float* off = ws + plan.off_off;    // [bq]       m * scale_log2: the exponent offset of P, l and O
+  float* l = ws + plan.off_l;        // [bq]       running row sum of exp2
+  float* alpha = ws + plan.off_alpha;  // [bq]     rescale factor of this step
+  float* row = ws + plan.off_row;    // [d]        conversion scratch
+
+  load_rows_transposed(p.q, p.dtype, b * p.q_batch_stride + i0 * p.q_row_stride + h * p.q_head_stride,
+                       p.q_row_stride, rows, d, rows_pad, 1.0f, qt_s, bq, row);
+  for (int r = 0; r < rows_pad; ++r) {
+    m[r] = -std::numeric_limits<float>::infinity();
+    off[r] = 0.0f;
+    l[r] = 0.0f;
+  }
+  for (int e = 0; e < d; ++e) std::memset(ot + e * bq, 0, sizeof(float) * rows_pad);
+
+  // Causal (bottom-right): key j is visible to query row i iff j <= i + diag. Tiles entirely above
+  // the diagonal (j0 >= key_end) are skipped; only tiles crossing it get the mask.
+  const int64_t diag = p.seqlen_k - p.seqlen_q;
+  const int64_t key_end = p.causal ? std::min<int64_t>(p.seqlen_k, i0 + rows + diag) : p.seqlen_k;
+  const int64_t k_base = b * p.k_batch_stride + hk * p.k_head_stride;
+  const int64_t v_base = b * p.v_batch_stride + hk * p.v_head_stride;
+  const Vec neg_inf = vsplat<Vec>(-std::numeric_limits<float>::infinity());
+  const Vec scale = vsplat<Vec>(p.scale_log2);
+
+  for (int64_t j0 = 0; j0 < key_end; j0 += kBk) {
+    const int keys = static_cast<int>(std::min<int64_t>(kBk, key_end - j0));
+    const int keys_pad = pad_to_tile(keys);
+    const TileRef kj = tile_rows(p.k, p.dtype, k_base + j0 * p.k_row_stride, p.k_row_stride, keys, d, keys_pad, kc);
+    const TileRef vj = tile_rows(p.v, p.dtype, v_base + j0 * p.v_row_stride, p.v_row_stride, keys, d, keys_pad, vc);
+
+    gemm<ALayout::kRowMajor, false>(keys_pad, rows_pad, d, kj.data, kj.ld, qt_s, bq, st, bq);
+
+    if (p.causal && j0 + keys - 1 > i0 + diag) {
+      // Key j0 + jj is hidden from query rows i0 + r with r < j0 + jj - diag - i0.
+      for (int jj = 0; jj < keys; ++jj) {
+        const int64_t hidden = std::min<int64_t>(rows_pad, std::max<int64_t>(0, j0 + jj - diag - i0));
+        for (int64_t r = 0; r < hidden; ++r) st[jj * bq + r] = -std::numeric_limits<float>::infinity();
+      }
+    }
+
+    // Online softmax over this tile, kLanes query rows at a time. Key rows >= keys (past the end of
+    // the sequence or of the causal range) are left out of the max and get P = 0.
+    for (int r = 0; r < rows_pad; r += kLanes) {
+      const Vec m_old = vload<Vec>(m + r);
+      Vec m_new = m_old;
+      for (int jj = 0; jj < keys; ++jj) m_new = vmax(m_new, vload<Vec>(st + jj * bq + r));
+      // A row with no visible key so far has m_new = -inf: its offset is 0, so that
+      // exp2(-inf - (-inf)) = NaN never happens (its P are exp2(-inf) = 0).
+      const Vec off_new = m_new == neg_inf ? Vec{} : m_new * scale;
+      // Rescales the earlier tiles' P, l and O from their offset to the new one: exactly 1 when the
+      // max did not move, 0 when there were no earlier keys.
+      const Vec a = m_old == neg_inf ? Vec{} : exp2v(vload<Vec>(off + r) - off_new);
+      Vec sum{};
+      for (int jj = 0; jj < keys; ++jj) {
+        const Vec pv = exp2v(vfma(vload<Vec>(st + jj * bq + r), scale, -off_new));
+        vstore<Vec>(st + jj * bq + r, pv);
+        sum += pv;
+      }
+      for (int jj = keys; jj < keys_pad; ++jj) vstore<Vec>(st + jj * bq + r, Vec{});
+      vstore<Vec>(m + r, m_new);
+      vstore<Vec>(off + r, off_new);
+      vstore<Vec>(l + r, vload<Vec>(l + r) * a + sum);
+      vstore<Vec>(alpha + r, a);
+    }
+    for (int e = 0; e < d; ++e) {
+      float* orow = ot + e * bq;
+      for (int r = 0; r < rows_pad; r += kLanes) vstore<Vec>(orow + r, vload<Vec>(orow + r) * vload<Vec>(alpha + r));
+    }
+    // O^T += V^T P^T, with V^T read from V.
+    gemm<ALayout::kColMajor, true>(d, rows_pad, keys_pad, vj.data, vj.ld, st, bq, ot, bq);
+  }
+
+  // FA2 tweak 1: divide by l only once, at the end. LSE in natural units: off * ln 2 + ln l, one
+  // rounding after the (exact) product.
+  for (int r = 0; r < rows; ++r) {
+    const int64_t i = i0 + r;
+    const bool any_key = l[r] > 0.0f;  // else out = 0 and lse = +inf
+    const float inv_l = any_key ? 1.0f / l[r] : 0.0f;
+    for (int e = 0; e < d; ++e) row[e] = ot[e * bq + r];
+    store_row(row, d, inv_l, p.dtype, p.out, b * p.o_batch_stride + i * p.o_row_stride + h * p.o_head_stride);
+    p.lse[(b * p.heads_q + h) * p.seqlen_q + i] =
+        any_key ? std::fma(off[r], kLn2, std::log(l[r])) : std::numeric_limits<float>::infinity();
+  }
+}
