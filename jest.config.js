@@ -1,6 +1,6 @@
 /** Jest runs the TypeScript tests in test/ directly through ts-jest (type errors fail the run). */
 module.exports = {
-  testEnvironment: 'node',
+  testEnvironment: '<rootDir>/test/environment.js',
   roots: ['<rootDir>/test'],
   testMatch: ['**/*.test.ts'],
   transform: { '^.+\\.ts$': ['ts-jest', { tsconfig: 'tsconfig.test.json' }] },
