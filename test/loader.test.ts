@@ -40,11 +40,24 @@ const probe = `
 `;
 
 describe('loading the native addon', () => {
-  test('a local build is preferred (build/Release)', () => {
+  test('a local build (build/Release) is preferred over a prebuild', () => {
     // eslint-disable-next-line @typescript-eslint/no-var-requires
-    const resolve = (require('node-gyp-build') as { resolve(dir: string): string }).resolve;
-    const found = resolve(root);
-    expect(found.startsWith(path.join(root, 'build', 'Release'))).toBe(true);
+    const addon = (require('node-gyp-build') as { resolve(dir: string): string }).resolve(root);
+    const dir = makePackage(false);
+    try {
+      fs.mkdirSync(path.join(dir, 'build', 'Release'), { recursive: true });
+      fs.copyFileSync(addon, path.join(dir, 'build', 'Release', 'flash_attn_node.node'));
+      const platformDir = path.join(dir, 'prebuilds', `${process.platform}-${process.arch}`);
+      fs.mkdirSync(platformDir, { recursive: true });
+      fs.copyFileSync(addon, path.join(platformDir, 'flash-attn-node.node'));
+      const child = runNodeChild(probe, { cwd: dir });
+      expect(child.stderr).toBe('');
+      const report = JSON.parse(child.stdout);
+      expect(report.backends.native.path).toBe(path.join(fs.realpathSync(dir), 'build', 'Release', 'flash_attn_node.node'));
+      expect(report.tensor).toBe('ok');
+    } finally {
+      fs.rmSync(dir, { recursive: true, force: true });
+    }
   });
 
   (hasPrebuild ? test : test.skip)('without a local build, the prebuild in prebuilds/<platform>-<arch> is loaded', () => {
