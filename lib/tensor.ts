@@ -4,7 +4,9 @@
  * Threading and ordering: every operation is queued, in call order, on its device's stream (a CUDA
  * stream, or the CPU backend's executor thread) and returns at once. Reads (`toFloat32Array`,
  * `toBits`) return Promises that resolve off the event loop once the queued work that precedes them
- * has finished. Tensors are immutable once created: operations always write new tensors.
+ * has finished. Tensors are immutable once created: operations always write new tensors. Creating
+ * a CUDA tensor copies from pageable host memory on the JS thread, which waits until the stream's
+ * queued work is done before the copy starts.
  *
  * Lifetime: call `dispose()` (or use `using t = ...` / `[Symbol.dispose]`) when done. Disposing a
  * tensor that queued work still reads is safe; the memory is returned when that work is done (on
