@@ -11,7 +11,7 @@
  * @packageDocumentation
  */
 import { backends, defaultDevice, flashAttention, flashAttentionBackward, synchronize, Tensor } from '../lib';
-import type { Device, DType } from '../lib';
+import type { Device, DType, ReferenceShape } from '../lib';
 import { AttentionShape, Pass, passFlops } from './flops';
 
 /** Parsed command line. */
@@ -128,17 +128,11 @@ export function parseArgs(argv: string[], device: Device = 'cpu'): BenchArgs & {
   return a;
 }
 
-/** One measured cell. */
-export interface BenchRow {
+/** One measured cell: the problem's sizes (as the reference names them) and its timings. */
+export interface BenchRow extends ReferenceShape {
   device: Device;
   dtype: DType;
   pass: Pass;
-  batch: number;
-  seqlenQ: number;
-  seqlenK: number;
-  headsQ: number;
-  headsKV: number;
-  headDim: number;
   causal: boolean;
   msMedian: number;
   msMin: number;

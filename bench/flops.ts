@@ -4,16 +4,13 @@
  * @packageDocumentation
  */
 
+import type { ReferenceShape } from '../lib';
+
 /** Which pass a measurement covers. */
 export type Pass = 'fwd' | 'bwd' | 'fwdbwd';
 
-/** Shape of one attention problem. */
-export interface AttentionShape {
-  batch: number;
-  seqlenQ: number;
-  seqlenK: number;
-  headsQ: number;
-  headDim: number;
+/** The sizes a FLOP count needs, and whether the mask is causal. */
+export interface AttentionShape extends Omit<ReferenceShape, 'headsKV'> {
   causal: boolean;
 }
 
