@@ -19,6 +19,7 @@ export type {
   AttentionKernel, AttentionOptions, AttentionBackwardOptions, AttentionOutput, AttentionGradients,
 } from './attention';
 export { backends, cudaDeviceCount } from './backends';
+export { timeOnDevice } from './timing';
 export type { BackendInfo, CpuBackendInfo, CudaBackendInfo, BackendsReport } from './backends';
 export { NativeLoadError } from './native';
 export { referenceAttention, referenceAttentionBackward } from './reference';

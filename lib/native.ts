@@ -21,6 +21,9 @@ export interface NativeBuffer {
   share(): NativeBuffer;
 }
 
+/** An opaque running timer from `timerStart` (csrc/napi/timing_ops.cc). */
+export type NativeTimer = { readonly __nativeTimer: unique symbol };
+
 /** Memory counters of one device, as the addon reports them. */
 export interface NativeCounters {
   buffers: number;
@@ -59,6 +62,8 @@ export interface NativeBinding {
   setPoison(enabled: boolean): void;
   cudaStatus(): { available: boolean; reason: string | null; device?: NativeCudaDevice };
   cudaDeviceCount(): { count: number; reason: string | null };
+  timerStart(device: number): NativeTimer;
+  timerStop(timer: NativeTimer): Promise<number>;
   attentionForward(
     q: NativeBuffer, k: NativeBuffer, v: NativeBuffer, dims: number[], causal: boolean, softmaxScale: number,
     kernel: number,

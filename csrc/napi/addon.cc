@@ -173,6 +173,7 @@ Napi::Object Init(Napi::Env env, Napi::Object exports) {
   exports.Set("cpuThreads", Napi::Number::New(env, d->runtime->pool().size()));
   InitTensorOps(env, exports);
   InitAttentionOps(env, exports);
+  InitTimingOps(env, exports);
   return exports;
 }
 

@@ -71,5 +71,6 @@ bool bool_arg(const Napi::Value& v, const char* arg);
 // Exports of each source file.
 void InitTensorOps(Napi::Env env, Napi::Object exports);
 void InitAttentionOps(Napi::Env env, Napi::Object exports);
+void InitTimingOps(Napi::Env env, Napi::Object exports);
 
 }  // namespace fa::napi

@@ -189,6 +189,32 @@ std::string CudaContext::wait(cudaEvent_t fence) noexcept {
   return msg;
 }
 
+cudaEvent_t CudaContext::record_timing_event() {
+  ensure_usable();
+  cudaEvent_t ev = nullptr;
+  check(cudaEventCreate(&ev), "cudaEventCreate");
+  cudaError_t err = cudaEventRecord(ev, stream_);
+  if (err != cudaSuccess) {
+    cudaEventDestroy(ev);
+    check(err, "cudaEventRecord");
+  }
+  return ev;
+}
+
+std::string CudaContext::elapsed_ms(cudaEvent_t start, cudaEvent_t stop, float* ms) noexcept {
+  cudaError_t err = cudaEventSynchronize(stop);
+  if (err == cudaSuccess) err = cudaEventElapsedTime(ms, start, stop);
+  cudaEventDestroy(start);
+  cudaEventDestroy(stop);
+  if (err == cudaSuccess) return {};
+  std::string msg = error_message(err, "a timed operation");
+  if (is_sticky(err)) {
+    std::lock_guard<std::mutex> lock(lost_mu_);
+    if (lost_.empty()) lost_ = msg;
+  }
+  return msg;
+}
+
 std::string CudaContext::read_after(cudaEvent_t fence, void* host_dst, const void* src, size_t bytes) noexcept {
   cudaSetDevice(info_.ordinal);  // the current device is per thread
   cudaError_t err = cudaStreamWaitEvent(copy_stream_, fence, 0);

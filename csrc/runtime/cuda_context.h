@@ -60,6 +60,12 @@ class CudaContext {
   // On a worker thread: waits for everything queued so far (fence from record_fence()).
   std::string wait(cudaEvent_t fence) noexcept;
 
+  // A timing event recorded now on the compute stream (for device-side timing of queued work).
+  cudaEvent_t record_timing_event();
+  // On a worker thread: waits for `stop`, sets *ms to the time between the two events on the GPU,
+  // and destroys both. Returns an empty string, or the CUDA error message.
+  std::string elapsed_ms(cudaEvent_t start, cudaEvent_t stop, float* ms) noexcept;
+
   // Throws fa::Error for a failed call, naming `what`. A sticky error (the context is lost) is
   // remembered and every later call fails fast with it.
   void check(cudaError_t err, const char* what);
