@@ -1,0 +1,399 @@
+#!/usr/bin/env python3
+"""PyTorch SDPA baselines for flash-attn-bench (`--compare torch`); driven by bench/torch.ts.
+
+Reads one JSON request on stdin and writes ONE JSON object on stdout. Progress and diagnostics go
+to stderr only (`progress <done> <total>` lines, one per cell x backend, for the bridge).
+
+Request:
+  {"cells": [{"id": str, "batch": int, "seqlenQ": int, "seqlenK": int, "headsQ": int,
+              "headsKV": int, "headDim": int, "causal": bool,
+              "dtype": "float32" | "float16" | "bfloat16", "pass": "fwd" | "bwd" | "fwdbwd"}],
+   "backends": ["flash", "cudnn", "efficient", "math"],   # any non-empty subset, in this order of rows
+   "warmup": int >= 0, "repeats": int >= 1, "seed": int (optional, default 0),
+   "allowMaterializedMask": bool (optional, default false; see "Causal alignment")}
+
+Answer (exit 0):
+  {"env": {"torch", "cuda", "cudnn", "device", "capability", "driver", "python"},
+   "rows": [{"id", "backend", "msMedian", "msMin", "msMax", "peakBytes", "mask", "error"}]}
+  One row per cell x backend. A row whose "error" is a string has null timings and peakBytes.
+  "mask" says how the causal mask was given to PyTorch (see below).
+Failure: {"error": str} with exit 3 when PyTorch is missing or cannot use CUDA; exit 2 for a
+malformed request.
+
+Inputs: torch.randn (never zeros) in the requested dtype on the GPU, laid out [B, S, H, D]
+contiguous like flash-attn-node's tensors, handed to SDPA as .transpose(1, 2) views ([B, H, S, D]).
+GQA (headsQ != headsKV) passes enable_gqa=True.
+
+Causal alignment: flash-attn-node (FlashAttention-2) aligns the causal mask to the bottom-right
+corner; SDPA's is_causal=True aligns it top-left. They agree when seqlenQ == seqlenK ("mask":
+"causal"). Otherwise the cell is run with torch.nn.attention.bias.causal_lower_right(Sq, Sk), whose
+dispatch (torch/nn/attention/bias.py) honours the sdpa_kernel selection and uses:
+  - the flash kernel with its own causal flag, which is bottom-right for that op
+    ("mask": "lower_right_fused");
+  - else the memory-efficient kernel with custom_mask_type = LOWER_RIGHT ("lower_right_fused");
+  - else SDPA with a dense [Sq, Sk] boolean mask ("lower_right_materialized"): no causal
+    block skipping, an extra mask read, so NOT comparable with a causal kernel. For flash, cudnn
+    and efficient that row is an error unless the request sets allowMaterializedMask (math always
+    materialises its mask, so it runs). cuDNN takes this path: PyTorch's cuDNN SDPA has no
+    bottom-right causal mask.
+  If the dispatch cannot be predicted (private helpers moved), the cell runs and "mask" is
+  "lower_right".
+
+Timing: `warmup` untimed runs, then `repeats` runs each bracketed by CUDA events
+(torch.cuda.Event(enable_timing=True)); median, min and max in milliseconds.
+  fwd:    out = sdpa(q, k, v) on inputs without requires_grad (inference forward).
+  bwd:    the forward is run once per input set with requires_grad inputs; each repeat times
+          torch.autograd.grad(out, (q, k, v), dout, retain_graph=True).
+  fwdbwd: each repeat times the forward and torch.autograd.grad together.
+Cache: H100/H200 have a 50 MiB L2. When a cell's working set (q, k, v, out, plus dout, dq, dk, dv for
+the backward) is below 256 MiB, 3 independent input sets are allocated and the repeats rotate
+among them, so a repeat never finds its inputs in L2 from the previous one; larger cells use one set.
+Peak memory: after the inputs (and for bwd the saved forwards) exist, synchronize,
+reset_peak_memory_stats, base = memory_allocated(); one repeat; peakBytes = max_memory_allocated()
+- base (what the kernel allocates above its inputs: output, lse, gradients, workspace).
+
+Python >= 3.9; no dependencies beyond torch. `--plan` prints the validated request with each
+cell's working set and number of input sets, without importing torch.
+"""
+import json
+import platform
+import re
+import statistics
+import subprocess
+import sys
+import warnings
+
+BACKENDS = ("flash", "cudnn", "efficient", "math")
+DTYPES = {"float32": 4, "float16": 2, "bfloat16": 2}
+PASSES = ("fwd", "bwd", "fwdbwd")
+ROTATE_BELOW_BYTES = 256 * 1024 * 1024
+ROTATE_SETS = 3
+EXIT_BAD_REQUEST = 2
+EXIT_UNAVAILABLE = 3
+
+
+class RequestError(ValueError):
+    """The request on stdin does not follow the contract."""
+
+
+def log(msg):
+    sys.stderr.write(msg + "\n")
+    sys.stderr.flush()
+
+
+def fail(message, code):
+    sys.stdout.write(json.dumps({"error": message}) + "\n")
+    sys.stdout.flush()
+    sys.exit(code)
+
+
+def _int(obj, key, where, minimum):
+    v = obj.get(key)
+    if isinstance(v, bool) or not isinstance(v, int) or v < minimum:
+        raise RequestError("%s: %s must be an integer >= %d (got %r)" % (where, key, minimum, v))
+    return v
+
+
+def parse_request(text):
+    """Validates the request and returns it with defaults filled in; raises RequestError."""
+    try:
+        req = json.loads(text)
+    except ValueError as e:
+        raise RequestError("request is not JSON: %s" % e)
+    if not isinstance(req, dict):
+        raise RequestError("request must be a JSON object")
+    cells = req.get("cells")
+    if not isinstance(cells, list):
+        raise RequestError("cells must be a list")
+    out_cells = []
+    seen = set()
+    for i, c in enumerate(cells):
+        where = "cells[%d]" % i
+        if not isinstance(c, dict):
+            raise RequestError("%s must be an object" % where)
+        cid = c.get("id")
+        if not isinstance(cid, str) or not cid:
+            raise RequestError("%s: id must be a non-empty string" % where)
+        if cid in seen:
+            raise RequestError("%s: duplicate id %r" % (where, cid))
+        seen.add(cid)
+        cell = {"id": cid}
+        for key in ("batch", "seqlenQ", "seqlenK", "headsQ", "headsKV", "headDim"):
+            cell[key] = _int(c, key, where, 1)
+        if cell["headsQ"] % cell["headsKV"] != 0:
+            raise RequestError("%s: headsQ (%d) must be a multiple of headsKV (%d)"
+                               % (where, cell["headsQ"], cell["headsKV"]))
+        if not isinstance(c.get("causal"), bool):
+            raise RequestError("%s: causal must be true or false" % where)
+        cell["causal"] = c["causal"]
+        if c.get("dtype") not in DTYPES:
+            raise RequestError("%s: dtype must be one of %s (got %r)" % (where, ", ".join(DTYPES), c.get("dtype")))
+        cell["dtype"] = c["dtype"]
+        if c.get("pass") not in PASSES:
+            raise RequestError("%s: pass must be one of %s (got %r)" % (where, ", ".join(PASSES), c.get("pass")))
+        cell["pass"] = c["pass"]
+        out_cells.append(cell)
+    backends = req.get("backends")
+    if (not isinstance(backends, list) or not backends
+            or any(b not in BACKENDS for b in backends) or len(set(backends)) != len(backends)):
+        raise RequestError("backends must be a non-empty list of distinct names from %s (got %r)"
+                           % (", ".join(BACKENDS), backends))
+    seed = req.get("seed", 0)
+    if isinstance(seed, bool) or not isinstance(seed, int):
+        raise RequestError("seed must be an integer (got %r)" % (seed,))
+    allow = req.get("allowMaterializedMask", False)
+    if not isinstance(allow, bool):
+        raise RequestError("allowMaterializedMask must be true or false")
+    return {
+        "cells": out_cells, "backends": list(backends), "warmup": _int(req, "warmup", "request", 0),
+        "repeats": _int(req, "repeats", "request", 1), "seed": seed, "allowMaterializedMask": allow,
+    }
+
+
+def working_set_bytes(cell):
+    """Bytes one input set touches: q, k, v, out (+ dout, dq, dk, dv for a backward)."""
+    q = cell["batch"] * cell["seqlenQ"] * cell["headsQ"] * cell["headDim"]
+    kv = cell["batch"] * cell["seqlenK"] * cell["headsKV"] * cell["headDim"]
+    elems = 2 * q + 2 * kv  # q, out; k, v
+    if cell["pass"] != "fwd":
+        elems += 2 * q + 2 * kv  # dout, dq; dk, dv
+    return elems * DTYPES[cell["dtype"]]
+
+
+def input_sets(cell):
+    """How many input sets the repeats rotate among (see the module docstring)."""
+    return ROTATE_SETS if working_set_bytes(cell) < ROTATE_BELOW_BYTES else 1
+
+
+def one_line(text, limit=300):
+    """PyTorch's messages can span many lines; keep the first meaningful one, shortened."""
+    lines = [ln.strip() for ln in str(text).splitlines() if ln.strip()]
+    s = lines[0] if lines else "unknown error"
+    return s if len(s) <= limit else s[: limit - 3] + "..."
+
+
+def kernel_reasons(messages):
+    """The informative part of PyTorch's "why not this kernel" warnings, deduplicated."""
+    out = []
+    for m in messages:
+        m = re.sub(r"\s*\(Triggered internally at [^)]*\)\.?", "", m).strip()
+        if not m or "kernel not used because" in m or "has been runtime disabled" in m:
+            continue
+        m = one_line(m, 200)
+        if m not in out:
+            out.append(m)
+    return out
+
+
+def error_row(cell, backend, message, mask):
+    return {"id": cell["id"], "backend": backend, "msMedian": None, "msMin": None, "msMax": None,
+            "peakBytes": None, "mask": mask, "error": message}
+
+
+# ------------------------------------------------------------------------------------------------
+# Everything below needs torch; it is imported in main() only after the request has been checked.
+
+def environment(torch):
+    v = torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None
+    cudnn = None
+    if v is not None:
+        # cuDNN 9 encodes major*10000 + minor*100 + patch; cuDNN 8 major*1000 + minor*100 + patch.
+        cudnn = ("%d.%d.%d" % (v // 10000, (v % 10000) // 100, v % 100) if v >= 10000
+                 else "%d.%d.%d" % (v // 1000, (v % 1000) // 100, v % 100))
+    major, minor = torch.cuda.get_device_capability()
+    driver = None
+    try:
+        r = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                           stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, timeout=20,
+                           universal_newlines=True)
+        if r.returncode == 0 and r.stdout.strip():
+            driver = r.stdout.strip().splitlines()[0].strip()
+    except (OSError, subprocess.SubprocessError):
+        pass
+    if driver is None:
+        try:  # the CUDA version the driver supports, e.g. 13000 -> "CUDA 13.0 driver"
+            d = int(torch._C._cuda_getDriverVersion())
+            driver = "CUDA %d.%d driver" % (d // 1000, (d % 1000) // 10)
+        except Exception:
+            driver = None
+    return {"torch": str(torch.__version__), "cuda": torch.version.cuda, "cudnn": cudnn,
+            "device": torch.cuda.get_device_name(), "capability": "%d.%d" % (major, minor),
+            "driver": driver, "python": platform.python_version()}
+
+
+class Runner:
+    def __init__(self, torch, req):
+        self.torch = torch
+        self.req = req
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+        self.sdpa_kernel = sdpa_kernel
+        self.sdp_backend = {"flash": SDPBackend.FLASH_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION,
+                            "efficient": SDPBackend.EFFICIENT_ATTENTION, "math": SDPBackend.MATH}
+        self.dtype = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+
+    def make_set(self, cell, grad):
+        """One input set, [B, S, H, D] contiguous, returned as [B, H, S, D] views."""
+        torch = self.torch
+        dt = self.dtype[cell["dtype"]]
+        b, sq, sk, d = cell["batch"], cell["seqlenQ"], cell["seqlenK"], cell["headDim"]
+
+        def rnd(s, h, leaf):
+            t = torch.randn(b, s, h, d, device="cuda", dtype=dt)
+            if leaf:
+                t.requires_grad_(True)
+            return t
+
+        q, k, v = rnd(sq, cell["headsQ"], grad), rnd(sk, cell["headsKV"], grad), rnd(sk, cell["headsKV"], grad)
+        s = {"q": q, "k": k, "v": v, "qt": q.transpose(1, 2), "kt": k.transpose(1, 2), "vt": v.transpose(1, 2)}
+        if grad:
+            s["dout"] = rnd(sq, cell["headsQ"], False).transpose(1, 2)
+        return s
+
+    def causal_plan(self, cell, backend, sample):
+        """How the causal mask reaches SDPA: (kwargs for sdpa, mask label)."""
+        if not cell["causal"]:
+            return {}, "none"
+        if cell["seqlenQ"] == cell["seqlenK"]:
+            return {"is_causal": True}, "causal"
+        from torch.nn.attention.bias import causal_lower_right
+        kwargs = {"attn_mask": causal_lower_right(cell["seqlenQ"], cell["seqlenK"])}
+        try:  # predict CausalBias._dispatch's choice (it asks the same questions, in this order)
+            from torch.backends.cuda import SDPAParams, can_use_efficient_attention, can_use_flash_attention
+            params = SDPAParams(sample["qt"], sample["kt"], sample["vt"], None, 0.0, False,
+                                cell["headsQ"] != cell["headsKV"])
+            with self.sdpa_kernel([self.sdp_backend[backend]]), warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                fused = can_use_flash_attention(params) or can_use_efficient_attention(params)
+            return kwargs, "lower_right_fused" if fused else "lower_right_materialized"
+        except Exception as e:  # private helpers moved: run it anyway, say we could not tell
+            log("torch_sdpa: cannot predict the lower-right causal dispatch (%s)" % one_line(e))
+            return kwargs, "lower_right"
+
+    def run_cell(self, cell, backend):
+        torch = self.torch
+        F = torch.nn.functional
+        grad = cell["pass"] != "fwd"
+        nsets = input_sets(cell)
+        sets = [self.make_set(cell, grad) for _ in range(nsets)]
+        kwargs, mask = self.causal_plan(cell, backend, sets[0])
+        if (mask == "lower_right_materialized" and backend != "math"
+                and not self.req["allowMaterializedMask"]):
+            return error_row(cell, backend, "causal with seqlenQ != seqlenK: PyTorch SDPA's %s backend "
+                             "has no bottom-right causal mask (only a dense mask, not comparable)" % backend, mask)
+        if cell["headsQ"] != cell["headsKV"]:
+            kwargs["enable_gqa"] = True
+
+        def fwd(s):
+            return F.scaled_dot_product_attention(s["qt"], s["kt"], s["vt"], **kwargs)
+
+        if cell["pass"] == "fwd":
+            def once(s):
+                return fwd(s)
+        elif cell["pass"] == "bwd":  # s["out"] (the saved forward) is made under sdpa_kernel below
+            def once(s):
+                return torch.autograd.grad(s["out"], (s["q"], s["k"], s["v"]), s["dout"], retain_graph=True)
+        else:
+            def once(s):
+                return torch.autograd.grad(fwd(s), (s["q"], s["k"], s["v"]), s["dout"])
+
+        with self.sdpa_kernel([self.sdp_backend[backend]]):
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                try:
+                    if cell["pass"] == "bwd":
+                        for s in sets:  # the saved forward that each timed backward differentiates
+                            s["out"] = fwd(s)
+                    torch.cuda.synchronize()
+                    # Peak above the inputs (and saved forwards), over one repeat.
+                    torch.cuda.reset_peak_memory_stats()
+                    base = torch.cuda.memory_allocated()
+                    r = once(sets[0])
+                    torch.cuda.synchronize()
+                    peak = torch.cuda.max_memory_allocated() - base
+                    del r
+                except torch.cuda.OutOfMemoryError:
+                    raise
+                except RuntimeError as e:
+                    # "No available kernel" alone says nothing; PyTorch warned why each kernel refused.
+                    msg = one_line(e)
+                    reasons = kernel_reasons(str(w.message) for w in caught)
+                    if reasons and "No available kernel" in msg:
+                        msg = one_line("%s (%s)" % (msg, "; ".join(reasons)), 400)
+                    return error_row(cell, backend, msg, mask)
+            for i in range(self.req["warmup"]):
+                once(sets[i % nsets])
+            reps = self.req["repeats"]
+            starts = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
+            ends = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
+            torch.cuda.synchronize()
+            for i in range(reps):
+                s = sets[i % nsets]
+                starts[i].record()
+                r = once(s)
+                ends[i].record()
+                del r
+            torch.cuda.synchronize()
+        times = [a.elapsed_time(b) for a, b in zip(starts, ends)]
+        return {"id": cell["id"], "backend": backend, "msMedian": statistics.median(times),
+                "msMin": min(times), "msMax": max(times), "peakBytes": int(peak), "mask": mask, "error": None}
+
+    def run(self):
+        torch = self.torch
+        cells, backends = self.req["cells"], self.req["backends"]
+        total, done = len(cells) * len(backends), 0
+        rows = []
+        log("progress 0 %d" % total)
+        for cell in cells:
+            for backend in backends:
+                torch.manual_seed(self.req["seed"])
+                try:
+                    row = self.run_cell(cell, backend)
+                except torch.cuda.OutOfMemoryError:
+                    row = error_row(cell, backend, "out of memory", None)
+                except Exception as e:  # one cell must never end the run
+                    row = error_row(cell, backend, "%s: %s" % (type(e).__name__, one_line(e)), None)
+                # run_cell's locals (inputs, graphs) are gone now; hand their memory back.
+                torch.cuda.synchronize()
+                torch.cuda.empty_cache()
+                rows.append(row)
+                done += 1
+                log("progress %d %d" % (done, total))
+        return rows
+
+
+def main(argv):
+    try:
+        req = parse_request(sys.stdin.read())
+    except RequestError as e:
+        fail("bad request: %s" % e, EXIT_BAD_REQUEST)
+    if "--plan" in argv:
+        plan = [dict(c, workingSetBytes=working_set_bytes(c), inputSets=input_sets(c)) for c in req["cells"]]
+        sys.stdout.write(json.dumps(dict(req, cells=plan)) + "\n")
+        return 0
+    try:
+        import torch
+    except ImportError:
+        fail("PyTorch is not installed for %s" % sys.executable, EXIT_UNAVAILABLE)
+    try:
+        cuda = torch.cuda.is_available()
+    except Exception as e:
+        fail("CUDA is not available to PyTorch (%s)" % one_line(e), EXIT_UNAVAILABLE)
+    if not cuda:
+        fail("CUDA is not available to PyTorch %s (torch.version.cuda = %s)"
+             % (torch.__version__, torch.version.cuda), EXIT_UNAVAILABLE)
+    try:
+        from torch.nn.attention import sdpa_kernel  # noqa: F401  (PyTorch >= 2.3)
+    except ImportError:
+        fail("PyTorch %s lacks torch.nn.attention.sdpa_kernel (needs >= 2.3)" % torch.__version__,
+             EXIT_UNAVAILABLE)
+    env = environment(torch)
+    log("torch_sdpa: torch %s, CUDA %s, cuDNN %s on %s (sm %s)"
+        % (env["torch"], env["cuda"], env["cudnn"], env["device"], env["capability"]))
+    rows = Runner(torch, req).run()
+    sys.stdout.write(json.dumps({"env": env, "rows": rows}) + "\n")
+    sys.stdout.flush()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
