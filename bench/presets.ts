@@ -1,0 +1,111 @@
+/**
+ * Named runs (`--preset NAME`, listed by `--list-presets`): the FA2 paper's grid, a small CPU grid,
+ * and the configurations of the first design document (shared/seeds/000_*.txt), so that its numbers
+ * can be set beside ours. Flags given with a preset override its values.
+ * @packageDocumentation
+ */
+import type { Device } from '../lib';
+import { FA2_SEQLENS, GridSettings } from './grid';
+
+/** One named configuration. */
+export interface Preset {
+  name: string;
+  /** One line for `--list-presets`. */
+  summary: string;
+  /** Where the numbers come from and what to compare them with. */
+  details: string[];
+  /** The device it is meant for (a `--device` flag still wins). */
+  device: Device;
+  settings: Partial<GridSettings>;
+}
+
+const FA2_GRID: GridSettings = {
+  device: 'cuda', dtype: 'bfloat16', seqlens: [...FA2_SEQLENS], seqlenK: null, batch: null, tokens: 16384,
+  heads: null, hidden: 2048, kvHeads: null, headDims: [64, 128], causal: [false, true], passes: ['fwd', 'bwd', 'fwdbwd'],
+  kernel: 'auto', repeats: 20, warmup: 5, compare: [], torchBackends: ['flash', 'cudnn', 'efficient'], variants: [],
+};
+
+const CPU_SMALL: GridSettings = {
+  ...FA2_GRID, device: 'cpu', dtype: 'float32', seqlens: [256, 512, 1024, 2048], batch: 1, heads: 8, headDims: [64],
+  repeats: 3, warmup: 1,
+};
+
+/** The document's configuration: batch 4, one head, head dim 64, seqlen 8192 (it names no head count). */
+const SEED_SHAPE: Partial<GridSettings> = { batch: 4, heads: 1, kvHeads: null, headDims: [64], seqlens: [8192], causal: [false] };
+
+/** Every preset, by name, in the order `--list-presets` shows them. */
+export const PRESETS: Readonly<Record<string, Preset>> = {
+  'fa2-grid': {
+    name: 'fa2-grid',
+    summary: 'the FA2 paper\'s grid: bf16, head dim 64 and 128, causal and not, seqlen 512-16k, fwd/bwd/fwdbwd (the default on CUDA)',
+    details: [
+      'batch = 16384/seqlen, heads = 2048/headDim (16k tokens, model width 2048), as in FlashAttention-2 §4.1.',
+      'Add --compare torch for PyTorch SDPA (flash, cuDNN, memory-efficient) on the same cells, --compare naive for the memory wall.',
+    ],
+    device: 'cuda',
+    settings: FA2_GRID,
+  },
+  'cpu-small': {
+    name: 'cpu-small',
+    summary: 'a small fp32 grid for the CPU backend: B1 H8 d64, seqlen 256-2k, causal and not, fwd/bwd/fwdbwd (the default without a GPU)',
+    details: ['Median of 3 after 1 warm-up: a smoke test of the CPU backend, not a GPU substitute.'],
+    device: 'cpu',
+    settings: CPU_SMALL,
+  },
+  'seed-fp32': {
+    name: 'seed-fp32',
+    summary: 'the first design document\'s fp32 case: B4 H1 d64 seqlen 8192, fwd and fwdbwd, vs naive and PyTorch (efficient, math)',
+    details: [
+      'Document (RTX 3090): eager forward 23.5 ms, torch.compile 13.95 ms, Triton FA2 2.19 ms; eager/compile hold',
+      'the N x N matrices in memory (GiBs), FA2 a few MiB. On an H100 (toolchain notes): eager PyTorch 3.55 ms and',
+      '2.4 GB peak, SDPA memory-efficient 2.56 ms and 385 MB. "naive" is our S-materialising CUDA kernel, "torch-math"',
+      'PyTorch\'s unfused SDPA (the eager equivalent): both show the memory wall.',
+    ],
+    device: 'cuda',
+    settings: {
+      ...SEED_SHAPE, dtype: 'float32', passes: ['fwd', 'fwdbwd'], compare: ['naive', 'torch'], torchBackends: ['efficient', 'math'],
+    },
+  },
+  'seed-bf16': {
+    name: 'seed-bf16',
+    summary: 'the first design document\'s bf16 table: B4 H1 d64, seqlen 8k-64k, forward+backward vs PyTorch FA2',
+    details: [
+      'Document (RTX 3090, PyTorch 2.10 FA2 vs its Triton kernel, fwd+bwd ms): 8k 2.517 vs 3.351, 16k 7.749 vs 12.287,',
+      '32k 31.197 vs 46.403, 64k 111.403 vs 185.191. It states batch 4 and head dim 64 for its experiments but neither',
+      'a head count (1 assumed: its tensors are (batch, seq, d)) nor the mask of this table: both masks are run.',
+    ],
+    device: 'cuda',
+    settings: {
+      ...SEED_SHAPE, dtype: 'bfloat16', seqlens: [8192, 16384, 32768, 65536], causal: [false, true], passes: ['fwdbwd'],
+      compare: ['torch'], torchBackends: ['flash'],
+    },
+  },
+  'seed-bwd-kernels': {
+    name: 'seed-bwd-kernels',
+    summary: 'backward variants at the document\'s fp32 shape (B4 H1 d64 seqlen 8192): single kernel with atomic dQ vs two kernels',
+    details: [
+      'Document (RTX 3090, Triton): single-kernel backward with atomic dQ 28.9 ms, two-kernel backward (dQ pass, then',
+      'dK/dV pass; 12·N²·d instead of 10·N²·d FLOPs, no atomics) 6.53 ms. Ours is the single-kernel variant; the',
+      'two-kernel variant does not exist yet and its rows say "not implemented yet".',
+    ],
+    device: 'cuda',
+    settings: { ...SEED_SHAPE, dtype: 'float32', passes: ['bwd'], variants: ['two-kernel'] },
+  },
+};
+
+/** The settings a run starts from on `device` when no preset is named: fa2-grid on CUDA, cpu-small on the CPU. */
+export function deviceDefaults(device: Device): GridSettings {
+  const base = device === 'cuda' ? FA2_GRID : CPU_SMALL;
+  return { ...base, seqlens: [...base.seqlens], headDims: [...base.headDims], causal: [...base.causal], passes: [...base.passes] };
+}
+
+/** The text of `--list-presets`. */
+export function listPresets(): string {
+  const lines = ['Presets (--preset NAME; flags given beside it override its values):', ''];
+  for (const p of Object.values(PRESETS)) {
+    lines.push(`  ${p.name}  [${p.device}]`, `      ${p.summary}`);
+    for (const d of p.details) lines.push(`      ${d}`);
+    lines.push('');
+  }
+  return lines.join('\n');
+}

@@ -1,0 +1,337 @@
+/**
+ * The outputs of a run: text tables, JSON, CSV and GitHub markdown. Every format carries where and
+ * when it was measured: device, driver, CUDA runtime, PyTorch (when compared), Node, date.
+ * @packageDocumentation
+ */
+import * as fs from 'fs';
+import * as os from 'os';
+import * as path from 'path';
+import type { Device } from '../lib';
+import { packageRoot } from '../lib/native';
+import { GridSettings } from './grid';
+import { BenchRow, Impl, IMPL_LABELS, IMPLS } from './runner';
+import type { TorchEnv } from './torch';
+
+/** Where and when a run was measured. */
+export interface BenchEnv {
+  /** ISO 8601 time at the start of the run. */
+  date: string;
+  /** flash-attn-node's version. */
+  version: string;
+  node: string;
+  platform: string;
+  device: Device;
+  /** The GPU's name, or "CPU backend (N threads)". */
+  deviceName: string;
+  computeCapability: string | null;
+  /**
+   * The NVIDIA driver's version (e.g. "580.95.05"), when known: from /proc/driver/nvidia/version, or
+   * from PyTorch's nvidia-smi when compared; else null.
+   */
+  driver: string | null;
+  /** The CUDA version the driver supports (e.g. "13.0"), when a CUDA device is usable. */
+  cudaDriver: string | null;
+  /** The CUDA runtime the addon was built with. */
+  cudaRuntime: string | null;
+  cpu: string;
+  cpuThreads: number;
+  /** PyTorch's environment when --compare torch ran, else null. */
+  torch: TorchEnv | null;
+  /** Why the PyTorch baselines are missing, when --compare torch was asked for and they are. */
+  torchUnavailable: string | null;
+}
+
+/** Everything a run produced; `--json` prints exactly this. */
+export interface BenchReport {
+  tool: 'flash-attn-bench';
+  /** Bumped when the JSON shape changes. */
+  schema: 1;
+  env: BenchEnv;
+  settings: GridSettings & {
+    preset: string | null;
+    /** The kernel our rows ran ('auto' resolved). */
+    kernelResolved: string;
+    /** How time was measured. */
+    timing: string;
+    /** Dense peak TFLOP/s used for pctPeak, or null. */
+    peakTflops: number | null;
+  };
+  /** Things the reader must know (what was not run and why, device substitutions). */
+  notes: string[];
+  rows: BenchRow[];
+}
+
+/** flash-attn-node's version from its package.json ("unknown" if unreadable). */
+export function packageVersion(): string {
+  try {
+    return JSON.parse(fs.readFileSync(path.join(packageRoot(), 'package.json'), 'utf8')).version as string;
+  } catch {
+    return 'unknown';
+  }
+}
+
+/** The host's CPU model. */
+export function cpuModel(): string {
+  return os.cpus()[0]?.model.trim() ?? 'unknown CPU';
+}
+
+// ---- number formatting ----
+
+/** Milliseconds with 3 significant-ish digits. */
+export function fmtMs(ms: number): string {
+  return ms >= 100 ? ms.toFixed(1) : ms >= 10 ? ms.toFixed(2) : ms >= 0.1 ? ms.toFixed(3) : ms.toPrecision(3);
+}
+
+/** TFLOP/s with sensible precision (CPU numbers are well below 1). */
+export function fmtTflops(t: number): string {
+  return t >= 100 ? t.toFixed(0) : t >= 10 ? t.toFixed(1) : t >= 1 ? t.toFixed(2) : t.toPrecision(3);
+}
+
+/** Bytes in binary units. */
+export function fmtBytes(b: number): string {
+  const units = ['B', 'KiB', 'MiB', 'GiB', 'TiB'];
+  let v = b;
+  let u = 0;
+  while (v >= 1024 && u < units.length - 1) {
+    v /= 1024;
+    u += 1;
+  }
+  return u === 0 ? `${v} B` : `${v >= 100 ? v.toFixed(0) : v >= 10 ? v.toFixed(1) : v.toFixed(2)} ${units[u]}`;
+}
+
+function fmtRatio(r: number | null | undefined): string {
+  return r === null || r === undefined ? '' : `${r.toFixed(2)}x`;
+}
+
+// ---- header ----
+
+/** "driver 580.95.05 (CUDA 13.0)", or "CUDA driver 13.0" when the driver's own version is unknown. */
+export function driverText(e: BenchEnv): string {
+  return e.driver !== null ? `driver ${e.driver} (CUDA ${e.cudaDriver})` : `CUDA driver ${e.cudaDriver}`;
+}
+
+/** The lines every human-readable report starts with. */
+export function headerLines(r: BenchReport): string[] {
+  const e = r.env;
+  const s = r.settings;
+  const lines = [`flash-attn-bench ${e.version} · ${e.date}`];
+  if (e.device === 'cuda') {
+    lines.push(`device: ${e.deviceName} (sm ${e.computeCapability}, ${driverText(e)}, CUDA runtime ${e.cudaRuntime}) · Node ${e.node} · ${e.platform}`);
+  } else {
+    const gpu = e.cudaDriver !== null ? ` · GPU ${driverText(e)}, CUDA runtime ${e.cudaRuntime}` : '';
+    lines.push(`device: ${e.deviceName} on ${e.cpu}${gpu} · Node ${e.node} · ${e.platform}`);
+  }
+  if (e.torch) {
+    const t = e.torch;
+    lines.push(`PyTorch ${t.torch} (CUDA ${t.cuda ?? '-'}, cuDNN ${t.cudnn ?? '-'}, driver ${t.driver ?? '-'}) on ${t.device}, Python ${t.python}`);
+  } else if (e.torchUnavailable !== null) {
+    lines.push(`PyTorch: not compared (${e.torchUnavailable})`);
+  }
+  lines.push(
+    `${s.dtype} · our kernel ${s.kernel === 'auto' ? `auto -> ${s.kernelResolved}` : s.kernelResolved} · median of ${s.repeats} after ${s.warmup} warm-up ` +
+      `(${s.timing}) · TFLOP/s by FA2's count${s.preset ? ` · preset ${s.preset}` : ''}`,
+  );
+  return lines;
+}
+
+// ---- panels ----
+
+/** One panel of results: a (dtype, head dim, mask, pass), as in the FA2 paper's figures. */
+export interface Panel {
+  key: string;
+  title: string;
+  headDim: number;
+  causal: boolean;
+  pass: BenchRow['pass'];
+  rows: BenchRow[];
+}
+
+const PASS_NAMES: Record<BenchRow['pass'], string> = { fwd: 'forward', bwd: 'backward', fwdbwd: 'forward + backward' };
+
+/** Rows grouped into panels, ordered by head dim, mask, then pass. */
+export function panels(rows: readonly BenchRow[]): Panel[] {
+  const map = new Map<string, Panel>();
+  const passOrder = ['fwd', 'bwd', 'fwdbwd'];
+  for (const r of rows) {
+    const key = `${r.dtype}/d${r.headDim}/${r.causal ? 'causal' : 'full'}/${r.pass}`;
+    let p = map.get(key);
+    if (!p) {
+      p = {
+        key, headDim: r.headDim, causal: r.causal, pass: r.pass, rows: [],
+        title: `${PASS_NAMES[r.pass]}, head dim ${r.headDim}, ${r.causal ? 'causal' : 'not causal'} (${r.dtype})`,
+      };
+      map.set(key, p);
+    }
+    p.rows.push(r);
+  }
+  return [...map.values()].sort((a, b) => a.headDim - b.headDim || Number(a.causal) - Number(b.causal) || passOrder.indexOf(a.pass) - passOrder.indexOf(b.pass));
+}
+
+/** Implementations present in `rows`, in report order. */
+export function implsIn(rows: readonly BenchRow[]): Impl[] {
+  const present = new Set(rows.map((r) => r.impl));
+  return IMPLS.filter((i) => present.has(i));
+}
+
+function shapeText(r: BenchRow): string {
+  const heads = r.headsKV === r.headsQ ? `${r.headsQ}` : `${r.headsQ}/${r.headsKV}`;
+  return `${r.batch} x ${heads}`;
+}
+
+function seqText(r: BenchRow): string {
+  return r.seqlenK === r.seqlenQ ? `${r.seqlenQ}` : `${r.seqlenQ}/${r.seqlenK}`;
+}
+
+/** Numbered messages of the rows that failed, deduplicated by (impl, message). */
+class Footnotes {
+  private readonly index = new Map<string, number>();
+  readonly lines: string[] = [];
+  mark(r: BenchRow): string {
+    if (r.error === null || r.status === 'ok' || r.status === 'not-implemented') return '';
+    const key = `${r.impl}\u0000${r.error}`;
+    let n = this.index.get(key);
+    if (n === undefined) {
+      n = this.index.size + 1;
+      this.index.set(key, n);
+      this.lines.push(`[${n}] ${r.impl}: ${r.error}`);
+    }
+    return ` [${n}]`;
+  }
+}
+
+/** What a failed row shows in place of a time. */
+function statusText(r: BenchRow): string {
+  return r.status === 'oom' ? 'OOM' : r.status === 'not-implemented' ? 'not implemented yet' : 'error';
+}
+
+function alignTable(header: string[], body: string[][], rightAligned: boolean[]): string[] {
+  const widths = header.map((h, i) => Math.max(h.length, ...body.map((row) => row[i].length)));
+  const line = (cells: string[]): string => cells
+    .map((c, i) => (rightAligned[i] ? c.padStart(widths[i]) : c.padEnd(widths[i])))
+    .join('  ')
+    .trimEnd();
+  return [line(header), line(widths.map((w) => '-'.repeat(w))), ...body.map(line)];
+}
+
+/** Ratio columns: ours ÷ each other implementation present. */
+function ratioImpls(rows: readonly BenchRow[]): Impl[] {
+  return implsIn(rows).filter((i) => i !== 'ours' && i !== 'ours-two-kernel');
+}
+
+/** The human-readable tables, one per panel, with the header and the notes. */
+export function formatText(r: BenchReport): string {
+  const out = [...headerLines(r), ''];
+  const notes = new Footnotes();
+  const others = ratioImpls(r.rows);
+  for (const p of panels(r.rows)) {
+    out.push(p.title);
+    const header = ['seqlen', 'batch x heads', 'impl', 'ms median', 'ms min-max', 'TFLOP/s', '% peak', 'peak mem', ...others.map((o) => `ours/${o.replace(/^torch-/, '')}`)];
+    const body = p.rows.map((row) => {
+      const ok = row.status === 'ok';
+      return [
+        seqText(row), shapeText(row), row.impl,
+        ok ? fmtMs(row.msMedian as number) : statusText(row) + notes.mark(row),
+        ok ? `${fmtMs(row.msMin as number)}-${fmtMs(row.msMax as number)}` : '',
+        ok ? fmtTflops(row.tflops as number) : '',
+        ok && row.pctPeak !== null ? `${row.pctPeak.toFixed(1)}%` : '',
+        ok && row.peakBytes !== null ? fmtBytes(row.peakBytes) : '',
+        ...others.map((o) => (row.impl === 'ours' ? fmtRatio(row.ratios[o]) : '')),
+      ];
+    });
+    out.push(...alignTable(header, body, header.map((_, i) => i !== 2)), '');
+  }
+  if (notes.lines.length) out.push('Errors:', ...notes.lines.map((l) => `  ${l}`), '');
+  if (r.notes.length) out.push(...r.notes.map((n) => `note: ${n}`), '');
+  return out.join('\n');
+}
+
+/** The report as JSON (what --json prints). */
+export function formatJson(r: BenchReport): string {
+  return JSON.stringify(r, null, 2) + '\n';
+}
+
+/** Columns of the CSV, in order. */
+export const CSV_COLUMNS = [
+  'impl', 'id', 'device', 'kernel', 'dtype', 'pass', 'causal', 'batch', 'seqlen_q', 'seqlen_k', 'heads_q', 'heads_kv',
+  'head_dim', 'status', 'ms_median', 'ms_min', 'ms_max', 'tflops', 'pct_peak', 'peak_bytes',
+  'ratio_naive', 'ratio_torch_flash', 'ratio_torch_cudnn', 'ratio_torch_efficient', 'ratio_torch_math', 'mask', 'error',
+] as const;
+
+function csvField(v: string | number | boolean | null | undefined): string {
+  if (v === null || v === undefined) return '';
+  const s = String(v);
+  return /[",\n\r]/.test(s) ? `"${s.replace(/"/g, '""')}"` : s;
+}
+
+/** The report as CSV: `# key: value` comment lines (device, versions, date, settings), a header, one line per row. */
+export function formatCsv(r: BenchReport): string {
+  const e = r.env;
+  const s = r.settings;
+  const comments: [string, string | number | null][] = [
+    ['tool', `flash-attn-bench ${e.version}`], ['date', e.date], ['device', e.device], ['device_name', e.deviceName],
+    ['compute_capability', e.computeCapability], ['driver', e.driver], ['cuda_driver', e.cudaDriver],
+    ['cuda_runtime', e.cudaRuntime], ['node', e.node],
+    ['platform', e.platform], ['cpu', e.cpu], ['torch', e.torch?.torch ?? null], ['torch_cuda', e.torch?.cuda ?? null],
+    ['torch_cudnn', e.torch?.cudnn ?? null], ['torch_device', e.torch?.device ?? null], ['torch_unavailable', e.torchUnavailable],
+    ['preset', s.preset], ['kernel', `${s.kernel} -> ${s.kernelResolved}`], ['repeats', s.repeats], ['warmup', s.warmup],
+    ['timing', s.timing], ['peak_tflops', s.peakTflops],
+  ];
+  const lines = comments.filter(([, v]) => v !== null).map(([k, v]) => `# ${k}: ${String(v).replace(/[\r\n]+/g, ' ')}`);
+  for (const n of r.notes) lines.push(`# note: ${n.replace(/[\r\n]+/g, ' ')}`);
+  lines.push(CSV_COLUMNS.join(','));
+  for (const row of r.rows) {
+    const values: (string | number | boolean | null | undefined)[] = [
+      row.impl, row.id, row.device, row.kernel, row.dtype, row.pass, row.causal, row.batch, row.seqlenQ, row.seqlenK,
+      row.headsQ, row.headsKV, row.headDim, row.status, row.msMedian, row.msMin, row.msMax, row.tflops, row.pctPeak,
+      row.peakBytes, row.ratios.naive, row.ratios['torch-flash'], row.ratios['torch-cudnn'], row.ratios['torch-efficient'],
+      row.ratios['torch-math'], row.mask, row.error,
+    ];
+    lines.push(values.map(csvField).join(','));
+  }
+  return lines.join('\n') + '\n';
+}
+
+/** Markdown columns that are always there (for RESULTS.md tables that line up across runs). */
+const MD_FIXED: Impl[] = ['ours', 'naive', 'torch-flash', 'torch-cudnn', 'torch-efficient'];
+
+function mdCell(row: BenchRow | undefined, notes: Footnotes): string {
+  if (!row) return '–';
+  if (row.status !== 'ok') return statusText(row) + notes.mark(row);
+  const mem = row.peakBytes !== null ? `, ${fmtBytes(row.peakBytes)}` : '';
+  return `${fmtTflops(row.tflops as number)} (${fmtMs(row.msMedian as number)} ms${mem})`;
+}
+
+/**
+ * GitHub markdown: a header (device, versions, date, method), then one table per (head dim, causal,
+ * pass) with a column per implementation (TFLOP/s, with median ms and peak memory above the inputs)
+ * and our TFLOP/s ratios to PyTorch's flash and cuDNN kernels.
+ */
+export function formatMarkdown(r: BenchReport): string {
+  const out = headerLines(r).map((l) => `${l}  `);
+  out.push('', 'Cells: TFLOP/s (median ms, peak memory above the inputs). Ratios: our TFLOP/s ÷ theirs (> 1: ours is faster).', '');
+  const notes = new Footnotes();
+  const present = implsIn(r.rows);
+  const columns = [...MD_FIXED, ...present.filter((i) => !MD_FIXED.includes(i))];
+  for (const p of panels(r.rows)) {
+    out.push(`#### ${p.title}`, '');
+    out.push(`| seqlen | batch × heads | ${columns.map((c) => IMPL_LABELS[c]).join(' | ')} | ours/flash | ours/cuDNN |`);
+    out.push(`| ---: | ---: | ${columns.map(() => '---:').join(' | ')} | ---: | ---: |`);
+    const byCell = new Map<string, BenchRow[]>();
+    for (const row of p.rows) {
+      const list = byCell.get(row.id);
+      if (list) list.push(row);
+      else byCell.set(row.id, [row]);
+    }
+    for (const cellRows of byCell.values()) {
+      const first = cellRows[0];
+      const ours = cellRows.find((x) => x.impl === 'ours');
+      const cells = columns.map((c) => mdCell(cellRows.find((x) => x.impl === c), notes));
+      const ratio = (impl: Impl): string => fmtRatio(ours?.ratios[impl]) || '–';
+      out.push(`| ${seqText(first)} | ${shapeText(first).replace(' x ', ' × ')} | ${cells.join(' | ')} | ${ratio('torch-flash')} | ${ratio('torch-cudnn')} |`);
+    }
+    out.push('');
+  }
+  if (notes.lines.length) out.push(...notes.lines.map((l) => `${l}  `), '');
+  if (r.notes.length) out.push(...r.notes.map((n) => `- ${n}`), '');
+  return out.join('\n');
+}

@@ -1,0 +1,304 @@
+/**
+ * Runs the cells: ours (and our naive CUDA kernel) in this process, PyTorch's SDPA through
+ * bench/torch.ts, and turns everything into one kind of row.
+ *
+ * Method, the same for every implementation: inputs random in [-1, 1) (never zeros), made once per
+ * shape; one untimed run that measures peak memory above what was live before it (the inputs, and
+ * for the backward the forward's out and lse); `warmup` more untimed runs; then `repeats` runs, each
+ * timed by {@link timeOnDevice} (CUDA events around the queued work; on the CPU, host time until it
+ * finished). Median, min and max are reported.
+ * @packageDocumentation
+ */
+import { backends, flashAttention, flashAttentionBackward, memory, resetPeakMemory, synchronize, Tensor } from '../lib';
+import type { AttentionKernel, AttentionOutput, Device, DType } from '../lib';
+import { timeOnDevice } from '../lib/timing';
+import { tflopsPerSecond } from './flops';
+import { BenchCell, GridSettings, groupByInputs } from './grid';
+import type { TorchBackend, TorchResult } from './torch';
+
+/** Who computed a row. */
+export type Impl = 'ours' | 'ours-two-kernel' | 'naive' | 'torch-flash' | 'torch-cudnn' | 'torch-efficient' | 'torch-math';
+
+/** Implementations in report order (also the chart's series order). */
+export const IMPLS: readonly Impl[] = ['ours', 'ours-two-kernel', 'naive', 'torch-flash', 'torch-cudnn', 'torch-efficient', 'torch-math'];
+
+/** Human names for tables and the chart legend. */
+export const IMPL_LABELS: Readonly<Record<Impl, string>> = {
+  ours: 'ours', 'ours-two-kernel': 'ours (two-kernel bwd)', naive: 'naive', 'torch-flash': 'torch flash',
+  'torch-cudnn': 'torch cuDNN', 'torch-efficient': 'torch efficient', 'torch-math': 'torch math',
+};
+
+/**
+ * ok: measured. oom: the device ran out of memory (the run goes on). error: the implementation
+ * could not run the cell (the message says why). not-implemented: a variant that does not exist yet.
+ */
+export type RowStatus = 'ok' | 'oom' | 'error' | 'not-implemented';
+
+/** One cell on one implementation. Measurements are null unless status is 'ok'. */
+export interface BenchRow extends BenchCell {
+  impl: Impl;
+  /** Where it ran. */
+  device: Device;
+  /** Our kernel ('flash' or 'naive'; 'auto' resolved), or null for PyTorch rows. */
+  kernel: string | null;
+  status: RowStatus;
+  msMedian: number | null;
+  msMin: number | null;
+  msMax: number | null;
+  /** FA2's FLOP count / median time. */
+  tflops: number | null;
+  /** tflops as a percentage of the device's dense peak for the dtype; null when the peak is unknown. */
+  pctPeak: number | null;
+  /** Peak device memory above the inputs during one run, bytes. */
+  peakBytes: number | null;
+  /** Why status is not 'ok'. */
+  error: string | null;
+  /** PyTorch rows: how the causal mask reached SDPA (bench/torch.ts); null otherwise. */
+  mask: string | null;
+  /** Ours only: our TFLOP/s ÷ theirs per other implementation of the same cell (> 1: ours is faster). */
+  ratios: Partial<Record<Impl, number | null>>;
+}
+
+/** The kernel `kernel` runs as on `device`: 'auto' becomes the backend's first kernel. */
+export function resolveKernel(device: Device, kernel: AttentionKernel): string {
+  if (kernel !== 'auto') return kernel;
+  const b = backends();
+  return (device === 'cuda' ? b.cuda.kernels[0] : b.cpu.kernels[0]) ?? 'auto';
+}
+
+/** Whether `message` is the addon's (or PyTorch's) out-of-memory error. */
+export function isOutOfMemory(message: string): boolean {
+  return /^CUDA out of memory/.test(message) || /\bout of memory\b/i.test(message);
+}
+
+/** A uniform [-1, 1) tensor from a xorshift32 stream (fast enough for 10⁸ elements; never all zeros). */
+function randomTensor(shape: number[], dtype: DType, device: Device, seed: number): Tensor {
+  const n = shape.reduce((x, y) => x * y, 1);
+  const data = new Float32Array(n);
+  let x = (seed * 0x9e3779b1) | 0 || 1;
+  for (let i = 0; i < n; i++) {
+    x ^= x << 13;
+    x ^= x >>> 17;
+    x ^= x << 5;
+    data[i] = (x >>> 0) / 2147483648 - 1;
+  }
+  return Tensor.fromFloat32Array(data, shape, { dtype, device });
+}
+
+function median(xs: number[]): number {
+  const s = [...xs].sort((a, b) => a - b);
+  const m = s.length >> 1;
+  return s.length % 2 ? s[m] : (s[m - 1] + s[m]) / 2;
+}
+
+function liveBytes(device: Device): number {
+  const m = memory()[device];
+  return device === 'cuda' ? m.poolUsedBytes ?? m.bytes : m.bytes;
+}
+
+function peakBytesSinceReset(device: Device): number {
+  const m = memory()[device];
+  return device === 'cuda' ? m.poolPeakBytes ?? m.peakBytes : m.peakBytes;
+}
+
+function messageOf(err: unknown): string {
+  return (err instanceof Error ? err.message : String(err)).split('\n')[0];
+}
+
+/** A row without measurements. */
+export function emptyRow(cell: BenchCell, impl: Impl, device: Device, kernel: string | null, status: RowStatus, error: string | null): BenchRow {
+  return {
+    ...cell, impl, device, kernel, status, msMedian: null, msMin: null, msMax: null, tflops: null, pctPeak: null,
+    peakBytes: null, error, mask: null, ratios: {},
+  };
+}
+
+/** A measured row. */
+export function measuredRow(
+  cell: BenchCell, impl: Impl, device: Device, kernel: string | null,
+  ms: { median: number; min: number; max: number }, peakBytes: number | null, peak: number | null,
+): BenchRow {
+  const tflops = tflopsPerSecond(cell, cell.pass, ms.median);
+  return {
+    ...emptyRow(cell, impl, device, kernel, 'ok', null), msMedian: ms.median, msMin: ms.min, msMax: ms.max, tflops,
+    pctPeak: peak === null ? null : (100 * tflops) / peak, peakBytes,
+  };
+}
+
+/** What {@link runOurs} reports as it goes. */
+export interface RunHooks {
+  /** After each measured (or failed) cell of ours or naive. */
+  onRow?: (row: BenchRow) => void;
+}
+
+/** Number of rows {@link runOurs} measures (for a progress bar). */
+export function oursWork(cells: readonly BenchCell[], s: GridSettings): number {
+  return cells.length * (s.compare.includes('naive') && s.device === 'cuda' ? 2 : 1);
+}
+
+/**
+ * Runs our cells (and, with --compare naive on CUDA, the naive kernel on the same inputs).
+ * `peak` is the device's dense peak TFLOP/s for the run's dtype, or null.
+ */
+export async function runOurs(cells: readonly BenchCell[], s: GridSettings, peak: number | null, hooks: RunHooks = {}): Promise<BenchRow[]> {
+  const { device } = s;
+  const kernels: { impl: Impl; kernel: AttentionKernel }[] = [{ impl: 'ours', kernel: s.kernel }];
+  if (s.compare.includes('naive') && device === 'cuda') kernels.push({ impl: 'naive', kernel: 'naive' });
+  const rows: BenchRow[] = [];
+  const push = (r: BenchRow): void => {
+    rows.push(r);
+    hooks.onRow?.(r);
+  };
+  let seed = 1;
+
+  for (const group of groupByInputs(cells)) {
+    const c0 = group[0];
+    const qShape = [c0.batch, c0.seqlenQ, c0.headsQ, c0.headDim];
+    const kShape = [c0.batch, c0.seqlenK, c0.headsKV, c0.headDim];
+    const inputs: Tensor[] = [];
+    let q: Tensor, k: Tensor, v: Tensor, dout: Tensor;
+    try {
+      q = randomTensor(qShape, c0.dtype, device, seed++);
+      inputs.push(q);
+      k = randomTensor(kShape, c0.dtype, device, seed++);
+      inputs.push(k);
+      v = randomTensor(kShape, c0.dtype, device, seed++);
+      inputs.push(v);
+      dout = randomTensor(qShape, c0.dtype, device, seed++);
+      inputs.push(dout);
+      await synchronize(device);
+    } catch (err) {
+      for (const t of inputs) t.dispose();
+      await synchronize(device).catch(() => undefined);
+      const msg = messageOf(err);
+      for (const cell of group) {
+        for (const kk of kernels) {
+          push(emptyRow(cell, kk.impl, device, resolveKernel(device, kk.kernel), isOutOfMemory(msg) ? 'oom' : 'error', `inputs: ${msg}`));
+        }
+      }
+      continue;
+    }
+
+    // Forward outputs the backward cells start from, per (mask, kernel); made on first use.
+    const forwards = new Map<string, AttentionOutput>();
+    try {
+      for (const cell of group) {
+        for (const { impl, kernel } of kernels) {
+          const resolved = resolveKernel(device, kernel);
+          const opts = { causal: cell.causal, kernel };
+          try {
+            let runOnce: () => void;
+            if (cell.pass === 'fwd') {
+              runOnce = () => {
+                const r = flashAttention(q, k, v, opts);
+                r.out.dispose();
+                r.lse.dispose();
+              };
+            } else if (cell.pass === 'bwd') {
+              const key = `${cell.causal}/${kernel}`;
+              let fwd = forwards.get(key);
+              if (!fwd) {
+                fwd = flashAttention(q, k, v, opts);
+                forwards.set(key, fwd);
+              }
+              const f = fwd;
+              runOnce = () => {
+                const g = flashAttentionBackward(dout, q, k, v, f.out, f.lse, opts);
+                g.dq.dispose();
+                g.dk.dispose();
+                g.dv.dispose();
+              };
+            } else {
+              runOnce = () => {
+                const r = flashAttention(q, k, v, opts);
+                const g = flashAttentionBackward(dout, q, k, v, r.out, r.lse, opts);
+                r.out.dispose();
+                r.lse.dispose();
+                g.dq.dispose();
+                g.dk.dispose();
+                g.dv.dispose();
+              };
+            }
+            // One untimed run measures memory above what is live (inputs, saved forward).
+            await synchronize(device);
+            const before = liveBytes(device);
+            resetPeakMemory(device);
+            runOnce();
+            await synchronize(device);
+            const peakBytes = Math.max(0, peakBytesSinceReset(device) - before);
+            for (let i = 0; i < s.warmup; i++) runOnce();
+            await synchronize(device);
+            const times: number[] = [];
+            for (let i = 0; i < s.repeats; i++) times.push(await timeOnDevice(device, runOnce));
+            push(measuredRow(cell, impl, device, resolved, { median: median(times), min: Math.min(...times), max: Math.max(...times) }, peakBytes, peak));
+          } catch (err) {
+            await synchronize(device).catch(() => undefined);
+            const msg = messageOf(err);
+            push(emptyRow(cell, impl, device, resolved, isOutOfMemory(msg) ? 'oom' : 'error', msg));
+          }
+        }
+        if (s.variants.includes('two-kernel') && cell.pass !== 'fwd') {
+          rows.push(emptyRow(cell, 'ours-two-kernel', device, null, 'not-implemented',
+            'two-kernel backward (a dQ pass, then a dK/dV pass): not implemented yet'));
+        }
+      }
+    } finally {
+      for (const f of forwards.values()) {
+        f.out.dispose();
+        f.lse.dispose();
+      }
+      for (const t of inputs) t.dispose();
+      await synchronize(device).catch(() => undefined);
+    }
+  }
+  return rows;
+}
+
+/** PyTorch's rows for our cells; none when the baselines are unavailable. */
+export function torchRows(result: TorchResult, cells: readonly BenchCell[], peak: number | null): BenchRow[] {
+  if (!result.available) return [];
+  const byId = new Map(cells.map((c) => [c.id, c]));
+  const out: BenchRow[] = [];
+  for (const r of result.rows) {
+    const cell = byId.get(r.id);
+    if (!cell) continue;
+    const impl = `torch-${r.backend}` as Impl;
+    if (r.error !== null) {
+      const row = emptyRow(cell, impl, 'cuda', null, isOutOfMemory(r.error) ? 'oom' : 'error', r.error);
+      out.push({ ...row, mask: r.mask });
+    } else {
+      const row = measuredRow(cell, impl, 'cuda', null, { median: r.msMedian, min: r.msMin, max: r.msMax }, r.peakBytes, peak);
+      out.push({ ...row, mask: r.mask });
+    }
+  }
+  return out;
+}
+
+/** The SDPA backends behind the torch-* impls. */
+export function torchImpl(b: TorchBackend): Impl {
+  return `torch-${b}` as Impl;
+}
+
+/** Fills each of our rows' `ratios`: our TFLOP/s ÷ every other measured implementation's, same cell. */
+export function addRatios(rows: BenchRow[]): void {
+  const byCell = new Map<string, BenchRow[]>();
+  for (const r of rows) {
+    const list = byCell.get(r.id);
+    if (list) list.push(r);
+    else byCell.set(r.id, [r]);
+  }
+  for (const r of rows) {
+    if (r.impl !== 'ours') continue;
+    r.ratios = {};
+    for (const o of byCell.get(r.id) ?? []) {
+      if (o.impl === 'ours') continue;
+      r.ratios[o.impl] = r.tflops !== null && o.tflops !== null && o.tflops > 0 ? r.tflops / o.tflops : null;
+    }
+  }
+}
+
+/** Sorts rows for reporting: by cell order, then implementation order. */
+export function sortRows(rows: BenchRow[], cells: readonly BenchCell[]): BenchRow[] {
+  const order = new Map(cells.map((c, i) => [c.id, i]));
+  return [...rows].sort((a, b) => (order.get(a.id) ?? 0) - (order.get(b.id) ?? 0) || IMPLS.indexOf(a.impl) - IMPLS.indexOf(b.impl));
+}

@@ -1,0 +1,495 @@
+/**
+ * flash-attn-bench: flag parsing (every error message), the grids and presets, the reports
+ * (text, JSON, CSV, markdown, SVG chart) on synthetic rows, and end-to-end runs of the CLI in a
+ * child process on the CPU backend with a tiny grid. No test asserts a speed.
+ */
+import * as fs from 'fs';
+import * as os from 'os';
+import * as path from 'path';
+import { BenchArgError, BenchCommand, HELP, parseArgs } from '../bench/args';
+import { chartSpec, renderChartSvg, seqLabel } from '../bench/chart';
+import { main } from '../bench/cli';
+import { passFlops } from '../bench/flops';
+import { BenchCell, buildCells, cellId, GridSettings, groupByInputs } from '../bench/grid';
+import { findDevicePeak, peakTflops } from '../bench/peaks';
+import { deviceDefaults, listPresets, PRESETS } from '../bench/presets';
+import { BenchReport, CSV_COLUMNS, fmtBytes, formatCsv, formatMarkdown, formatText } from '../bench/report';
+import { addRatios, BenchRow, emptyRow, Impl, isOutOfMemory, measuredRow, sortRows, torchRows } from '../bench/runner';
+import type { TorchResult } from '../bench/torch';
+import { runNodeChild } from './helpers/child';
+import { HAS_CUDA } from './helpers/backend';
+
+const root = path.resolve(__dirname, '..');
+
+function run(argv: string[], device: 'cpu' | 'cuda' = 'cpu'): Extract<BenchCommand, { kind: 'run' }> {
+  const cmd = parseArgs(argv, device);
+  if (cmd.kind !== 'run') throw new Error(`expected a run, got ${cmd.kind}`);
+  return cmd;
+}
+
+function settings(argv: string[], device: 'cpu' | 'cuda' = 'cpu'): GridSettings {
+  return run(argv, device).settings;
+}
+
+function errorOf(argv: string[], device: 'cpu' | 'cuda' = 'cpu'): string {
+  try {
+    parseArgs(argv, device);
+  } catch (e) {
+    expect(e).toBeInstanceOf(BenchArgError);
+    return (e as Error).message;
+  }
+  throw new Error(`no error for ${argv.join(' ')}`);
+}
+
+describe('flags', () => {
+  test('no flags: the FA2 grid on cuda, cpu-small on the cpu', () => {
+    const c = run([], 'cuda');
+    expect(c.settings).toEqual(deviceDefaults('cuda'));
+    expect(c.settings).toMatchObject({
+      device: 'cuda', dtype: 'bfloat16', seqlens: [512, 1024, 2048, 4096, 8192, 16384], headDims: [64, 128],
+      causal: [false, true], passes: ['fwd', 'bwd', 'fwdbwd'], batch: null, tokens: 16384, heads: null, hidden: 2048,
+      kernel: 'auto', repeats: 20, warmup: 5, compare: [],
+    });
+    expect(c.deviceChosen).toBe(false);
+    expect(c.output).toEqual({ json: false, csv: false, markdown: false, chart: null, quiet: false, python: null });
+    expect(settings([], 'cpu')).toMatchObject({ device: 'cpu', dtype: 'float32', batch: 1, heads: 8, headDims: [64], repeats: 3, warmup: 1 });
+  });
+
+  test('every flag at once', () => {
+    const c = run([
+      '--device', 'cuda', '--seqlen', '1024,4k', '--seqlen-k', '2048', '--batch', '3', '--heads', '16', '--kv-heads', '4',
+      '--head-dim', '128,64', '--dtype', 'fp16', '--causal', 'true', '--pass', 'fwd,bwd', '--kernel', 'naive',
+      '--repeats', '25', '--warmup', '0', '--compare', 'torch,naive', '--torch-backends', 'flash,math', '--json',
+      '--chart', 'out.svg', '--quiet', '--python', '/opt/py/bin/python3',
+    ], 'cpu');
+    expect(c.settings).toMatchObject({
+      device: 'cuda', seqlens: [1024, 4096], seqlenK: 2048, batch: 3, heads: 16, kvHeads: 4, headDims: [128, 64],
+      dtype: 'float16', causal: [true], passes: ['fwd', 'bwd'], kernel: 'naive', repeats: 25, warmup: 0,
+      compare: ['torch', 'naive'], torchBackends: ['flash', 'math'],
+    });
+    expect(c.output).toEqual({ json: true, csv: false, markdown: false, chart: 'out.svg', quiet: true, python: '/opt/py/bin/python3' });
+    expect(c.deviceChosen).toBe(true);
+  });
+
+  test('--flag=value, bare --causal, --causal both, --pass all, dtype names', () => {
+    expect(settings(['--seqlen=64,128', '--dtype=bfloat16'])).toMatchObject({ seqlens: [64, 128], dtype: 'bfloat16' });
+    expect(settings(['--causal', '--json']).causal).toEqual([true]);
+    expect(settings(['--causal']).causal).toEqual([true]);
+    expect(settings(['--causal', 'both']).causal).toEqual([false, true]);
+    expect(settings(['--causal=false']).causal).toEqual([false]);
+    expect(settings(['--pass', 'all']).passes).toEqual(['fwd', 'bwd', 'fwdbwd']);
+    expect(settings(['--pass', 'fwdbwd,fwd']).passes).toEqual(['fwdbwd', 'fwd']);
+    expect(settings(['--dtype', 'float32']).dtype).toBe('float32');
+    expect(settings(['--dtype', 'bf16']).dtype).toBe('bfloat16');
+    expect(settings(['--seqlen', '512,512,1k']).seqlens).toEqual([512, 1024]);
+    expect(run(['--csv']).output.csv).toBe(true);
+    expect(run(['--markdown']).output.markdown).toBe(true);
+  });
+
+  test('bench/README.md carries the --help text and every preset', () => {
+    const readme = fs.readFileSync(path.join(root, 'bench', 'README.md'), 'utf8');
+    expect(readme).toContain(HELP);
+    for (const name of Object.keys(PRESETS)) expect(readme).toContain(`\`${name}\``);
+  });
+
+  test('--help, -h and --list-presets', () => {
+    expect(parseArgs(['--help'])).toEqual({ kind: 'help' });
+    expect(parseArgs(['--seqlen', '64', '-h'])).toEqual({ kind: 'help' });
+    expect(parseArgs(['--list-presets'])).toEqual({ kind: 'list-presets' });
+    for (const flag of ['--seqlen', '--seqlen-k', '--batch', '--heads', '--kv-heads', '--head-dim', '--dtype', '--causal', '--pass',
+      '--device', '--kernel', '--repeats', '--warmup', '--json', '--csv', '--markdown', '--chart', '--quiet', '--compare',
+      '--torch-backends', '--python', '--preset', '--list-presets', '--help']) {
+      expect(HELP).toContain(flag);
+    }
+  });
+
+  const cases: [string[], string, ('cpu' | 'cuda')?][] = [
+    [['--frobnicate'], 'unknown option "--frobnicate" (see --help)'],
+    [['fwd'], 'unknown option "fwd" (see --help)'],
+    [['--seqlen'], '--seqlen: expected a value but received nothing'],
+    [['--seqlen', '--json'], '--seqlen: expected a value but received nothing'],
+    [['--seqlen', '1k5'], '--seqlen: expected a comma-separated list of positive integers (e.g. 1024,4k) but received "1k5"'],
+    [['--seqlen', '0,64'], '--seqlen: expected a comma-separated list of positive integers (e.g. 1024,4k) but received "0,64"'],
+    [['--seqlen='], '--seqlen: expected a comma-separated list of positive integers (e.g. 1024,4k) but received ""'],
+    [['--seqlen-k', 'x'], '--seqlen-k: expected a positive integer but received "x"'],
+    [['--batch', '0'], '--batch: expected a positive integer but received "0"'],
+    [['--heads', '1.5'], '--heads: expected a positive integer but received "1.5"'],
+    [['--kv-heads', '-1'], '--kv-heads: expected a positive integer but received "-1"'],
+    [['--head-dim', '64,100'], '--head-dim: expected multiples of 8 up to 256 but received "64,100"'],
+    [['--head-dim', '264'], '--head-dim: expected multiples of 8 up to 256 but received "264"'],
+    [['--dtype', 'int8'], '--dtype: expected bfloat16, float16 or float32 (or bf16, fp16, fp32) but received "int8"'],
+    [['--causal', 'maybe'], '--causal: expected true, false or both but received "maybe"'],
+    [['--pass', 'fwd,forward'], '--pass: expected fwd, bwd, fwdbwd or all (comma-separated) but received "fwd,forward"'],
+    [['--device', 'tpu'], '--device: expected cpu or cuda but received "tpu"'],
+    [['--kernel', 'fast'], '--kernel: expected auto, flash or naive but received "fast"'],
+    [['--repeats', '0'], '--repeats: expected a positive integer but received "0"'],
+    [['--repeats', '5'], '--repeats: expected at least 20 on cuda (the median of fewer runs is noise) but received 5', 'cuda'],
+    [['--warmup', '-1'], '--warmup: expected an integer >= 0 but received "-1"'],
+    [['--warmup', 'two'], '--warmup: expected an integer >= 0 but received "two"'],
+    [['--compare', 'torch,jax'], '--compare: expected naive or torch (comma-separated) but received "torch,jax"'],
+    [['--torch-backends', 'sdpa'], '--torch-backends: expected flash, cudnn, efficient or math (comma-separated) but received "sdpa"'],
+    [['--preset', 'nope'], '--preset: expected fa2-grid, cpu-small, seed-fp32, seed-bf16 or seed-bwd-kernels but received "nope"'],
+    [['--chart', 'out.png'], '--chart: expected a file name ending in .svg but received "out.png"'],
+    [['--python', ''], '--python: expected a path to a Python interpreter but received ""'],
+    [['--json=yes'], '--json: expected no value but received "yes"'],
+    [['--json', '--csv'], '--json, --csv and --markdown all write to stdout: expected at most one but received --json and --csv'],
+    [['--csv', '--markdown'], '--json, --csv and --markdown all write to stdout: expected at most one but received --csv and --markdown'],
+    [['--heads', '8', '--kv-heads', '3'], '--kv-heads: expected a divisor of the 8 query heads but received 3'],
+    [['--kv-heads', '3'], '--kv-heads: expected a divisor of the 32 query heads at head dim 64 but received 3', 'cuda'],
+    [['--kernel', 'naive'], '--kernel: expected auto or flash on cpu (naive is CUDA-only) but received "naive"'],
+  ];
+  for (const [argv, message, device] of cases) {
+    test(`${argv.join(' ')}${device ? ` (on ${device})` : ''} fails with a message naming the flag`, () => {
+      expect(errorOf(argv, device)).toBe(message);
+    });
+  }
+});
+
+describe('grid', () => {
+  test('the default CUDA grid: 6 seqlens x 2 head dims x 2 masks x 3 passes, batch 16384/seqlen, heads 2048/headDim', () => {
+    const cells = buildCells(settings([], 'cuda'));
+    expect(cells).toHaveLength(72);
+    expect(new Set(cells.map((c) => c.id)).size).toBe(72);
+    for (const c of cells) {
+      expect(c.batch).toBe(16384 / c.seqlenQ);
+      expect(c.headsQ).toBe(2048 / c.headDim);
+      expect(c.headsKV).toBe(c.headsQ);
+      expect(c.seqlenK).toBe(c.seqlenQ);
+      expect(c.dtype).toBe('bfloat16');
+    }
+    const count = (f: (c: BenchCell) => boolean): number => cells.filter(f).length;
+    for (const s of [512, 1024, 2048, 4096, 8192, 16384]) expect(count((c) => c.seqlenQ === s)).toBe(12);
+    for (const d of [64, 128]) expect(count((c) => c.headDim === d)).toBe(36);
+    expect(count((c) => c.causal)).toBe(36);
+    for (const p of ['fwd', 'bwd', 'fwdbwd']) expect(count((c) => c.pass === p)).toBe(24);
+    expect(cells[0]).toEqual({
+      id: 'fwd-bf16-d64-full-b32h32kv32-q512k512', batch: 32, seqlenQ: 512, seqlenK: 512, headsQ: 32, headsKV: 32,
+      headDim: 64, causal: false, dtype: 'bfloat16', pass: 'fwd',
+    });
+    // Cells of one shape are adjacent: 12 input sets (6 seqlens x 2 head dims), 6 cells each.
+    const groups = groupByInputs(cells);
+    expect(groups).toHaveLength(12);
+    for (const g of groups) expect(g).toHaveLength(6);
+  });
+
+  test('flags shape the cells: Sk, GQA, batch floor, fixed heads', () => {
+    const cells = buildCells(settings(['--device', 'cuda', '--seqlen', '32768', '--seqlen-k', '1024', '--kv-heads', '8', '--head-dim', '64', '--pass', 'bwd', '--causal', 'false']));
+    expect(cells).toEqual([{
+      id: 'bwd-bf16-d64-full-b1h32kv8-q32768k1024', batch: 1, seqlenQ: 32768, seqlenK: 1024, headsQ: 32, headsKV: 8,
+      headDim: 64, causal: false, dtype: 'bfloat16', pass: 'bwd',
+    }]);
+    expect(cellId({ ...cells[0], dtype: 'float16', causal: true, pass: 'fwd' })).toBe('fwd-fp16-d64-causal-b1h32kv8-q32768k1024');
+  });
+});
+
+describe('presets', () => {
+  test('fa2-grid is the default CUDA grid, cpu-small the default CPU grid', () => {
+    expect(settings(['--preset', 'fa2-grid'], 'cpu')).toEqual(deviceDefaults('cuda'));
+    expect(settings(['--preset', 'cpu-small'], 'cuda')).toEqual(deviceDefaults('cpu'));
+  });
+
+  test('seed-fp32: fp32 B4 H1 d64 S8192, fwd and fwdbwd, vs naive and torch efficient', () => {
+    const s = settings(['--preset', 'seed-fp32']);
+    expect(s).toMatchObject({
+      device: 'cuda', dtype: 'float32', batch: 4, heads: 1, headDims: [64], seqlens: [8192], causal: [false],
+      passes: ['fwd', 'fwdbwd'], compare: ['naive', 'torch'], repeats: 20,
+    });
+    expect(s.torchBackends).toContain('efficient');
+    expect(buildCells(s).map((c) => c.id)).toEqual(['fwd-fp32-d64-full-b4h1kv1-q8192k8192', 'fwdbwd-fp32-d64-full-b4h1kv1-q8192k8192']);
+  });
+
+  test('seed-bf16: bf16 fwd+bwd at 8k-64k vs torch flash, the document\'s batch 4, d 64', () => {
+    const s = settings(['--preset', 'seed-bf16']);
+    expect(s).toMatchObject({
+      device: 'cuda', dtype: 'bfloat16', batch: 4, heads: 1, headDims: [64], seqlens: [8192, 16384, 32768, 65536],
+      passes: ['fwdbwd'], compare: ['torch'], torchBackends: ['flash'],
+    });
+  });
+
+  test('seed-bwd-kernels asks for the two-kernel variant beside ours', () => {
+    expect(settings(['--preset', 'seed-bwd-kernels'])).toMatchObject({ dtype: 'float32', passes: ['bwd'], variants: ['two-kernel'], batch: 4, seqlens: [8192] });
+  });
+
+  test('flags override the preset; a CUDA preset on the CPU takes the CPU\'s timing defaults', () => {
+    const s = settings(['--seqlen', '4096', '--preset', 'seed-fp32', '--compare', 'torch']);
+    expect(s).toMatchObject({ seqlens: [4096], dtype: 'float32', batch: 4, compare: ['torch'] });
+    expect(settings(['--preset', 'seed-fp32', '--device', 'cpu'])).toMatchObject({ device: 'cpu', repeats: 3, warmup: 1, seqlens: [8192] });
+  });
+
+  test('--list-presets describes every preset', () => {
+    const text = listPresets();
+    for (const name of Object.keys(PRESETS)) expect(text).toContain(name);
+    expect(text).toContain('not implemented yet');
+    expect(Object.keys(PRESETS)).toEqual(['fa2-grid', 'cpu-small', 'seed-fp32', 'seed-bf16', 'seed-bwd-kernels']);
+  });
+});
+
+describe('% of peak', () => {
+  test('dense peaks by device name and dtype; unknown or CPU is blank', () => {
+    expect(peakTflops('NVIDIA H100 80GB HBM3', 'bfloat16')).toBe(989);
+    expect(peakTflops('NVIDIA H100 80GB HBM3', 'float32')).toBe(67);
+    expect(peakTflops('NVIDIA H200', 'float16')).toBe(989);
+    expect(peakTflops('NVIDIA H100 PCIe', 'bfloat16')).toBe(756);
+    expect(peakTflops('NVIDIA A100-SXM4-80GB', 'bfloat16')).toBe(312);
+    expect(peakTflops('NVIDIA A100 80GB PCIe', 'float32')).toBe(19.5);
+    expect(findDevicePeak('NVIDIA A100-SXM4-40GB')?.tf32).toBe(156);
+    expect(peakTflops('NVIDIA A10', 'bfloat16')).toBe(125);
+    expect(peakTflops('NVIDIA GeForce GTX 1080', 'float32')).toBeNull();
+    expect(peakTflops(null, 'bfloat16')).toBeNull();
+  });
+});
+
+/** Synthetic rows: ours, naive (OOM at the longest), three torch backends, one torch error. */
+function syntheticReport(): BenchReport {
+  const s = { ...deviceDefaults('cuda'), seqlens: [1024, 2048], headDims: [64], causal: [true], passes: ['fwd' as const], compare: ['naive' as const, 'torch' as const] };
+  const cells = buildCells(s);
+  const speeds: Partial<Record<Impl, number>> = { ours: 300, 'torch-flash': 250, 'torch-cudnn': 400, 'torch-efficient': 150, naive: 10 };
+  let rows: BenchRow[] = [];
+  for (const c of cells) {
+    for (const [impl, tf] of Object.entries(speeds) as [Impl, number][]) {
+      if (impl === 'naive' && c.seqlenQ === 2048) {
+        rows.push(emptyRow(c, impl, 'cuda', 'naive', 'oom', 'CUDA out of memory: tried to allocate 8.00 GiB'));
+        continue;
+      }
+      const ms = (passFlops(c, c.pass) / (tf * 1e12)) * 1e3;
+      rows.push(measuredRow(c, impl, 'cuda', impl === 'ours' ? 'flash' : null, { median: ms, min: ms * 0.9, max: ms * 1.1 }, 3 << 20, 989));
+    }
+  }
+  rows.push(emptyRow(cells[0], 'torch-math', 'cuda', null, 'error', 'No available kernel'));
+  addRatios(rows);
+  rows = sortRows(rows, cells);
+  return {
+    tool: 'flash-attn-bench', schema: 1,
+    env: {
+      date: '2026-11-21T12:00:00.000Z', version: '0.1.0', node: 'v20.20.2', platform: 'linux-x64', device: 'cuda',
+      deviceName: 'NVIDIA H200', computeCapability: '9.0', driver: '580.95', cudaDriver: '13.0', cudaRuntime: '13.0', cpu: 'Xeon', cpuThreads: 16,
+      torch: { torch: '2.11.0+cu130', cuda: '13.0', cudnn: '9.19.0', device: 'NVIDIA H200', capability: '9.0', driver: '580.95', python: '3.12.3' },
+      torchUnavailable: null,
+    },
+    settings: { ...s, preset: null, kernelResolved: 'flash', timing: 'CUDA events', peakTflops: 989 },
+    notes: ['a note for the reader'],
+    rows,
+  };
+}
+
+describe('reports', () => {
+  const report = syntheticReport();
+
+  test('rows: TFLOP/s from the FA2 count, % of peak, ratios ours ÷ theirs', () => {
+    const ours = report.rows.filter((r) => r.impl === 'ours');
+    expect(ours).toHaveLength(2);
+    expect(ours[0].tflops).toBeCloseTo(300, 9);
+    expect(ours[0].pctPeak).toBeCloseTo((100 * 300) / 989, 9);
+    expect(ours[0].ratios['torch-flash']).toBeCloseTo(1.2, 9);
+    expect(ours[0].ratios['torch-cudnn']).toBeCloseTo(0.75, 9);
+    expect(ours[0].ratios.naive).toBeCloseTo(30, 9);
+    expect(ours[0].ratios['torch-math']).toBeNull();
+    expect(ours[1].ratios.naive).toBeNull(); // naive ran out of memory there
+    expect(report.rows.filter((r) => r.impl !== 'ours').every((r) => Object.keys(r.ratios).length === 0)).toBe(true);
+  });
+
+  test('OOM detection', () => {
+    expect(isOutOfMemory('CUDA out of memory: tried to allocate 1 GiB')).toBe(true);
+    expect(isOutOfMemory('CUDA out of memory in attentionForward: its workspace needs 2 GiB')).toBe(true);
+    expect(isOutOfMemory('out of memory')).toBe(true);
+    expect(isOutOfMemory('CUDA error: an illegal memory access was encountered')).toBe(false);
+  });
+
+  test('PyTorch rows: measured, OOM and failed', () => {
+    const cells = buildCells({ ...deviceDefaults('cuda'), seqlens: [1024], headDims: [64], causal: [false], passes: ['fwd'] });
+    const result: TorchResult = {
+      available: true,
+      env: { torch: '2.11', cuda: '13.0', cudnn: '9.19', device: 'NVIDIA H100 80GB HBM3', capability: '9.0', driver: null, python: '3.12' },
+      rows: [
+        { id: cells[0].id, backend: 'flash', msMedian: 2, msMin: 1.5, msMax: 3, peakBytes: 1024, mask: 'none', error: null },
+        { id: cells[0].id, backend: 'cudnn', msMedian: NaN, msMin: NaN, msMax: NaN, peakBytes: NaN, mask: 'none', error: 'out of memory' },
+        { id: cells[0].id, backend: 'math', msMedian: NaN, msMin: NaN, msMax: NaN, peakBytes: NaN, mask: 'none', error: 'No available kernel' },
+      ],
+    };
+    const rows = torchRows(result, cells, 989);
+    expect(rows.map((r) => [r.impl, r.status])).toEqual([['torch-flash', 'ok'], ['torch-cudnn', 'oom'], ['torch-math', 'error']]);
+    expect(rows[0].tflops).toBeCloseTo(passFlops(cells[0], 'fwd') / 2e-3 / 1e12, 9);
+    expect(rows[0]).toMatchObject({ msMedian: 2, msMin: 1.5, msMax: 3, peakBytes: 1024, device: 'cuda', mask: 'none' });
+    expect(rows[1]).toMatchObject({ msMedian: null, tflops: null, error: 'out of memory' });
+    expect(torchRows({ available: false, reason: 'no python' }, cells, null)).toEqual([]);
+  });
+
+  test('text: header with device, versions, date; one table per panel; OOM and errors named', () => {
+    const text = formatText(report);
+    for (const s of ['NVIDIA H200', 'driver 580.95 (CUDA 13.0)', 'CUDA runtime 13.0', 'Node v20.20.2', '2026-11-21', 'PyTorch 2.11.0+cu130', 'forward, head dim 64, causal (bfloat16)']) {
+      expect(text).toContain(s);
+    }
+    // Footnotes number failures in table order: torch-math's error (seqlen 1024), then naive's OOM (2048).
+    expect(text).toMatch(/2048 +8 x 32 +naive +OOM \[2\]/);
+    expect(text).toContain('[1] torch-math: No available kernel');
+    expect(text).toContain('[2] naive: CUDA out of memory: tried to allocate 8.00 GiB');
+    expect(text).toContain('ours/flash');
+    expect(text).toContain('1.20x');
+    expect(text).toContain('note: a note for the reader');
+  });
+
+  test('CSV: comment lines with device and versions, the header, one line per row', () => {
+    const lines = formatCsv(report).trimEnd().split('\n');
+    const comments = lines.filter((l) => l.startsWith('#'));
+    for (const s of ['# device_name: NVIDIA H200', '# driver: 580.95', '# cuda_driver: 13.0', '# cuda_runtime: 13.0', '# node: v20.20.2', '# date: 2026-11-21T12:00:00.000Z', '# torch: 2.11.0+cu130']) {
+      expect(comments).toContain(s);
+    }
+    const body = lines.filter((l) => !l.startsWith('#'));
+    expect(body[0]).toBe(CSV_COLUMNS.join(','));
+    expect(body).toHaveLength(1 + report.rows.length);
+    expect(body.every((l) => l.split(',').length === CSV_COLUMNS.length)).toBe(true);
+  });
+
+  test('markdown: header, one table per (head dim, causal, pass), the fixed columns, OOM', () => {
+    const md = formatMarkdown(report);
+    expect(md).toContain('NVIDIA H200 (sm 9.0, driver 580.95 (CUDA 13.0), CUDA runtime 13.0)');
+    expect(md).toContain('#### forward, head dim 64, causal (bfloat16)');
+    expect(md).toContain('| seqlen | batch × heads | ours | naive | torch flash | torch cuDNN | torch efficient | torch math | ours/flash | ours/cuDNN |');
+    const table = md.split('\n').filter((l) => l.startsWith('| 1024 ') || l.startsWith('| 2048 '));
+    expect(table).toHaveLength(2);
+    expect(table[0]).toMatch(/^\| 1024 \| 16 × 32 \| 300 \(\d\.\d+ ms, 3\.00 MiB\) \| 10\.0 .* \| 1\.20x \| 0\.75x \|$/);
+    expect(table[1]).toContain('| OOM [2] |');
+    expect(md).toContain('[2] naive: CUDA out of memory: tried to allocate 8.00 GiB');
+  });
+
+  test('formatting helpers', () => {
+    expect(fmtBytes(512)).toBe('512 B');
+    expect(fmtBytes(3 << 20)).toBe('3.00 MiB');
+    expect(fmtBytes(2.5 * 2 ** 30)).toBe('2.50 GiB');
+    expect(seqLabel(512)).toBe('512');
+    expect(seqLabel(16384)).toBe('16k');
+  });
+
+  test('chart: one series per implementation, one panel per (head dim, causal, pass), rendered to SVG', async () => {
+    const spec = chartSpec(report) as { data: { values: { impl: string }[] } };
+    expect(new Set(spec.data.values.map((v) => v.impl))).toEqual(new Set(['ours', 'naive', 'torch-flash', 'torch-cudnn', 'torch-efficient']));
+    const svg = await renderChartSvg(report);
+    expect(svg.startsWith('<svg')).toBe(true);
+    for (const name of ['ours', 'naive', 'torch-flash', 'torch-cudnn', 'torch-efficient', 'TFLOP/s', 'NVIDIA H200']) expect(svg).toContain(name);
+  });
+});
+
+describe('main() in-process', () => {
+  function io(): { stdout: string[]; stderr: string[]; io: Parameters<typeof main>[1] } {
+    const stdout: string[] = [];
+    const stderr: string[] = [];
+    const sink = (into: string[]) => ({ write: (s: string) => (into.push(s), true) }) as unknown as NodeJS.WritableStream;
+    return { stdout, stderr, io: { stdout: sink(stdout), stderr: sink(stderr), env: {} } };
+  }
+
+  test('--help prints the help on stdout; a bad flag exits 2 with the message', async () => {
+    const a = io();
+    expect(await main(['--help'], a.io)).toBe(0);
+    expect(a.stdout.join('')).toBe(HELP);
+    const b = io();
+    expect(await main(['--seqlen', 'abc'], b.io)).toBe(2);
+    expect(b.stderr.join('')).toBe('flash-attn-bench: --seqlen: expected a comma-separated list of positive integers (e.g. 1024,4k) but received "abc"\n');
+    const c = io();
+    expect(await main(['--list-presets'], c.io)).toBe(0);
+    expect(c.stdout.join('')).toBe(listPresets());
+  });
+});
+
+describe('end to end on the CPU backend (child process)', () => {
+  const tiny = ['--device', 'cpu', '--seqlen', '64,128', '--head-dim', '32', '--repeats', '2', '--warmup', '1', '--quiet'];
+  let tmp: string;
+  beforeAll(() => {
+    tmp = fs.mkdtempSync(path.join(os.tmpdir(), 'fa-bench-'));
+  });
+  afterAll(() => fs.rmSync(tmp, { recursive: true, force: true }));
+
+  function cli(argv: string[], env: Record<string, string> = {}): { status: number | null; stdout: string; stderr: string } {
+    const r = runNodeChild(
+      `require('./bench/cli.ts').main(${JSON.stringify(argv)}).then((c) => { process.exitCode = c; }, (e) => { console.error(e); process.exitCode = 9; });`,
+      { cwd: root, env, timeoutMs: 60000 },
+    );
+    return { status: r.status, stdout: r.stdout, stderr: r.stderr };
+  }
+
+  /** Every number in `v` (recursively) is positive and finite. */
+  function numbersIn(v: unknown, out: number[] = []): number[] {
+    if (typeof v === 'number') out.push(v);
+    else if (Array.isArray(v)) v.forEach((x) => numbersIn(x, out));
+    else if (v && typeof v === 'object') Object.values(v).forEach((x) => numbersIn(x, out));
+    return out;
+  }
+
+  test('--json: the schema, and every measurement positive and finite', () => {
+    const r = cli([...tiny, '--json']);
+    expect(r.stderr).toBe('');
+    expect(r.status).toBe(0);
+    const report = JSON.parse(r.stdout) as BenchReport;
+    expect(report).toMatchObject({ tool: 'flash-attn-bench', schema: 1 });
+    expect(report.env).toMatchObject({ device: 'cpu', node: process.version, torch: null, torchUnavailable: null, computeCapability: null });
+    expect(Number.isNaN(Date.parse(report.env.date))).toBe(false);
+    expect(report.env.deviceName).toMatch(/^CPU backend \(\d+ threads\)$/);
+    expect(report.settings).toMatchObject({ device: 'cpu', dtype: 'float32', seqlens: [64, 128], headDims: [32], repeats: 2, warmup: 1, kernelResolved: 'flash', peakTflops: null });
+    // cpu-small's masks and passes: 2 seqlens x 2 masks x 3 passes.
+    expect(report.rows).toHaveLength(12);
+    for (const row of report.rows) {
+      expect(row).toMatchObject({ impl: 'ours', device: 'cpu', kernel: 'flash', status: 'ok', error: null, headDim: 32, dtype: 'float32', pctPeak: null });
+      for (const k of ['msMedian', 'msMin', 'msMax', 'tflops', 'peakBytes'] as const) expect(typeof row[k]).toBe('number');
+      expect(row.msMin as number).toBeLessThanOrEqual(row.msMedian as number);
+      expect(row.msMedian as number).toBeLessThanOrEqual(row.msMax as number);
+      expect(row.tflops as number).toBeCloseTo(passFlops(row, row.pass) / ((row.msMedian as number) * 1e-3) / 1e12, 6);
+    }
+    const nums = numbersIn(report.rows);
+    expect(nums.length).toBeGreaterThan(12 * 8);
+    for (const n of nums) {
+      expect(Number.isFinite(n)).toBe(true);
+      expect(n).toBeGreaterThan(0);
+    }
+  });
+
+  test('--csv prints the header and one line per cell; --chart writes an SVG with the series', () => {
+    const chart = path.join(tmp, 'chart.svg');
+    const r = cli([...tiny, '--pass', 'fwd', '--causal', 'false', '--csv', '--chart', chart]);
+    expect(r.status).toBe(0);
+    const lines = r.stdout.trimEnd().split('\n');
+    expect(lines.some((l) => l.startsWith('# node: v'))).toBe(true);
+    expect(lines.some((l) => l.startsWith('# date: '))).toBe(true);
+    const body = lines.filter((l) => !l.startsWith('#'));
+    expect(body[0]).toBe(CSV_COLUMNS.join(','));
+    expect(body.slice(1).map((l) => l.split(',')[0])).toEqual(['ours', 'ours']);
+    const svg = fs.readFileSync(chart, 'utf8');
+    expect(svg).toMatch(/^<svg[\s>]/);
+    expect(svg).toContain('ours');
+    expect(svg).toContain('forward · d32 · not causal');
+  });
+
+  test('--compare torch without a Python: the plain reason, and our rows all the same', () => {
+    const missing = path.join(tmp, 'no-such-python');
+    const r = cli([...tiny, '--pass', 'fwd', '--compare', 'torch,naive', '--json'], { FLASH_ATTN_BENCH_PYTHON: missing });
+    expect(r.status).toBe(0);
+    expect(r.stderr).toContain(`--compare torch: no PyTorch baselines: ${missing} was not found`);
+    const report = JSON.parse(r.stdout) as BenchReport;
+    expect(report.env.torchUnavailable).toContain(`${missing} was not found`);
+    expect(report.rows.map((x) => x.impl)).toEqual(['ours', 'ours', 'ours', 'ours']);
+    expect(report.notes.join('\n')).toContain('naive kernel is CUDA-only');
+  });
+
+  test('--compare torch with a Python that answers: torch rows, ratio columns, versions in the report', () => {
+    const fake = path.join(__dirname, 'fixtures', 'fake-python', 'python3');
+    fs.chmodSync(fake, 0o755);
+    const r = cli([...tiny, '--seqlen', '64', '--dtype', 'bf16', '--pass', 'fwd', '--causal', 'false', '--compare', 'torch', '--python', fake, '--markdown'], { FAKE_PYTHON_MODE: 'ok' });
+    expect(r.status).toBe(0);
+    expect(r.stdout).toContain('PyTorch 2.11.0+cu130');
+    expect(r.stdout).toContain('| seqlen | batch × heads | ours | naive | torch flash | torch cuDNN | torch efficient | ours/flash | ours/cuDNN |');
+    const row = r.stdout.split('\n').find((l) => l.startsWith('| 64 |'));
+    expect(row).toBeDefined();
+    // ours, then naive (not run on the CPU), then the three torch backends and the two ratios, all measured.
+    const cols = (row as string).split('|').slice(3, -1).map((c) => c.trim());
+    expect(cols).toHaveLength(7);
+    expect(cols[1]).toBe('–');
+    for (const i of [0, 2, 3, 4]) expect(cols[i]).toMatch(/^[\d.]+ \([\d.]+ ms, [\d.]+ \w+\)$/);
+    for (const i of [5, 6]) expect(cols[i]).toMatch(/^[\d.]+x$/);
+  });
+
+  (HAS_CUDA ? test.skip : test)('no device flag and no GPU: the CPU backend, and the report says so', () => {
+    const r = cli(['--seqlen', '64', '--head-dim', '32', '--pass', 'fwd', '--causal', 'false', '--repeats', '2', '--json', '--quiet']);
+    expect(r.status).toBe(0);
+    const report = JSON.parse(r.stdout) as BenchReport;
+    expect(report.env.device).toBe('cpu');
+    expect(report.notes.join('\n')).toMatch(/^no usable GPU \(.+\): ran the small CPU grid \(preset cpu-small\) on the CPU backend/);
+  });
+});
