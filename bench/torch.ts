@@ -103,7 +103,7 @@ export interface TorchOptions {
 /** Exit status with which torch_sdpa.py says that PyTorch or CUDA is unusable. */
 const EXIT_UNAVAILABLE = 3;
 const SCRIPT = 'torch_sdpa.py';
-/** stderr lines kept for error messages. */
+/** stderr lines kept for error messages (the most recent). */
 const STDERR_KEEP = 200;
 const STDERR_SHOW = 8;
 
@@ -194,9 +194,12 @@ export function validateTorchOutput(value: unknown, cells: readonly TorchCell[],
   return { env, rows };
 }
 
-/** The first stderr lines worth showing (progress lines are dropped), or a note that there were none. */
+/**
+ * The last stderr lines worth showing (progress lines are dropped; a Python traceback ends with the
+ * exception), or a note that there were none.
+ */
 function stderrSummary(lines: string[]): string {
-  const shown = lines.filter((l) => l.trim() !== '').slice(0, STDERR_SHOW);
+  const shown = lines.filter((l) => l.trim() !== '').slice(-STDERR_SHOW);
   return shown.length > 0 ? `stderr: ${shown.join(' | ')}` : 'nothing on stderr';
 }
 
@@ -237,7 +240,8 @@ export async function runTorchBaselines(cells: TorchCell[], opts: TorchOptions):
         opts.onProgress?.(Number(m[1]), Number(m[2]));
         return;
       }
-      if (stderrLines.length < STDERR_KEEP) stderrLines.push(line);
+      stderrLines.push(line);
+      if (stderrLines.length > STDERR_KEEP) stderrLines.shift();
       opts.onLog?.(line);
     };
     child.stdout.on('data', (d: Buffer) => stdout.push(d));

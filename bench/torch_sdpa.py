@@ -352,12 +352,23 @@ class Runner:
                     row = error_row(cell, backend, "out of memory", None)
                 except Exception as e:  # one cell must never end the run
                     row = error_row(cell, backend, "%s: %s" % (type(e).__name__, one_line(e)), None)
-                # run_cell's locals (inputs, graphs) are gone now; hand their memory back.
-                torch.cuda.synchronize()
-                torch.cuda.empty_cache()
                 rows.append(row)
                 done += 1
                 log("progress %d %d" % (done, total))
+                # run_cell's locals (inputs, graphs) are gone now; hand their memory back. If the
+                # device itself failed (a sticky CUDA error), no later cell can run: say so in
+                # their rows and return what was measured.
+                try:
+                    torch.cuda.synchronize()
+                    torch.cuda.empty_cache()
+                except Exception as e:
+                    lost = "CUDA failed after %s/%s, no later cell could run: %s" % (
+                        cell["id"], backend, one_line(e))
+                    log("torch_sdpa: " + lost)
+                    done_keys = {(r["id"], r["backend"]) for r in rows}
+                    rows += [error_row(c, b, lost, None) for c in cells for b in backends
+                             if (c["id"], b) not in done_keys]
+                    return rows
         return rows
 
 
