@@ -1,5 +1,5 @@
 // Workspace helpers: a 64-byte aligned fp32 buffer (throws std::bad_alloc when it cannot be
-// allocated), the per-worker scratch layout, and overflow-checked sizes.
+// allocated), the layout of one worker's (or work item's) scratch, and overflow-checked sizes.
 #pragma once
 
 #include <cstddef>
@@ -27,17 +27,17 @@ class FloatBuffer {
   float* data_ = nullptr;
 };
 
-// Carves one worker's scratch into regions that each start on a 64-byte boundary.
+// Carves one worker's (or work item's) scratch into regions that each start on a 64-byte boundary.
 class ScratchLayout {
  public:
-  // Returns the offset, in floats from the worker's base, of a new region of `floats` floats.
+  // Returns the offset, in floats from the scratch's base, of a new region of `floats` floats.
   size_t take(size_t floats) {
     constexpr size_t kFloatsPerLine = 64 / sizeof(float);
     const size_t offset = size_;
     size_ += (floats + kFloatsPerLine - 1) / kFloatsPerLine * kFloatsPerLine;
     return offset;
   }
-  size_t size() const { return size_; }  // floats per worker
+  size_t size() const { return size_; }  // floats in all
 
  private:
   size_t size_ = 0;

@@ -1,10 +1,10 @@
 // Instruction-set selection for the CPU kernels. The tile code is compiled once per instruction set
 // in the same translation unit (inside FA_CPU_TARGET_*_BEGIN / FA_CPU_TARGET_END regions), so the
 // portable build (plain -O3, no -march) still runs AVX-512 or AVX2+FMA code where the CPU has it;
-// active_isa() picks the variant at run time.
+// flash_fwd / flash_bwd take the variant as an argument (default detected_isa()) and clamp it with
+// supported_isa(). Nothing here is mutable process-wide state: the detection result is a
+// function-local static const, written once and only read after that.
 #pragma once
-
-#include <atomic>
 
 #if (defined(__x86_64__) || defined(__i386__)) && defined(__GNUC__)
 #define FA_CPU_X86 1
@@ -58,17 +58,11 @@ inline Isa detected_isa() {
 #endif
 }
 
-// Upper bound on the variant used, for tests and benchmarks (default: no bound).
-inline std::atomic<int>& isa_limit_storage() {
-  static std::atomic<int> limit{static_cast<int>(Isa::kAvx512)};
-  return limit;
-}
-inline void set_isa_limit(Isa limit) { isa_limit_storage().store(static_cast<int>(limit)); }
-
-inline Isa active_isa() {
-  const int best = static_cast<int>(detected_isa());
-  const int limit = isa_limit_storage().load();
-  return static_cast<Isa>(best < limit ? best : limit);
+// The variant actually run when `requested` is asked for: the lower of it and detected_isa(), so a
+// caller (a test forcing each variant, say) can never select code this CPU cannot execute.
+inline Isa supported_isa(Isa requested) {
+  const Isa best = detected_isa();
+  return static_cast<int>(requested) < static_cast<int>(best) ? requested : best;
 }
 
 }  // namespace fa::cpu

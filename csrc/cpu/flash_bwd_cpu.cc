@@ -1,7 +1,14 @@
-// CPU FlashAttention-2 backward (Algorithm 2): a parallel pre-pass for D = rowsum(dO ∘ O), then
-// either the fused schedule (items = (batch, kv head)) or the split schedule (a dK/dV pass and a dQ
-// pass) when there are too few kv heads for the threads; see tile_bwd.h. The tile code is compiled
-// here once per instruction set and picked at run time.
+// CPU FlashAttention-2 backward (Algorithm 2), always a single pass over the K/V tiles with dQ
+// accumulated across them (tile_bwd.h has the loops):
+//  1. D = rowsum(dO ∘ O), items (batch, query head, Q tile).
+//  2. Items (batch, kv head, chunk): each runs the pass over one contiguous chunk of K/V tiles,
+//     owning their dK and dV and accumulating dQ over them. When there are few (batch, kv head)
+//     pairs, the K/V tiles of each are split into several chunks so that there is work for more
+//     threads; the chunk count is a function of the shape alone (never of the thread count).
+//  3. With more than one chunk, each chunk's dQ is an fp32 partial, and the partials are summed in
+//     chunk order (0, 1, 2, ...) into dq, items (batch, query head, Q tile).
+// Results are therefore bit-identical across runs and thread counts. The tile code is compiled here
+// once per instruction set and picked at run time.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -9,6 +16,7 @@
 #include <limits>
 #include <type_traits>
 #include <utility>
+#include <vector>
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
@@ -25,11 +33,22 @@
 namespace fa::cpu {
 namespace {
 
-// The split schedule runs 7 tile GEMMs per (Q tile, K/V tile) pair instead of the fused 5.
-constexpr double kSplitWorkRatio = 7.0 / 5.0;
-// The fused schedule keeps (2 seqlen_k + 3 seqlen_q) * head_dim fp32 per worker; above this total the
-// split schedule (O(tile) per worker, same results) is used instead.
-constexpr size_t kFusedWorkspaceLimitBytes = size_t{1} << 30;
+// Chunking. With fewer than kBwdMinKvItems (batch, kv head) pairs, the K/V tiles of each pair are
+// split into ceil(kBwdMinKvItems / pairs) chunks, at most kBwdMaxChunks and at most one per
+// kBwdMinChunkTiles K/V tiles, so that about kBwdMinKvItems items can keep that many threads busy.
+// Each chunk beyond the first re-converts Q and dO and writes, then reads back, an fp32 dQ partial.
+// Bwd CPU seconds (one thread) at 1 / 2 / 4 / 8 chunks: B1 H1 D64 S2048 0.019 / 0.020 / 0.021 /
+// 0.022, S4096 0.077 / 0.078 / 0.079 / 0.082 (16 chunks of 4 tiles: 0.088, hence the floor of 8
+// tiles); B1 H8 S2048 D64 0.170 / 0.176 / 0.183 / -. B1 H1 S32768 D64 bwd seconds on a 16-core
+// Xeon: 0.95-1.23 at 8 chunks (8 threads busy), 0.66-0.67 at 16 (the old split schedule, 7 GEMMs
+// per pair: 0.75); on 2 cores 2.49 vs 2.51 s, peak RSS 136 vs 198 MiB (partials: 8 MiB per chunk).
+constexpr int64_t kBwdMinKvItems = 16;
+constexpr int64_t kBwdMaxChunks = 16;
+constexpr int64_t kBwdMinChunkTiles = 8;
+// The dQ partials (chunks * batch * heads_q * seqlen_q * head_dim fp32) stay under this, by
+// lowering the chunk count (down to 1 chunk, which needs none); so does the scratch of the items
+// running at once, by running fewer of them at once (neither changes the results).
+constexpr size_t kBwdWorkspaceLimitBytes = size_t{1} << 30;
 
 struct BwdPlan {
   const AttentionBwdParams* p = nullptr;
@@ -37,60 +56,94 @@ struct BwdPlan {
   int64_t group = 1;    // query heads per kv head
   int64_t q_tiles = 0;  // per (batch, head)
   int64_t k_tiles = 0;
-  bool split = false;
-  float* delta = nullptr;  // [batch, heads_q, seqlen_q] D = rowsum(dO ∘ O)
-  // Per-worker scratch layout, in floats from the worker's base (shapes in tile_bwd.h).
-  size_t off_qc = 0, off_doc = 0, off_lse = 0, off_delta = 0, off_kc = 0, off_kt = 0, off_vt = 0, off_s = 0,
-         off_dp = 0, off_row = 0, off_dk = 0, off_dv = 0, off_dq = 0;
-  size_t off_dk_all = 0, off_dv_all = 0, off_dq_all = 0, off_q_all = 0, off_do_all = 0;  // fused schedule only
-  size_t per_worker = 0;
+  int64_t chunks = 1;                   // K/V chunks per (batch, kv head)
+  std::vector<int64_t> chunk_begin;     // [chunks + 1] first K/V tile of each chunk, then k_tiles
+  std::vector<int64_t> chunk_first_qt;  // [chunks] first Q tile that sees a key of the chunk (or q_tiles)
+  int64_t items = 0;                    // batch * heads_kv * chunks
+  float* delta = nullptr;               // [batch, heads_q, seqlen_q] D = rowsum(dO ∘ O)
+  float* dq_partial = nullptr;          // [chunks][batch][heads_q][q_tiles * kBwdBlockQ][d], chunks > 1
+  // Per-slot scratch layout, in floats from the slot's base (shapes in tile_bwd.h).
+  size_t off_q = 0, off_do = 0, off_dq = 0, off_lse = 0, off_delta = 0, off_kc = 0, off_kt = 0, off_vt = 0,
+         off_s = 0, off_dp = 0, off_row = 0, off_dk = 0, off_dv = 0;
+  size_t per_slot = 0;
+
+  // Row i of chunk c's partial dQ for (batch b, query head hq).
+  float* dq_partial_rows(int64_t c, int64_t b, int64_t hq, int64_t i) const {
+    const int64_t head = (c * p->batch + b) * p->heads_q + hq;
+    return dq_partial + (static_cast<size_t>(head) * static_cast<size_t>(q_tiles * kBwdBlockQ) +
+                         static_cast<size_t>(i)) * static_cast<size_t>(head_dim);
+  }
 };
 
-BwdPlan make_bwd_plan(const AttentionBwdParams& p, int threads) {
+// First query tile with a row that sees key j0 (causal), or q_tiles if none does.
+int64_t bwd_first_q_tile(const BwdPlan& plan, int64_t j0) {
+  const AttentionBwdParams& p = *plan.p;
+  if (!p.causal) return 0;
+  const int64_t first_row = std::max<int64_t>(0, j0 - (p.seqlen_k - p.seqlen_q));
+  return first_row >= p.seqlen_q ? plan.q_tiles : first_row / kBwdBlockQ;
+}
+
+// Splits the K/V tiles into plan.chunks contiguous, non-empty chunks of about equal work (the Q
+// tiles each K/V tile pairs with): equal tile counts when not causal, longer chunks towards the end
+// of K when causal.
+void split_chunks(BwdPlan& plan) {
+  std::vector<int64_t> work(plan.k_tiles + 1, 0);  // work[kt]: work of tiles [0, kt)
+  for (int64_t kt = 0; kt < plan.k_tiles; ++kt)
+    work[kt + 1] = work[kt] + plan.q_tiles - bwd_first_q_tile(plan, kt * kBwdBlockK);
+  plan.chunk_begin.assign(plan.chunks + 1, plan.k_tiles);
+  plan.chunk_begin[0] = 0;
+  for (int64_t c = 1; c < plan.chunks; ++c) {
+    const int64_t target = work.back() * c / plan.chunks;
+    const int64_t kt = std::lower_bound(work.begin(), work.end(), target) - work.begin();
+    plan.chunk_begin[c] = std::clamp(kt, plan.chunk_begin[c - 1] + 1, plan.k_tiles - (plan.chunks - c));
+  }
+  plan.chunk_first_qt.resize(plan.chunks);
+  for (int64_t c = 0; c < plan.chunks; ++c)
+    plan.chunk_first_qt[c] = bwd_first_q_tile(plan, plan.chunk_begin[c] * kBwdBlockK);
+}
+
+BwdPlan make_bwd_plan(const AttentionBwdParams& p) {
   BwdPlan plan;
   plan.p = &p;
   plan.head_dim = static_cast<int>(p.head_dim);
   plan.group = p.heads_q / p.heads_kv;
   plan.q_tiles = (p.seqlen_q + kBwdBlockQ - 1) / kBwdBlockQ;
   plan.k_tiles = (p.seqlen_k + kBwdBlockK - 1) / kBwdBlockK;
-
-  // Fused: batch * heads_kv equal items in ceil(items / threads) waves. Split: the same work times
-  // kSplitWorkRatio, spread evenly over all threads.
-  const double kv_items = static_cast<double>(p.batch * p.heads_kv);
-  const double fused_time = std::ceil(kv_items / threads);
-  const double split_time = kSplitWorkRatio * kv_items / threads;
-  const size_t fused_bytes = checked_mul(
-      checked_mul(static_cast<size_t>(2 * plan.k_tiles * kBwdBlockK + 3 * plan.q_tiles * kBwdBlockQ),
-                  static_cast<size_t>(p.head_dim) * sizeof(float)),
-      static_cast<size_t>(threads));
-  plan.split = split_time < fused_time || fused_bytes > kFusedWorkspaceLimitBytes;
-
   const size_t d = static_cast<size_t>(p.head_dim);
+
+  const int64_t kv_pairs = p.batch * p.heads_kv;
+  if (kv_pairs < kBwdMinKvItems) {
+    plan.chunks = std::min({kBwdMaxChunks, std::max<int64_t>(1, plan.k_tiles / kBwdMinChunkTiles),
+                            (kBwdMinKvItems + kv_pairs - 1) / kv_pairs});
+    const size_t partial_bytes_per_chunk = checked_mul(
+        checked_mul(static_cast<size_t>(p.batch * p.heads_q), static_cast<size_t>(plan.q_tiles) * kBwdBlockQ),
+        d * sizeof(float));
+    plan.chunks = std::max<int64_t>(
+        1, std::min<int64_t>(plan.chunks, static_cast<int64_t>(kBwdWorkspaceLimitBytes / partial_bytes_per_chunk)));
+  }
+  split_chunks(plan);
+  plan.items = kv_pairs * plan.chunks;
+  int64_t max_chunk_tiles = 0;
+  for (int64_t c = 0; c < plan.chunks; ++c)
+    max_chunk_tiles = std::max(max_chunk_tiles, plan.chunk_begin[c + 1] - plan.chunk_begin[c]);
+
   ScratchLayout ws;
-  plan.off_qc = ws.take(kBwdBlockQ * d);   // Q_i, or Q_i^T in the dQ pass
-  plan.off_doc = ws.take(kBwdBlockQ * d);  // dO_i, or dO_i^T in the dQ pass
-  plan.off_lse = ws.take(kBwdBlockQ);
-  plan.off_delta = ws.take(kBwdBlockQ);
+  const size_t blk_rows = static_cast<size_t>(kBwdQBlockTiles) * kBwdBlockQ;
+  plan.off_q = ws.take(blk_rows * d);
+  plan.off_do = ws.take(blk_rows * d);
+  if (plan.chunks == 1) plan.off_dq = ws.take(blk_rows * d);  // else dQ accumulates in the partials
+  plan.off_lse = ws.take(blk_rows);
+  plan.off_delta = ws.take(blk_rows);
   plan.off_kc = ws.take(kBwdBlockK * d);
   plan.off_kt = ws.take(d * kBwdBlockK);
-  plan.off_vt = ws.take(d * kBwdBlockK);  // V_j^T, or V_j in the dQ pass
+  plan.off_vt = ws.take(d * kBwdBlockK);
   plan.off_s = ws.take(static_cast<size_t>(kBwdBlockQ) * kBwdBlockK);
   plan.off_dp = ws.take(static_cast<size_t>(kBwdBlockQ) * kBwdBlockK);
   plan.off_row = ws.take(d);
-  if (plan.split) {
-    plan.off_dk = ws.take(kBwdBlockK * d);
-    plan.off_dv = ws.take(kBwdBlockK * d);
-    plan.off_dq = ws.take(kBwdBlockQ * d);
-  } else {  // whole-sequence fp32 buffers: O(seqlen * d) per worker
-    const size_t kv_rows = static_cast<size_t>(plan.k_tiles) * kBwdBlockK;
-    const size_t q_rows = static_cast<size_t>(plan.q_tiles) * kBwdBlockQ;
-    plan.off_dk_all = ws.take(checked_mul(kv_rows, d));
-    plan.off_dv_all = ws.take(checked_mul(kv_rows, d));
-    plan.off_dq_all = ws.take(checked_mul(q_rows, d));
-    plan.off_q_all = ws.take(checked_mul(q_rows, d));
-    plan.off_do_all = ws.take(checked_mul(q_rows, d));
-  }
-  plan.per_worker = ws.size();
+  const size_t chunk_rows = static_cast<size_t>(max_chunk_tiles) * kBwdBlockK;
+  plan.off_dk = ws.take(checked_mul(chunk_rows, d));
+  plan.off_dv = ws.take(checked_mul(chunk_rows, d));
+  plan.per_slot = ws.size();
   return plan;
 }
 
@@ -137,48 +190,61 @@ FA_CPU_TARGET_END
 
 namespace {
 
-using ItemFn = void (*)(const BwdPlan&, int64_t, float*);
-
 struct BwdKernels {
-  ItemFn delta, fused, dkdv, dq;
+  void (*delta)(const BwdPlan&, int64_t);
+  void (*chunk)(const BwdPlan&, int64_t, float*);
+  void (*dq_reduce)(const BwdPlan&, int64_t);
 };
 
-BwdKernels select_kernels() {
+BwdKernels select_kernels(Isa isa) {
 #if FA_CPU_X86
-  switch (active_isa()) {
+  switch (supported_isa(isa)) {
     case Isa::kAvx512:
-      return {isa_avx512::bwd_delta_item, isa_avx512::bwd_fused_item, isa_avx512::bwd_dkdv_item,
-              isa_avx512::bwd_dq_item};
-    case Isa::kAvx2:
-      return {isa_avx2::bwd_delta_item, isa_avx2::bwd_fused_item, isa_avx2::bwd_dkdv_item, isa_avx2::bwd_dq_item};
+      return {isa_avx512::bwd_delta_item, isa_avx512::bwd_chunk_item, isa_avx512::bwd_dq_reduce_item};
+    case Isa::kAvx2: return {isa_avx2::bwd_delta_item, isa_avx2::bwd_chunk_item, isa_avx2::bwd_dq_reduce_item};
     case Isa::kGeneric: break;
   }
+#else
+  (void)isa;  // only the generic variant is compiled
 #endif
-  return {isa_generic::bwd_delta_item, isa_generic::bwd_fused_item, isa_generic::bwd_dkdv_item,
-          isa_generic::bwd_dq_item};
+  return {isa_generic::bwd_delta_item, isa_generic::bwd_chunk_item, isa_generic::bwd_dq_reduce_item};
 }
 
 }  // namespace
 
-void flash_bwd(const AttentionBwdParams& p, ThreadPool& pool) {
-  BwdPlan plan = make_bwd_plan(p, pool.size());
+void flash_bwd(const AttentionBwdParams& p, ThreadPool& pool, Isa isa) {
+  BwdPlan plan = make_bwd_plan(p);
+  // Items running at once, each on its own scratch slot: min(threads, items), fewer when their
+  // scratch would exceed kBwdWorkspaceLimitBytes.
+  const int64_t threads = pool.size();
+  const int64_t fit = static_cast<int64_t>(
+      std::max<size_t>(1, kBwdWorkspaceLimitBytes / checked_mul(plan.per_slot, sizeof(float))));
+  const int64_t running = std::min({plan.items, threads, fit});
   FloatBuffer delta(checked_mul(static_cast<size_t>(p.batch * p.heads_q), static_cast<size_t>(p.seqlen_q)));
-  FloatBuffer scratch(checked_mul(plan.per_worker, static_cast<size_t>(pool.size())));
+  FloatBuffer scratch(checked_mul(plan.per_slot, static_cast<size_t>(running)));
+  const size_t partial_floats =
+      plan.chunks == 1 ? 0
+                       : checked_mul(checked_mul(static_cast<size_t>(plan.chunks * p.batch * p.heads_q),
+                                                 static_cast<size_t>(plan.q_tiles) * kBwdBlockQ),
+                                     static_cast<size_t>(p.head_dim));
+  FloatBuffer dq_partial(partial_floats);
   plan.delta = delta.data();
-  const BwdKernels k = select_kernels();
+  plan.dq_partial = dq_partial.data();
+  const BwdKernels k = select_kernels(isa);
+  const int64_t q_tile_items = p.batch * p.heads_q * plan.q_tiles;
+  pool.parallel_for(q_tile_items, [&](int64_t item, int) { k.delta(plan, item); });
   float* base = scratch.data();
-  auto run = [&](ItemFn fn, int64_t items) {
-    pool.parallel_for(items, [&](int64_t item, int worker) {
-      fn(plan, item, base + static_cast<size_t>(worker) * plan.per_worker);
+  if (running == threads) {  // a slot per worker, items handed out dynamically
+    pool.parallel_for(plan.items, [&](int64_t item, int worker) {
+      k.chunk(plan, item, base + static_cast<size_t>(worker) * plan.per_slot);
     });
-  };
-  run(k.delta, p.batch * p.heads_q * plan.q_tiles);
-  if (plan.split) {
-    run(k.dkdv, p.batch * p.heads_kv * plan.k_tiles);
-    run(k.dq, p.batch * p.heads_q * plan.q_tiles);
-  } else {
-    run(k.fused, p.batch * p.heads_kv);
+  } else {  // `running` lanes, each with a slot: lane l runs items l, l + running, ...
+    pool.parallel_for(running, [&](int64_t lane, int) {
+      for (int64_t item = lane; item < plan.items; item += running)
+        k.chunk(plan, item, base + static_cast<size_t>(lane) * plan.per_slot);
+    });
   }
+  if (plan.chunks > 1) pool.parallel_for(q_tile_items, [&](int64_t item, int) { k.dq_reduce(plan, item); });
 }
 
 }  // namespace fa::cpu

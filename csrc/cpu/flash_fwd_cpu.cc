@@ -105,16 +105,18 @@ namespace {
 FA_CPU_TARGET_END
 #endif
 
-void flash_fwd(const AttentionFwdParams& p, ThreadPool& pool) {
+void flash_fwd(const AttentionFwdParams& p, ThreadPool& pool, Isa isa) {
   const FwdPlan plan = make_fwd_plan(p, pool.size());
   FloatBuffer scratch(checked_mul(plan.per_worker, static_cast<size_t>(pool.size())));
   void (*item_fn)(const FwdPlan&, int64_t, float*) = isa_generic::fwd_item;
 #if FA_CPU_X86
-  switch (active_isa()) {
+  switch (supported_isa(isa)) {
     case Isa::kAvx512: item_fn = isa_avx512::fwd_item; break;
     case Isa::kAvx2: item_fn = isa_avx2::fwd_item; break;
     case Isa::kGeneric: break;
   }
+#else
+  (void)isa;  // only the generic variant is compiled
 #endif
   float* base = scratch.data();
   pool.parallel_for(plan.items, [&](int64_t item, int worker) {

@@ -2,26 +2,30 @@
 // Included by flash_bwd_cpu.cc once per instruction set, after tile_kernels.h (no include guard:
 // see tile_kernels.h for the inclusion contract).
 //
-// Two schedules, chosen per call by flash_bwd_cpu.cc, that give bit-identical results:
-//  - fused (enough (batch, kv head) items for the threads): one item owns a kv head, loops the
-//    query heads sharing it, and per K/V tile streams the Q tiles, accumulating dK, dV and dQ
-//    (Algorithm 2 as written; dQ in a per-worker fp32 [seqlen_q, d] accumulator).
-//  - split (few kv heads, more threads): a dK/dV pass over (batch, kv head, K/V tile) items and a
-//    dQ pass over (batch, query head, Q tile) items that recomputes S and dP (7 tile GEMMs instead
-//    of 5, but every thread busy and no dQ partial sums to reduce).
-// Every tile GEMM computes each element as one fma chain in a fixed order (tile_kernels.h), and both
-// schedules visit the (Q tile, K/V tile) pairs and tile shapes identically, so dQ, dK and dV do not
-// depend on the schedule or on the thread count.
+// One schedule: a single pass over the K/V tiles with dQ accumulated across them (flash_bwd_cpu.cc
+// plans it and runs the three kinds of items below, one parallel pass each).
+//  - bwd_delta_item, item = (batch, query head, Q tile): D = rowsum(dO ∘ O).
+//  - bwd_chunk_item, item = (batch, kv head, chunk): a chunk is a contiguous range of K/V tiles whose
+//    dK and dV the item owns outright. For every query head sharing the kv head, and every block of
+//    kBwdQBlockTiles Q tiles, it sweeps its K/V tiles over the block, each from the first Q tile
+//    that sees it: S = Q K^T, dP = dO V^T, then dV += P^T dO, dK += dS^T Q, dQ += dS K (5 tile
+//    GEMMs per (Q tile, K/V tile) pair). dQ of a block is complete after the sweep: stored when
+//    there is one chunk per (batch, kv head), else left in the chunk's fp32 partial.
+//  - bwd_dq_reduce_item, item = (batch, query head, Q tile), only with several chunks: dq = the sum
+//    of the partials in chunk order.
+// Every tile GEMM computes each element as one fma chain in a fixed order (tile_kernels.h). dK_j and
+// dV_j are chains over (query head of the group, Q tile) in that order, dQ_i over the chunk's K/V
+// tiles in order and then over the chunks in order, whatever the Q blocking and whichever thread
+// runs an item: results depend on the shape (through the chunk count) but not on the thread count.
 
-// Masked lanes of P (keys past the end, causal-invisible entries) are exactly 0, so no Inf * 0.
-inline Vec keep_lanes(VecI lane_pos, int64_t first, int64_t end, Vec v) {
-  return (lane_pos >= VecI{} + static_cast<int32_t>(first)) & (lane_pos < VecI{} + static_cast<int32_t>(end))
-             ? v
-             : Vec{};
+// Lanes at or past `end` of P (keys past the end, causal-invisible entries) are exactly 0, so no
+// Inf * 0 downstream.
+inline Vec keep_lanes(VecI lane_pos, int64_t end, Vec v) {
+  return lane_pos < VecI{} + static_cast<int32_t>(end) ? v : Vec{};
 }
 
 // D = rowsum(dO ∘ O) for one (batch, query head, query tile), into plan.delta.
-void bwd_delta_item(const BwdPlan& plan, int64_t item, float* ws) {
+void bwd_delta_item(const BwdPlan& plan, int64_t item) {
   const AttentionBwdParams& p = *plan.p;
   const int d = plan.head_dim;
   const int64_t qt = item % plan.q_tiles;
@@ -30,8 +34,8 @@ void bwd_delta_item(const BwdPlan& plan, int64_t item, float* ws) {
   const int64_t h = bh % p.heads_q;
   const int64_t i0 = qt * kBwdBlockQ;
   const int rows = static_cast<int>(std::min<int64_t>(kBwdBlockQ, p.seqlen_q - i0));
-  float* o_row = ws + plan.off_qc;    // [d]
-  float* do_row = ws + plan.off_doc;  // [d]
+  alignas(64) float o_row[kMaxHeadDim];
+  alignas(64) float do_row[kMaxHeadDim];
   for (int r = 0; r < rows; ++r) {
     const int64_t off = b * p.o_batch_stride + (i0 + r) * p.o_row_stride + h * p.o_head_stride;
     convert_row(p.out, p.dtype, off, d, 1.0f, o_row);
@@ -41,8 +45,8 @@ void bwd_delta_item(const BwdPlan& plan, int64_t item, float* ws) {
 }
 
 // Loads K/V tile j (keys [j0, j0 + keys) of kv head hk): K_j^T and V_j^T (for S and dP in the
-// S = Q K^T orientation), and K_j row-major (for dQ) when with_k_rows.
-void bwd_load_kv(const BwdPlan& plan, int64_t b, int64_t hk, int64_t j0, int keys, bool with_k_rows, float* ws) {
+// S = Q K^T orientation) and K_j row-major (for dQ).
+void bwd_load_kv(const BwdPlan& plan, int64_t b, int64_t hk, int64_t j0, int keys, float* ws) {
   const AttentionBwdParams& p = *plan.p;
   const int d = plan.head_dim;
   const int keys_pad = pad_to_tile(keys);
@@ -53,14 +57,13 @@ void bwd_load_kv(const BwdPlan& plan, int64_t b, int64_t hk, int64_t j0, int key
                        row);
   load_rows_transposed(p.v, p.dtype, v_off, p.v_row_stride, keys, d, keys_pad, 1.0f, ws + plan.off_vt, kBwdBlockK,
                        row);
-  if (with_k_rows) load_rows(p.k, p.dtype, k_off, p.k_row_stride, keys, d, keys_pad, 1.0f, ws + plan.off_kc, d);
+  load_rows(p.k, p.dtype, k_off, p.k_row_stride, keys, d, keys_pad, 1.0f, ws + plan.off_kc, d);
 }
 
-// LSE (+inf on padding rows, so P = 0 there) and D of query rows [i0, i0 + rows).
-void bwd_load_row_stats(const BwdPlan& plan, int64_t b, int64_t hq, int64_t i0, int rows, float* ws) {
+// LSE (+inf on padding rows, so P = 0 there) and D of query rows [i0, i0 + rows) into lse and dl
+// (pad_to_tile(rows) entries each).
+void bwd_load_row_stats(const BwdPlan& plan, int64_t b, int64_t hq, int64_t i0, int rows, float* lse, float* dl) {
   const AttentionBwdParams& p = *plan.p;
-  float* lse = ws + plan.off_lse;
-  float* dl = ws + plan.off_delta;
   const int64_t base = (b * p.heads_q + hq) * p.seqlen_q + i0;
   for (int r = 0; r < rows; ++r) {
     lse[r] = p.lse_in[base + r];
@@ -91,11 +94,10 @@ void bwd_load_q_tile(const BwdPlan& plan, int64_t b, int64_t hq, int64_t i0, int
 }
 
 // One (Q tile i, K/V tile j) step in the S = Q K^T orientation. The K/V tile was loaded by
-// bwd_load_kv; qc, doc: Q_i and dO_i, [rows_pad][d]. dk, dv: [keys_pad][d] accumulators of tile j;
-// dq: [rows_pad][d] accumulator of tile i.
-template <bool kWithDq>
-void bwd_pair(const BwdPlan& plan, int64_t b, int64_t hq, int64_t i0, int64_t j0, int keys, const float* qc,
-              const float* doc, float* ws, float* dk, float* dv, float* dq) {
+// bwd_load_kv; qc, doc: Q_i and dO_i, [rows_pad][d]; lse, dl: their row stats (bwd_load_row_stats).
+// dk, dv: [keys_pad][d] accumulators of tile j; dq: [rows_pad][d] accumulator of tile i.
+void bwd_pair(const BwdPlan& plan, int64_t i0, int64_t j0, int keys, const float* qc, const float* doc,
+              const float* lse, const float* dl, float* ws, float* dk, float* dv, float* dq) {
   const AttentionBwdParams& p = *plan.p;
   const int d = plan.head_dim;
   constexpr int kBk = kBwdBlockK;
@@ -105,10 +107,6 @@ void bwd_pair(const BwdPlan& plan, int64_t b, int64_t hq, int64_t i0, int64_t j0
 
   float* s = ws + plan.off_s;      // [kBwdBlockQ][kBk] S, then P
   float* dp = ws + plan.off_dp;    // [kBwdBlockQ][kBk] dP, then dS
-  const float* lse = ws + plan.off_lse;
-  const float* dl = ws + plan.off_delta;
-
-  bwd_load_row_stats(plan, b, hq, i0, rows, ws);
 
   gemm<ALayout::kRowMajor, false>(rows_pad, keys_pad, d, qc, d, ws + plan.off_kt, kBk, s, kBk);
   gemm<ALayout::kRowMajor, false>(rows_pad, keys_pad, d, doc, d, ws + plan.off_vt, kBk, dp, kBk);
@@ -125,7 +123,7 @@ void bwd_pair(const BwdPlan& plan, int64_t b, int64_t hq, int64_t i0, int64_t j0
     float* srow = s + r * kBk;
     float* dprow = dp + r * kBk;
     for (int c = 0; c < keys_pad; c += kLanes) {
-      const Vec pv = keep_lanes(lanes + c, 0, visible, recompute_p(vload<Vec>(srow + c), scale, lse_r));
+      const Vec pv = keep_lanes(lanes + c, visible, recompute_p(vload<Vec>(srow + c), scale, lse_r));
       vstore<Vec>(srow + c, pv);
       vstore<Vec>(dprow + c, pv * (vload<Vec>(dprow + c) - dr));
     }
@@ -134,15 +132,7 @@ void bwd_pair(const BwdPlan& plan, int64_t b, int64_t hq, int64_t i0, int64_t j0
   // dV_j += P^T dO_i; dK_j += dS^T Q_i (softmax_scale applied at the store); dQ_i += dS K_j.
   gemm<ALayout::kColMajor, true>(keys_pad, d, rows_pad, s, kBk, doc, d, dv, d);
   gemm<ALayout::kColMajor, true>(keys_pad, d, rows_pad, dp, kBk, qc, d, dk, d);
-  if constexpr (kWithDq) gemm<ALayout::kRowMajor, true>(rows_pad, d, keys_pad, dp, kBk, ws + plan.off_kc, d, dq, d);
-}
-
-// First query tile with a row that sees key j0 (causal), or q_tiles if none does.
-int64_t bwd_first_q_tile(const BwdPlan& plan, int64_t j0) {
-  const AttentionBwdParams& p = *plan.p;
-  if (!p.causal) return 0;
-  const int64_t first_row = std::max<int64_t>(0, j0 - (p.seqlen_k - p.seqlen_q));
-  return first_row >= p.seqlen_q ? plan.q_tiles : first_row / kBwdBlockQ;
+  gemm<ALayout::kRowMajor, true>(rows_pad, d, keys_pad, dp, kBk, ws + plan.off_kc, d, dq, d);
 }
 
 // Rows [0, rows) of an fp32 [rows][d] accumulator, times scale, into a strided output tensor.
@@ -154,148 +144,98 @@ void bwd_store_rows(const BwdPlan& plan, const float* acc, int64_t rows, float s
               offset + r * row_stride);
 }
 
-// Fused schedule: item = (batch, kv head). Uses the per-worker whole-sequence accumulators.
-void bwd_fused_item(const BwdPlan& plan, int64_t item, float* ws) {
-  const AttentionBwdParams& p = *plan.p;
-  const int d = plan.head_dim;
-  const int64_t b = item / p.heads_kv;
-  const int64_t hk = item % p.heads_kv;
-  float* dk_all = ws + plan.off_dk_all;  // [k_tiles * kBwdBlockK][d]
-  float* dv_all = ws + plan.off_dv_all;  // [k_tiles * kBwdBlockK][d]
-  float* dq_all = ws + plan.off_dq_all;  // [q_tiles * kBwdBlockQ][d]
-  // Q and dO of the current query head, converted once (not per K/V tile): contiguous rows stream
-  // well, where copying strided source rows per (Q tile, K/V tile) pair cost 15% of the backward.
-  float* q_all = ws + plan.off_q_all;    // [q_tiles * kBwdBlockQ][d]
-  float* do_all = ws + plan.off_do_all;  // [q_tiles * kBwdBlockQ][d]
-  const size_t kv_floats = static_cast<size_t>(plan.k_tiles) * kBwdBlockK * d;
-  std::memset(dk_all, 0, sizeof(float) * kv_floats);
-  std::memset(dv_all, 0, sizeof(float) * kv_floats);
-
-  for (int64_t g = 0; g < plan.group; ++g) {
-    const int64_t hq = hk * plan.group + g;
-    std::memset(dq_all, 0, sizeof(float) * static_cast<size_t>(plan.q_tiles) * kBwdBlockQ * d);
-    for (int64_t qt = 0; qt < plan.q_tiles; ++qt) {
-      const int64_t i0 = qt * kBwdBlockQ;
-      const int rows = static_cast<int>(std::min<int64_t>(kBwdBlockQ, p.seqlen_q - i0));
-      bwd_load_q_tile(plan, b, hq, i0, rows, q_all + i0 * d, do_all + i0 * d);
-    }
-    for (int64_t kt = 0; kt < plan.k_tiles; ++kt) {
-      const int64_t j0 = kt * kBwdBlockK;
-      const int keys = static_cast<int>(std::min<int64_t>(kBwdBlockK, p.seqlen_k - j0));
-      const int64_t first = bwd_first_q_tile(plan, j0);
-      if (first >= plan.q_tiles) continue;
-      bwd_load_kv(plan, b, hk, j0, keys, true, ws);
-      for (int64_t qt = first; qt < plan.q_tiles; ++qt) {
-        const int64_t i0 = qt * kBwdBlockQ;
-        bwd_pair<true>(plan, b, hq, i0, j0, keys, q_all + i0 * d, do_all + i0 * d, ws, dk_all + j0 * d,
-                       dv_all + j0 * d, dq_all + i0 * d);
-      }
-    }
-    bwd_store_rows(plan, dq_all, p.seqlen_q, p.softmax_scale, p.dq,
-                   b * p.q_batch_stride + hq * p.q_head_stride, p.q_row_stride);
-  }
-  bwd_store_rows(plan, dk_all, p.seqlen_k, p.softmax_scale, p.dk, b * p.k_batch_stride + hk * p.k_head_stride,
-                 p.k_row_stride);
-  bwd_store_rows(plan, dv_all, p.seqlen_k, 1.0f, p.dv, b * p.v_batch_stride + hk * p.v_head_stride, p.v_row_stride);
-}
-
-// Split schedule, pass 1: item = (batch, kv head, K/V tile) -> dK_j, dV_j.
-void bwd_dkdv_item(const BwdPlan& plan, int64_t item, float* ws) {
-  const AttentionBwdParams& p = *plan.p;
-  const int d = plan.head_dim;
-  const int64_t kt = item % plan.k_tiles;
-  const int64_t bk = item / plan.k_tiles;
-  const int64_t b = bk / p.heads_kv;
-  const int64_t hk = bk % p.heads_kv;
-  const int64_t j0 = kt * kBwdBlockK;
-  const int keys = static_cast<int>(std::min<int64_t>(kBwdBlockK, p.seqlen_k - j0));
-  float* dk = ws + plan.off_dk;  // [kBwdBlockK][d]
-  float* dv = ws + plan.off_dv;  // [kBwdBlockK][d]
-  std::memset(dk, 0, sizeof(float) * kBwdBlockK * d);
-  std::memset(dv, 0, sizeof(float) * kBwdBlockK * d);
-  const int64_t first = bwd_first_q_tile(plan, j0);
-  if (first < plan.q_tiles) {
-    bwd_load_kv(plan, b, hk, j0, keys, false, ws);
-    float* qc = ws + plan.off_qc;    // [kBwdBlockQ][d] Q_i
-    float* doc = ws + plan.off_doc;  // [kBwdBlockQ][d] dO_i
-    for (int64_t g = 0; g < plan.group; ++g)
-      for (int64_t qt = first; qt < plan.q_tiles; ++qt) {
-        const int64_t hq = hk * plan.group + g;
-        const int64_t i0 = qt * kBwdBlockQ;
-        bwd_load_q_tile(plan, b, hq, i0, static_cast<int>(std::min<int64_t>(kBwdBlockQ, p.seqlen_q - i0)), qc, doc);
-        bwd_pair<false>(plan, b, hq, i0, j0, keys, qc, doc, ws, dk, dv, nullptr);
-      }
-  }
-  bwd_store_rows(plan, dk, keys, p.softmax_scale, p.dk,
-                 b * p.k_batch_stride + j0 * p.k_row_stride + hk * p.k_head_stride, p.k_row_stride);
-  bwd_store_rows(plan, dv, keys, 1.0f, p.dv, b * p.v_batch_stride + j0 * p.v_row_stride + hk * p.v_head_stride,
-                 p.v_row_stride);
-}
-
-// Split schedule, pass 2: item = (batch, query head, Q tile) -> dQ_i. Computed in the transposed
-// orientation S^T = K_j Q_i^T so that only Q_i and dO_i are transposed (once per item); each S, P,
-// dP, dS element is the same fp32 value the fused schedule computes.
-void bwd_dq_item(const BwdPlan& plan, int64_t item, float* ws) {
+// Item = (batch, kv head, chunk c) of the single pass; see the top of this file.
+void bwd_chunk_item(const BwdPlan& plan, int64_t item, float* ws) {
   const AttentionBwdParams& p = *plan.p;
   const int d = plan.head_dim;
   constexpr int kBq = kBwdBlockQ;
-  const int64_t qt = plan.q_tiles - 1 - item % plan.q_tiles;  // heaviest causal tiles first
+  constexpr int kBk = kBwdBlockK;
+  const int64_t c = item % plan.chunks;
+  const int64_t bk = item / plan.chunks;
+  const int64_t b = bk / p.heads_kv;
+  const int64_t hk = bk % p.heads_kv;
+  const int64_t kt_begin = plan.chunk_begin[c];
+  const int64_t kt_end = plan.chunk_begin[c + 1];
+  const int64_t key0 = kt_begin * kBk;  // first key of the chunk
+
+  float* dk_acc = ws + plan.off_dk;  // [max_chunk_tiles * kBk][d], key key0 + r at row r
+  float* dv_acc = ws + plan.off_dv;  // [max_chunk_tiles * kBk][d]
+  // Q and dO of one Q block, converted once per (query head, Q block) rather than per pair: copying
+  // strided source rows per (Q tile, K/V tile) pair cost 15% of the backward.
+  float* q_blk = ws + plan.off_q;    // [kBwdQBlockTiles * kBq][d]
+  float* do_blk = ws + plan.off_do;  // [kBwdQBlockTiles * kBq][d]
+  float* dq_blk = ws + plan.off_dq;  // [kBwdQBlockTiles * kBq][d] dQ of the block (one chunk)
+  float* lse_blk = ws + plan.off_lse;  // [kBwdQBlockTiles * kBq]
+  float* dl_blk = ws + plan.off_delta;  // [kBwdQBlockTiles * kBq]
+  const size_t kv_floats = static_cast<size_t>(kt_end - kt_begin) * kBk * d;
+  std::memset(dk_acc, 0, sizeof(float) * kv_floats);
+  std::memset(dv_acc, 0, sizeof(float) * kv_floats);
+
+  // With one chunk dQ is stored from here, so every Q tile is visited (tiles that see no key store
+  // zeros); a partial holds only the Q tiles from the first one that sees the chunk.
+  const int64_t qt_begin = plan.chunks == 1 ? 0 : plan.chunk_first_qt[c];
+  for (int64_t g = 0; g < plan.group; ++g) {
+    const int64_t hq = hk * plan.group + g;
+    for (int64_t qb0 = qt_begin; qb0 < plan.q_tiles; qb0 += kBwdQBlockTiles) {
+      const int64_t qb1 = std::min<int64_t>(plan.q_tiles, qb0 + kBwdQBlockTiles);
+      const int64_t blk_i0 = qb0 * kBq;
+      const int blk_rows = static_cast<int>(std::min<int64_t>(qb1 * kBq, p.seqlen_q) - blk_i0);
+      for (int64_t qt = qb0; qt < qb1; ++qt) {
+        const int64_t i0 = qt * kBq;
+        const int rows = static_cast<int>(std::min<int64_t>(kBq, p.seqlen_q - i0));
+        bwd_load_q_tile(plan, b, hq, i0, rows, q_blk + (i0 - blk_i0) * d, do_blk + (i0 - blk_i0) * d);
+      }
+      bwd_load_row_stats(plan, b, hq, blk_i0, blk_rows, lse_blk, dl_blk);
+      // dQ of the block: final with one chunk, else accumulated in place in this chunk's partial.
+      float* dq_acc = plan.chunks == 1 ? dq_blk : plan.dq_partial_rows(c, b, hq, blk_i0);
+      std::memset(dq_acc, 0, sizeof(float) * static_cast<size_t>(qb1 - qb0) * kBq * d);
+      for (int64_t kt = kt_begin; kt < kt_end; ++kt) {
+        const int64_t j0 = kt * kBk;
+        const int64_t first = std::max(qb0, bwd_first_q_tile(plan, j0));
+        if (first >= qb1) continue;
+        const int keys = static_cast<int>(std::min<int64_t>(kBk, p.seqlen_k - j0));
+        bwd_load_kv(plan, b, hk, j0, keys, ws);
+        for (int64_t qt = first; qt < qb1; ++qt) {
+          const int64_t r0 = qt * kBq - blk_i0;  // first row of Q tile qt in the block
+          bwd_pair(plan, qt * kBq, j0, keys, q_blk + r0 * d, do_blk + r0 * d, lse_blk + r0, dl_blk + r0, ws,
+                   dk_acc + (j0 - key0) * d, dv_acc + (j0 - key0) * d, dq_acc + r0 * d);
+        }
+      }
+      if (plan.chunks == 1)
+        bwd_store_rows(plan, dq_blk, blk_rows, p.softmax_scale, p.dq,
+                       b * p.q_batch_stride + blk_i0 * p.q_row_stride + hq * p.q_head_stride, p.q_row_stride);
+    }
+  }
+  const int64_t keys = std::min<int64_t>(kt_end * kBk, p.seqlen_k) - key0;
+  bwd_store_rows(plan, dk_acc, keys, p.softmax_scale, p.dk,
+                 b * p.k_batch_stride + key0 * p.k_row_stride + hk * p.k_head_stride, p.k_row_stride);
+  bwd_store_rows(plan, dv_acc, keys, 1.0f, p.dv, b * p.v_batch_stride + key0 * p.v_row_stride + hk * p.v_head_stride,
+                 p.v_row_stride);
+}
+
+// dQ of one (batch, query head, Q tile) from the chunks' partials: their sum in chunk order (chunks
+// whose first visible Q tile comes later contribute nothing: first_qt grows with the chunk), times
+// softmax_scale, rounded to the dtype. Zero when no chunk is visible to the tile.
+void bwd_dq_reduce_item(const BwdPlan& plan, int64_t item) {
+  const AttentionBwdParams& p = *plan.p;
+  const int d = plan.head_dim;
+  const int64_t qt = item % plan.q_tiles;
   const int64_t bh = item / plan.q_tiles;
   const int64_t b = bh / p.heads_q;
   const int64_t hq = bh % p.heads_q;
-  const int64_t hk = hq / plan.group;
-  const int64_t i0 = qt * kBq;
-  const int rows = static_cast<int>(std::min<int64_t>(kBq, p.seqlen_q - i0));
-  const int rows_pad = pad_to_tile(rows);
-
-  float* qt_s = ws + plan.off_qc;    // [d][kBq] Q_i^T
-  float* dot_s = ws + plan.off_doc;  // [d][kBq] dO_i^T
-  float* kc = ws + plan.off_kc;      // [kBwdBlockK][d] K_j
-  float* vc = ws + plan.off_vt;      // [kBwdBlockK][d] V_j (unless read in place: fp32, an A operand)
-  float* st = ws + plan.off_s;       // [kBwdBlockK][kBq] S^T, then P^T
-  float* dpt = ws + plan.off_dp;     // [kBwdBlockK][kBq] dP^T, then dS^T
-  float* dq = ws + plan.off_dq;      // [kBq][d]
-  float* row = ws + plan.off_row;
-  const float* lse = ws + plan.off_lse;
-  const float* dl = ws + plan.off_delta;
-
-  load_rows_transposed(p.q, p.dtype, b * p.q_batch_stride + i0 * p.q_row_stride + hq * p.q_head_stride,
-                       p.q_row_stride, rows, d, rows_pad, 1.0f, qt_s, kBq, row);
-  load_rows_transposed(p.dout, p.dtype, b * p.o_batch_stride + i0 * p.o_row_stride + hq * p.o_head_stride,
-                       p.o_row_stride, rows, d, rows_pad, 1.0f, dot_s, kBq, row);
-  bwd_load_row_stats(plan, b, hq, i0, rows, ws);
-  std::memset(dq, 0, sizeof(float) * static_cast<size_t>(rows_pad) * d);
-
-  const int64_t diag = p.seqlen_k - p.seqlen_q;
-  const int64_t key_end = p.causal ? std::min<int64_t>(p.seqlen_k, i0 + rows + diag) : p.seqlen_k;
-  const Vec scale = vsplat<Vec>(p.softmax_scale);
-  const VecI lanes = lane_index();
-  for (int64_t j0 = 0; j0 < key_end; j0 += kBwdBlockK) {
-    // Whole K/V tiles (not cut at key_end): the same tile shapes as the fused schedule.
-    const int keys = static_cast<int>(std::min<int64_t>(kBwdBlockK, p.seqlen_k - j0));
-    const int keys_pad = pad_to_tile(keys);
-    load_rows(p.k, p.dtype, b * p.k_batch_stride + j0 * p.k_row_stride + hk * p.k_head_stride, p.k_row_stride, keys,
-              d, keys_pad, 1.0f, kc, d);
-    const TileRef vj = tile_rows(p.v, p.dtype, b * p.v_batch_stride + j0 * p.v_row_stride + hk * p.v_head_stride,
-                                 p.v_row_stride, keys, d, keys_pad, vc);
-    gemm<ALayout::kRowMajor, false>(keys_pad, rows_pad, d, kc, d, qt_s, kBq, st, kBq);
-    gemm<ALayout::kRowMajor, false>(keys_pad, rows_pad, d, vj.data, vj.ld, dot_s, kBq, dpt, kBq);
-    for (int c = 0; c < keys_pad; ++c) {
-      // Key j0 + c is visible to query rows r >= first (causal) and to none if past the end.
-      const int64_t first = p.causal ? j0 + c - diag - i0 : 0;
-      const int64_t end = c < keys ? rows_pad : 0;
-      float* srow = st + c * kBq;
-      float* dprow = dpt + c * kBq;
-      for (int r = 0; r < rows_pad; r += kLanes) {
-        const int64_t first_kept = std::min<int64_t>(std::max<int64_t>(first, 0), rows_pad);
-        const Vec pv =
-            keep_lanes(lanes + r, first_kept, end, recompute_p(vload<Vec>(srow + r), scale, vload<Vec>(lse + r)));
-        vstore<Vec>(dprow + r, pv * (vload<Vec>(dprow + r) - vload<Vec>(dl + r)));
-      }
+  const int64_t i0 = qt * kBwdBlockQ;
+  const int rows = static_cast<int>(std::min<int64_t>(kBwdBlockQ, p.seqlen_q - i0));
+  int64_t visible_chunks = 0;
+  while (visible_chunks < plan.chunks && plan.chunk_first_qt[visible_chunks] <= qt)
+    ++visible_chunks;
+  alignas(64) float sum[kMaxHeadDim];
+  for (int r = 0; r < rows; ++r) {
+    std::fill(sum, sum + d, 0.0f);
+    for (int64_t c = 0; c < visible_chunks; ++c) {
+      const float* part = plan.dq_partial_rows(c, b, hq, i0 + r);
+      for (int e = 0; e < d; ++e) sum[e] += part[e];
     }
-    // dQ_i += dS K_j, with dS read from dS^T.
-    gemm<ALayout::kColMajor, true>(rows_pad, d, keys_pad, dpt, kBq, kc, d, dq, d);
+    store_row(sum, d, p.softmax_scale, p.dtype, p.dq,
+              b * p.q_batch_stride + (i0 + r) * p.q_row_stride + hq * p.q_head_stride);
   }
-  bwd_store_rows(plan, dq, rows, p.softmax_scale, p.dq,
-                 b * p.q_batch_stride + i0 * p.q_row_stride + hq * p.q_head_stride, p.q_row_stride);
 }

@@ -1,9 +1,10 @@
 // Standalone check of the CPU FlashAttention-2 backend (no Node): compares flash_fwd / flash_bwd
 // against a float64 naive reference (S materialised per head) on fresh random inputs, checks the
 // masking contract (rows with no key: out 0, lse +inf, dq 0, never NaN), that every output element
-// is written and nothing outside the tensors is, determinism across runs, thread counts and
-// schedules, every instruction-set variant this CPU runs, and the ThreadPool. Then times the speed
-// target (B1 H8 S2048 D64 fp32, fwd and bwd, median of 3) and a seqlen-32k fwd+bwd with peak RSS.
+// is written and nothing outside the tensors is, determinism across runs and thread counts (the
+// chunked backward included), every instruction-set variant this CPU runs, and the ThreadPool.
+// Then times the speed target (B1 H8 S2048 D64 fp32, fwd and bwd, median of 3) and a seqlen-32k
+// fwd+bwd with peak RSS.
 //
 // Usage: cpu_check [--seed N] [--no-perf] [--perf-only] [--verbose]. Exit code 0 iff every check
 // passed.
@@ -309,17 +310,17 @@ fa::AttentionBwdParams make_params(Problem& pr, Outputs& o) {
   return p;
 }
 
-// Poisons every output with NaN, then runs forward and backward (the backward reads this forward's
-// out and lse).
-void run_backend(Problem& pr, Outputs& o, ThreadPool& pool) {
+// Poisons every output with NaN, then runs forward and backward with instruction set `isa` (the
+// backward reads this forward's out and lse).
+void run_backend(Problem& pr, Outputs& o, ThreadPool& pool, Isa isa) {
   o.out.poison();
   o.dq.poison();
   o.dk.poison();
   o.dv.poison();
   std::fill(o.lse.begin(), o.lse.end(), std::numeric_limits<float>::quiet_NaN());
   fa::AttentionBwdParams p = make_params(pr, o);
-  fa::cpu::flash_fwd(p, pool);
-  fa::cpu::flash_bwd(p, pool);
+  fa::cpu::flash_fwd(p, pool, isa);
+  fa::cpu::flash_bwd(p, pool, isa);
 }
 
 // Where the reference cancels to ~0, errors are measured against this fraction of the summed terms.
@@ -443,14 +444,25 @@ std::vector<Case> correctness_cases() {
     cases.push_back({2, 200, 70, 4, 2, 64, dt, true, true});    // causal Sq > Sk, strided layout
     cases.push_back({1, 97, 113, 2, 1, 64, dt, true, false, true});    // scores ~1e4, causal, GQA
     cases.push_back({1, 130, 70, 2, 2, 40, dt, false, false, true});  // scores ~1e4
+    // batch * heads_kv >= 16: one K/V chunk per (batch, kv head) whatever the length, dQ stored
+    // directly (above, fewer pairs: seqlens of 1023 and more have 2 chunks and a dQ reduction).
+    cases.push_back({4, 150, 170, 16, 8, 40, dt, false, false});
+    cases.push_back({4, 300, 100, 8, 8, 64, dt, true, false});  // Q tiles that see no key
   }
+  // Chunked backward (B1, one kv head: K/V tiles split into chunks whose dQ partials are reduced),
+  // with and without GQA; heads_kv == 1, so each is also checked for bit-identical results on pools
+  // of 1, 2, 3 and 9 threads. Seqlen 1500: 24 K/V tiles in 3 chunks (8 tiles each; causal 5, 6, 13).
+  for (int64_t hq : {1, 4})
+    for (bool causal : {false, true}) cases.push_back({1, 1500, 1500, hq, 1, 64, DType::kFloat32, causal, false});
+  cases.push_back({1, 100, 8200, 2, 1, 16, DType::kFloat32, true, false});   // 16 chunks (the most)
+  cases.push_back({1, 2100, 1100, 1, 1, 32, DType::kBFloat16, true, false});  // rows 0-999 see no chunk
   return cases;
 }
 
 void run_correctness(uint64_t seed) {
   std::mt19937_64 rng(seed);
   ThreadPool pool(0);
-  ThreadPool pool1(1), pool3(3);
+  ThreadPool pool1(1), pool2(2), pool3(3), pool9(9);
   const std::vector<Isa> isas = isas_to_test();
   std::printf("correctness (pool of %d threads; variants:", pool.size());
   for (Isa isa : isas) std::printf(" %s", fa::cpu::isa_name(isa));
@@ -462,17 +474,16 @@ void run_correctness(uint64_t seed) {
                                     static_cast<double>(pr.scale));
     const int before = g_failures;
     for (Isa isa : isas) {
-      fa::cpu::set_isa_limit(isa);
       const std::string label = c.name() + " [" + fa::cpu::isa_name(isa) + "]";
       Outputs o(pr);
-      run_backend(pr, o, pool);
+      run_backend(pr, o, pool, isa);
       check_outputs(pr, o, ref, label);
-      // Determinism: again on the same pool, and on pools of 1 and 3 threads (which also switch
-      // the backward between its fused and split schedules).
+      // Determinism: again on the same pool, and on pools of 1, 2, 3 and 9 threads (9: more threads
+      // than backward items, so each item gets its own scratch slot instead of its worker's).
       if (n % 4 == 0 || c.hkv == 1) {
-        for (ThreadPool* other : {&pool, &pool1, &pool3}) {
+        for (ThreadPool* other : {&pool, &pool1, &pool2, &pool3, &pool9}) {
           Outputs o2(pr);
-          run_backend(pr, o2, *other);
+          run_backend(pr, o2, *other, isa);
           if (!same_results(o, o2))
             fail(label + ": results differ between runs (pool of " + std::to_string(other->size()) + ")");
         }
@@ -481,7 +492,6 @@ void run_correctness(uint64_t seed) {
     std::printf("  %-3s %s\n", g_failures == before ? "ok" : "BAD", c.name().c_str());
     ++n;
   }
-  fa::cpu::set_isa_limit(Isa::kAvx512);
 }
 
 // ---- ThreadPool -------------------------------------------------------------------------------------
@@ -581,19 +591,18 @@ void run_perf(uint64_t seed) {
   const double flops_fwd = 4.0 * c.b * c.hq * c.sq * c.sk * c.d;
   std::printf("speed target: %s, fwd+bwd < 2 s, pool of %d threads (median of 3)\n", c.name().c_str(), pool.size());
   for (Isa isa : isas_to_test()) {
-    fa::cpu::set_isa_limit(isa);
     double tf[3], tb[3], cf[3], cb[3];
     for (int rep = 0; rep < 3; ++rep) {
       Outputs o(pr);
       fa::AttentionBwdParams p = make_params(pr, o);
       double c0 = process_cpu_seconds();
       auto t0 = std::chrono::steady_clock::now();
-      fa::cpu::flash_fwd(p, pool);
+      fa::cpu::flash_fwd(p, pool, isa);
       tf[rep] = seconds_since(t0);
       cf[rep] = process_cpu_seconds() - c0;
       c0 = process_cpu_seconds();
       t0 = std::chrono::steady_clock::now();
-      fa::cpu::flash_bwd(p, pool);
+      fa::cpu::flash_bwd(p, pool, isa);
       tb[rep] = seconds_since(t0);
       cb[rep] = process_cpu_seconds() - c0;
     }
@@ -605,7 +614,6 @@ void run_perf(uint64_t seed) {
                 target ? (f + b < 2.0 ? "  [target met]" : "  [TARGET MISSED]") : "");
     if (target && !(f + b < 2.0)) fail("speed target missed");
   }
-  fa::cpu::set_isa_limit(Isa::kAvx512);
 }
 
 long peak_rss_kib() {
