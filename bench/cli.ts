@@ -14,7 +14,7 @@
 import * as fs from 'fs';
 import * as os from 'os';
 import { SingleBar, Presets } from 'cli-progress';
-import { backends, defaultDevice } from '../lib';
+import { backends, defaultDevice, emptyCache } from '../lib';
 import { BenchArgError, HELP, MIN_CUDA_REPEATS, parseArgs } from './args';
 import { renderChartSvg } from './chart';
 import { buildCells } from './grid';
@@ -169,6 +169,8 @@ export async function main(argv: string[], io: CliIO = { stdout: process.stdout,
   if (s.compare.includes('torch')) {
     if (!o.quiet) io.stderr.write(`${NAME}: PyTorch SDPA baselines (${s.torchBackends.join(', ')}) on ${cells.length} cells...\n`);
     const tp = makeProgress(io, o.quiet || !io.stderr.isTTY);
+    // Our pool keeps freed memory cached; hand it back so PyTorch's process can allocate it.
+    if (s.device === 'cuda') await emptyCache('cuda');
     const result = await runTorchBaselines(cells, {
       // PyTorch runs on CUDA even beside a CPU run of ours: at least 20 repeats there.
       backends: s.torchBackends, warmup: s.warmup, repeats: Math.max(s.repeats, MIN_CUDA_REPEATS),

@@ -9,7 +9,7 @@
  * @packageDocumentation
  */
 export {
-  Tensor, DTYPES, DEVICES, dtypeSize, defaultDevice, memory, resetPeakMemory, synchronize, debug,
+  Tensor, DTYPES, DEVICES, dtypeSize, defaultDevice, memory, resetPeakMemory, synchronize, emptyCache, debug,
 } from './tensor';
 export type { Device, DType, TensorOptions, DeviceMemory, MemoryReport } from './tensor';
 export {

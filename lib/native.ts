@@ -56,7 +56,7 @@ export interface NativeBinding {
   createFromBits(device: number, dtype: number, data: Uint16Array | Float32Array): NativeBuffer;
   readFloat32(buf: NativeBuffer): Promise<Float32Array>;
   readBits(buf: NativeBuffer): Promise<Uint16Array | Float32Array>;
-  synchronize(device: number): Promise<void>;
+  synchronize(device: number, trimCache?: boolean): Promise<void>;
   memory(): { cpu: NativeCounters; cuda: NativeCounters };
   resetPeakMemory(device: number): void;
   setPoison(enabled: boolean): void;

@@ -273,6 +273,18 @@ export function synchronize(device?: Device): Promise<void> {
   return binding().synchronize(DEVICE_CODE[d]);
 }
 
+/**
+ * Waits for the queued work on `device` (default {@link defaultDevice}()), then returns the memory
+ * that CUDA's stream-ordered pool keeps cached for reuse to the driver, so that another process
+ * (PyTorch beside a benchmark, say) can allocate it. Live tensors are untouched. On the CPU it only
+ * waits (host memory is returned as tensors are freed). Throws at once for a bad or unavailable
+ * device; rejects with the error of queued work that failed.
+ */
+export function emptyCache(device?: Device): Promise<void> {
+  const d = device === undefined ? defaultDevice() : checkDevice(device, 'device');
+  return binding().synchronize(DEVICE_CODE[d], true);
+}
+
 /** Testing aids. Not for production use. */
 export const debug = {
   /**

@@ -197,32 +197,46 @@ Napi::Value ReadBits(const Napi::CallbackInfo& info) {
 }
 
 // Resolves once everything queued on `device` so far has finished (or rejects with its error).
+// With `trim`, also returns the CUDA pool's cached memory to the driver once the work is done.
 class SyncWorker : public Napi::AsyncWorker {
  public:
-  SyncWorker(Napi::Env env, Runtime& rt, Device device)
-      : Napi::AsyncWorker(env, "flash-attn-node:synchronize"), rt_(rt), deferred_(Napi::Promise::Deferred::New(env)) {
+  SyncWorker(Napi::Env env, Runtime& rt, Device device, bool trim)
+      : Napi::AsyncWorker(env, "flash-attn-node:synchronize"),
+        rt_(rt),
+        trim_(trim),
+        deferred_(Napi::Promise::Deferred::New(env)) {
     fence_ = rt_.fence(device);
   }
   Napi::Promise Promise() { return deferred_.Promise(); }
   void Execute() override {
     std::string err = rt_.wait(fence_);
+#ifdef FA_WITH_CUDA
+    if (err.empty() && trim_ && fence_.device == Device::kCuda) err = rt_.memory().cuda()->trim_pool();
+#endif
     if (!err.empty()) SetError(err);
   }
-  void OnOK() override { deferred_.Resolve(Env().Undefined()); }
-  void OnError(const Napi::Error& e) override { deferred_.Reject(e.Value()); }
+  void OnOK() override {
+    deferred_.Resolve(Env().Undefined());
+  }
+  void OnError(const Napi::Error& e) override {
+    deferred_.Reject(e.Value());
+  }
 
  private:
   Runtime& rt_;
+  bool trim_;
   Napi::Promise::Deferred deferred_;
   Fence fence_;
 };
 
+// synchronize(device, trimCache?): Promise<void>
 Napi::Value Synchronize(const Napi::CallbackInfo& info) {
   Napi::Env env = info.Env();
   Runtime& rt = runtime(env);
   Device device = device_arg(info[0], "device");
+  const bool trim = info.Length() > 1 && !info[1].IsUndefined() && bool_arg(info[1], "trimCache");
   require_device(rt, device);
-  auto* w = new SyncWorker(env, rt, device);
+  auto* w = new SyncWorker(env, rt, device, trim);
   Napi::Promise p = w->Promise();
   w->Queue();
   return p;

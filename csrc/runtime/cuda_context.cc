@@ -238,6 +238,11 @@ size_t CudaContext::pool_peak_bytes() {
   return static_cast<size_t>(v);
 }
 
+std::string CudaContext::trim_pool() noexcept {
+  cudaError_t err = cudaMemPoolTrimTo(pool_, 0);
+  return err == cudaSuccess ? std::string() : error_message(err, "cudaMemPoolTrimTo");
+}
+
 void CudaContext::reset_pool_peak() {
   uint64_t zero = 0;
   check(cudaMemPoolSetAttribute(pool_, cudaMemPoolAttrUsedMemHigh, &zero), "cudaMemPoolSetAttribute");

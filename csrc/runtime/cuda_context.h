@@ -75,6 +75,9 @@ class CudaContext {
   size_t pool_used_bytes();
   size_t pool_peak_bytes();
   void reset_pool_peak();
+  // On a worker thread, after a fence: returns the pool's cached, unused memory to the driver (so
+  // another process, e.g. PyTorch beside a benchmark, can use it). Returns "" or CUDA's message.
+  std::string trim_pool() noexcept;
   // Free and total device memory (cudaMemGetInfo).
   void mem_info(size_t* free_bytes, size_t* total_bytes);
 
