@@ -145,6 +145,7 @@ export async function main(argv: string[], io: CliIO = { stdout: process.stdout,
   const kernelResolved = resolveKernel(s.device, s.kernel);
   if (s.device === 'cuda' && kernelResolved === 'naive' && s.kernel === 'auto') {
     notes.push('our kernel "auto" resolves to "naive" on this build (no FlashAttention-2 CUDA kernel yet): "ours" rows are the naive kernel');
+    if (s.compare.includes('naive')) notes.push('--compare naive: "ours" is the naive kernel here, so each cell is measured once and shown in both columns');
   }
   const cells = buildCells(s);
   const peak = s.device === 'cuda' ? peakTflops(gpu?.name, s.dtype) : null;

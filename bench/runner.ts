@@ -133,7 +133,15 @@ export interface RunHooks {
 
 /** Number of rows {@link runOurs} measures (for a progress bar). */
 export function oursWork(cells: readonly BenchCell[], s: GridSettings): number {
-  return cells.length * (s.compare.includes('naive') && s.device === 'cuda' ? 2 : 1);
+  return cells.length * (naiveMeasuredSeparately(s) ? 2 : 1);
+}
+
+/**
+ * Whether --compare naive needs runs of its own: not when "ours" already resolves to the naive
+ * kernel (a build without the CUDA FlashAttention-2 kernels), whose rows then fill both columns.
+ */
+function naiveMeasuredSeparately(s: GridSettings): boolean {
+  return s.compare.includes('naive') && s.device === 'cuda' && resolveKernel(s.device, s.kernel) !== 'naive';
 }
 
 /**
@@ -143,11 +151,13 @@ export function oursWork(cells: readonly BenchCell[], s: GridSettings): number {
 export async function runOurs(cells: readonly BenchCell[], s: GridSettings, peak: number | null, hooks: RunHooks = {}): Promise<BenchRow[]> {
   const { device } = s;
   const kernels: { impl: Impl; kernel: AttentionKernel }[] = [{ impl: 'ours', kernel: s.kernel }];
-  if (s.compare.includes('naive') && device === 'cuda') kernels.push({ impl: 'naive', kernel: 'naive' });
+  if (naiveMeasuredSeparately(s)) kernels.push({ impl: 'naive', kernel: 'naive' });
+  const oursIsNaive = s.compare.includes('naive') && device === 'cuda' && !naiveMeasuredSeparately(s);
   const rows: BenchRow[] = [];
   const push = (r: BenchRow): void => {
     rows.push(r);
     hooks.onRow?.(r);
+    if (oursIsNaive && r.impl === 'ours') rows.push({ ...r, impl: 'naive' }); // the same kernel: measured once
   };
   let seed = 1;
 
