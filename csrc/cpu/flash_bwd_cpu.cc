@@ -149,44 +149,8 @@ BwdPlan make_bwd_plan(const AttentionBwdParams& p) {
 
 }  // namespace
 
-namespace isa_generic {
-namespace {
-#define FA_TILE_LANES 4
-#define FA_TILE_LEVEL 0
-#include "cpu/tile_kernels.h"
-#include "cpu/tile_bwd.h"
-#undef FA_TILE_LANES
-#undef FA_TILE_LEVEL
-}  // namespace
-}  // namespace isa_generic
-
-#if FA_CPU_X86
-FA_CPU_TARGET_AVX2_BEGIN
-namespace isa_avx2 {
-namespace {
-#define FA_TILE_LANES 8
-#define FA_TILE_LEVEL 1
-#include "cpu/tile_kernels.h"
-#include "cpu/tile_bwd.h"
-#undef FA_TILE_LANES
-#undef FA_TILE_LEVEL
-}  // namespace
-}  // namespace isa_avx2
-FA_CPU_TARGET_END
-
-FA_CPU_TARGET_AVX512_BEGIN
-namespace isa_avx512 {
-namespace {
-#define FA_TILE_LANES 16
-#define FA_TILE_LEVEL 2
-#include "cpu/tile_kernels.h"
-#include "cpu/tile_bwd.h"
-#undef FA_TILE_LANES
-#undef FA_TILE_LEVEL
-}  // namespace
-}  // namespace isa_avx512
-FA_CPU_TARGET_END
-#endif
+#define FA_TILE_BODY "cpu/tile_bwd.h"
+#include "cpu/tile_variants.h"
 
 namespace {
 

@@ -66,44 +66,8 @@ FwdPlan make_fwd_plan(const AttentionFwdParams& p, int threads) {
 
 }  // namespace
 
-namespace isa_generic {
-namespace {
-#define FA_TILE_LANES 4
-#define FA_TILE_LEVEL 0
-#include "cpu/tile_kernels.h"
-#include "cpu/tile_fwd.h"
-#undef FA_TILE_LANES
-#undef FA_TILE_LEVEL
-}  // namespace
-}  // namespace isa_generic
-
-#if FA_CPU_X86
-FA_CPU_TARGET_AVX2_BEGIN
-namespace isa_avx2 {
-namespace {
-#define FA_TILE_LANES 8
-#define FA_TILE_LEVEL 1
-#include "cpu/tile_kernels.h"
-#include "cpu/tile_fwd.h"
-#undef FA_TILE_LANES
-#undef FA_TILE_LEVEL
-}  // namespace
-}  // namespace isa_avx2
-FA_CPU_TARGET_END
-
-FA_CPU_TARGET_AVX512_BEGIN
-namespace isa_avx512 {
-namespace {
-#define FA_TILE_LANES 16
-#define FA_TILE_LEVEL 2
-#include "cpu/tile_kernels.h"
-#include "cpu/tile_fwd.h"
-#undef FA_TILE_LANES
-#undef FA_TILE_LEVEL
-}  // namespace
-}  // namespace isa_avx512
-FA_CPU_TARGET_END
-#endif
+#define FA_TILE_BODY "cpu/tile_fwd.h"
+#include "cpu/tile_variants.h"
 
 void flash_fwd(const AttentionFwdParams& p, ThreadPool& pool, Isa isa) {
   const FwdPlan plan = make_fwd_plan(p, pool.size());

@@ -2,7 +2,7 @@
 // a vectorised exp2, a register-blocked GEMM micro-kernel, and the dtype-converting tile loads and
 // stores.
 //
-// Deliberately no include guard: flash_fwd_cpu.cc and flash_bwd_cpu.cc include this file once per
+// Deliberately no include guard: cpu/tile_variants.h includes this file once per
 // instruction set, each time inside its own `namespace isa_xxx { namespace {` and, for AVX2 and
 // AVX-512, inside a FA_CPU_TARGET_*_BEGIN region, with these macros defined:
 //   FA_TILE_LANES  fp32 lanes of one vector: 4 (generic), 8 (AVX2), 16 (AVX-512)
