@@ -14,18 +14,13 @@
 import { spawn } from 'child_process';
 import * as fs from 'fs';
 import * as path from 'path';
+import type { ReferenceShape } from '../lib';
 import type { Pass } from './flops';
 
 /** One problem for PyTorch, in our terms: q is [batch, seqlenQ, headsQ, headDim], k and v [batch, seqlenK, headsKV, headDim]. */
-export interface TorchCell {
+export interface TorchCell extends ReferenceShape {
   /** Caller's key for matching rows to cells; unique within a request. */
   id: string;
-  batch: number;
-  seqlenQ: number;
-  seqlenK: number;
-  headsQ: number;
-  headsKV: number;
-  headDim: number;
   /** Causal with our (FA2's) bottom-right alignment; see {@link TorchRow.mask}. */
   causal: boolean;
   dtype: 'float32' | 'float16' | 'bfloat16';
