@@ -1,0 +1,273 @@
+// GPU check and timing of the FA2 forward (csrc/cuda/flash/flash_fwd.cu), built and run by
+// scripts/flash-fwd-check.sh:  flash_fwd_check [seed] [--no-bench]
+// Each case: fresh random inputs (never zero, rounded to the dtype; the seed is printed), out poisoned
+// with NaN (0xFF bytes) and lse poisoned, then flash_fwd and the naive reference
+// (csrc/cuda/naive_attention.cu) are run and both compared with a float64 host reference on the same
+// rounded inputs. Tolerance (the flash-attention suite's rule):
+//     max |flash - ref| <= 2 * max |naive - ref| + 1e-3          for out
+//     max |lse_flash - lse_ref| <= 1e-3 * max(1, max |lse_ref|)   for lse (fp32 whatever the dtype)
+// plus: no NaN left (every element written), empty causal rows give out exactly 0 and lse +inf.
+// Then (unless --no-bench) bf16 timing at B*S = 16k, H*D = 2048, S 2k / 8k, D 64 / 128, causal and not:
+// median of 20 cudaEvent-timed calls after warm-up, TFLOP/s = 4 B H S^2 D / t (halved when causal).
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cinttypes>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <limits>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "common/attention_params.h"
+#include "common/dtype.h"
+#include "common/half.h"
+#include "cuda/flash/flash_fwd.h"
+#include "cuda/naive_attention.h"
+
+#define CHECK_CUDA(expr)                                                                                  \
+  do {                                                                                                    \
+    const cudaError_t check_cuda_err_ = (expr);                                                           \
+    if (check_cuda_err_ != cudaSuccess) {                                                                 \
+      std::printf("FAIL cuda: %s returned %s (%s) at %s:%d\n", #expr, cudaGetErrorName(check_cuda_err_), \
+                  cudaGetErrorString(check_cuda_err_), __FILE__, __LINE__);                               \
+      std::exit(1);                                                                                       \
+    }                                                                                                     \
+  } while (0)
+
+namespace {
+
+using fa::DType;
+
+constexpr double kNaiveErrFactor = 2.0;  // flash error may be 2x the naive kernel's own error
+constexpr double kAbsSlack = 1e-3;
+constexpr double kLseTol = 1e-3;
+constexpr double kMinMag = 0.1;
+constexpr double kQkMaxMag = 1.5;
+constexpr double kVMaxMag = 1.0;
+constexpr int kWarmup = 3;
+constexpr int kTimedIters = 20;
+constexpr int64_t kBenchTokens = 16 * 1024;  // B * S
+constexpr int64_t kBenchWidth = 2048;        // H * D
+
+const char* short_name(DType t) { return t == DType::kFloat16 ? "f16" : "bf16"; }
+
+uint16_t to_bits(DType t, float x) { return t == DType::kFloat16 ? fa::f32_to_f16(x) : fa::f32_to_bf16(x); }
+float from_bits(DType t, uint16_t h) { return t == DType::kFloat16 ? fa::f16_to_f32(h) : fa::bf16_to_f32(h); }
+
+struct Case {
+  int64_t batch, sq, sk, hq, hkv, d;
+  bool causal;
+  DType dtype;
+};
+
+struct Dev {
+  void* ptr = nullptr;
+  explicit Dev(size_t n) { CHECK_CUDA(cudaMalloc(&ptr, n)); }
+  ~Dev() { CHECK_CUDA(cudaFree(ptr)); }
+};
+
+// Random [rows, heads, d] values (contiguous), rounded to t: magnitude in [kMinMag, max], random sign.
+std::vector<float> random_values(int64_t n, DType t, double max_mag, std::mt19937_64& rng) {
+  std::uniform_real_distribution<double> mag(kMinMag, max_mag);
+  std::bernoulli_distribution neg(0.5);
+  std::vector<float> v(static_cast<size_t>(n));
+  for (auto& x : v) x = from_bits(t, to_bits(t, static_cast<float>(neg(rng) ? -mag(rng) : mag(rng))));
+  return v;
+}
+
+void upload(const Dev& d, DType t, const std::vector<float>& v) {
+  std::vector<uint16_t> h(v.size());
+  for (size_t i = 0; i < v.size(); ++i) h[i] = to_bits(t, v[i]);
+  CHECK_CUDA(cudaMemcpy(d.ptr, h.data(), h.size() * 2, cudaMemcpyHostToDevice));
+}
+
+std::vector<float> download(const Dev& d, DType t, int64_t n) {
+  std::vector<uint16_t> h(static_cast<size_t>(n));
+  CHECK_CUDA(cudaMemcpy(h.data(), d.ptr, h.size() * 2, cudaMemcpyDeviceToHost));
+  std::vector<float> v(h.size());
+  for (size_t i = 0; i < h.size(); ++i) v[i] = from_bits(t, h[i]);
+  return v;
+}
+
+fa::AttentionFwdParams make_params(const Case& c, const Dev& q, const Dev& k, const Dev& v, const Dev& o,
+                                   const Dev& lse) {
+  fa::AttentionFwdParams p;
+  p.batch = c.batch;
+  p.seqlen_q = c.sq;
+  p.seqlen_k = c.sk;
+  p.heads_q = c.hq;
+  p.heads_kv = c.hkv;
+  p.head_dim = c.d;
+  fa::set_contiguous_strides(c.sq, c.hq, c.d, &p.q_batch_stride, &p.q_row_stride, &p.q_head_stride);
+  fa::set_contiguous_strides(c.sk, c.hkv, c.d, &p.k_batch_stride, &p.k_row_stride, &p.k_head_stride);
+  fa::set_contiguous_strides(c.sk, c.hkv, c.d, &p.v_batch_stride, &p.v_row_stride, &p.v_head_stride);
+  fa::set_contiguous_strides(c.sq, c.hq, c.d, &p.o_batch_stride, &p.o_row_stride, &p.o_head_stride);
+  p.dtype = c.dtype;
+  p.softmax_scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(c.d)));
+  p.scale_log2 = p.softmax_scale * fa::kLog2e;
+  p.causal = c.causal;
+  p.q = q.ptr;
+  p.k = k.ptr;
+  p.v = v.ptr;
+  p.out = o.ptr;
+  p.lse = static_cast<float*>(lse.ptr);
+  return p;
+}
+
+bool run_case(const Case& c, std::mt19937_64& rng) {
+  const int64_t nq = c.batch * c.sq * c.hq * c.d, nk = c.batch * c.sk * c.hkv * c.d;
+  const int64_t nlse = c.batch * c.hq * c.sq;
+  const auto q = random_values(nq, c.dtype, kQkMaxMag, rng);
+  const auto k = random_values(nk, c.dtype, kQkMaxMag, rng);
+  const auto v = random_values(nk, c.dtype, kVMaxMag, rng);
+  Dev dq(nq * 2), dk(nk * 2), dv(nk * 2), dout_flash(nq * 2), dout_naive(nq * 2), dlse_flash(nlse * 4),
+      dlse_naive(nlse * 4);
+  upload(dq, c.dtype, q);
+  upload(dk, c.dtype, k);
+  upload(dv, c.dtype, v);
+  CHECK_CUDA(cudaMemset(dout_flash.ptr, 0xFF, nq * 2));  // NaN in fp16 and bf16
+  CHECK_CUDA(cudaMemset(dlse_flash.ptr, 0xFF, nlse * 4));
+  cudaStream_t stream;
+  CHECK_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  const auto pf = make_params(c, dq, dk, dv, dout_flash, dlse_flash);
+  const auto pn = make_params(c, dq, dk, dv, dout_naive, dlse_naive);
+  CHECK_CUDA(fa::cuda::flash_fwd(pf, stream));
+  CHECK_CUDA(fa::cuda::naive_attention_fwd(pn, stream));
+  CHECK_CUDA(cudaStreamSynchronize(stream));
+  CHECK_CUDA(cudaStreamDestroy(stream));
+  const auto of = download(dout_flash, c.dtype, nq), on = download(dout_naive, c.dtype, nq);
+  std::vector<float> lf(nlse);
+  CHECK_CUDA(cudaMemcpy(lf.data(), dlse_flash.ptr, nlse * 4, cudaMemcpyDeviceToHost));
+
+  // float64 reference, row by row.
+  const int64_t group = c.hq / c.hkv;
+  const double scale = 1.0 / std::sqrt(static_cast<double>(c.d));
+  double err_flash = 0, err_naive = 0, err_lse = 0, max_lse = 1;
+  int64_t bad = 0, bad_empty = 0;
+  std::vector<double> s(c.sk), orow(c.d);
+  for (int64_t b = 0; b < c.batch; ++b)
+    for (int64_t h = 0; h < c.hq; ++h)
+      for (int64_t i = 0; i < c.sq; ++i) {
+        const int64_t n = c.causal ? std::clamp<int64_t>(i + c.sk - c.sq + 1, 0, c.sk) : c.sk;
+        const int64_t qo = ((b * c.sq + i) * c.hq + h) * c.d;
+        const float lse_got = lf[(b * c.hq + h) * c.sq + i];
+        if (n == 0) {
+          for (int64_t x = 0; x < c.d; ++x) bad_empty += of[qo + x] != 0.0f;
+          bad_empty += !(std::isinf(lse_got) && lse_got > 0);
+          continue;
+        }
+        const int64_t kvh = h / group;
+        double mx = -std::numeric_limits<double>::infinity();
+        for (int64_t j = 0; j < n; ++j) {
+          const int64_t ko = ((b * c.sk + j) * c.hkv + kvh) * c.d;
+          double acc = 0;
+          for (int64_t x = 0; x < c.d; ++x) acc += static_cast<double>(q[qo + x]) * k[ko + x];
+          s[j] = acc * scale;
+          mx = std::max(mx, s[j]);
+        }
+        double sum = 0;
+        for (int64_t j = 0; j < n; ++j) sum += (s[j] = std::exp(s[j] - mx));
+        std::fill(orow.begin(), orow.end(), 0.0);
+        for (int64_t j = 0; j < n; ++j) {
+          const int64_t vo = ((b * c.sk + j) * c.hkv + kvh) * c.d;
+          for (int64_t x = 0; x < c.d; ++x) orow[x] += s[j] * v[vo + x];
+        }
+        for (int64_t x = 0; x < c.d; ++x) {
+          const double ref = orow[x] / sum;
+          if (std::isnan(of[qo + x])) ++bad;
+          err_flash = std::max(err_flash, std::fabs(of[qo + x] - ref));
+          err_naive = std::max(err_naive, std::fabs(on[qo + x] - ref));
+        }
+        const double lse_ref = mx + std::log(sum);
+        if (std::isnan(lse_got)) ++bad;
+        err_lse = std::max(err_lse, std::fabs(lse_got - lse_ref));
+        max_lse = std::max(max_lse, std::fabs(lse_ref));
+      }
+  const double tol = kNaiveErrFactor * err_naive + kAbsSlack;
+  const bool ok = bad == 0 && bad_empty == 0 && err_flash <= tol && err_lse <= kLseTol * max_lse;
+  std::printf("%s %-4s B%" PRId64 " Sq%-5" PRId64 " Sk%-5" PRId64 " Hq%" PRId64 " Hkv%" PRId64 " D%-3" PRId64
+              " %-6s out_err=%.2e (naive %.2e, tol %.2e) lse_err=%.2e nan=%" PRId64 " bad_empty=%" PRId64 "\n",
+              ok ? "PASS" : "FAIL", short_name(c.dtype), c.batch, c.sq, c.sk, c.hq, c.hkv, c.d,
+              c.causal ? "causal" : "full", err_flash, err_naive, tol, err_lse / max_lse, bad, bad_empty);
+  return ok;
+}
+
+void bench(int64_t seqlen, int64_t d, bool causal, std::mt19937_64& rng) {
+  Case c{kBenchTokens / seqlen, seqlen, seqlen, kBenchWidth / d, kBenchWidth / d, d, causal, DType::kBFloat16};
+  const int64_t n = c.batch * c.sq * c.hq * c.d;
+  Dev dq(n * 2), dk(n * 2), dv(n * 2), dout(n * 2), dlse(c.batch * c.hq * c.sq * 4);
+  upload(dq, c.dtype, random_values(n, c.dtype, kQkMaxMag, rng));
+  upload(dk, c.dtype, random_values(n, c.dtype, kQkMaxMag, rng));
+  upload(dv, c.dtype, random_values(n, c.dtype, kVMaxMag, rng));
+  const auto p = make_params(c, dq, dk, dv, dout, dlse);
+  cudaStream_t stream;
+  CHECK_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  for (int w = 0; w < kWarmup; ++w) CHECK_CUDA(fa::cuda::flash_fwd(p, stream));
+  cudaEvent_t start, stop;
+  CHECK_CUDA(cudaEventCreate(&start));
+  CHECK_CUDA(cudaEventCreate(&stop));
+  std::vector<float> ms(kTimedIters);
+  for (int it = 0; it < kTimedIters; ++it) {
+    CHECK_CUDA(cudaEventRecord(start, stream));
+    CHECK_CUDA(fa::cuda::flash_fwd(p, stream));
+    CHECK_CUDA(cudaEventRecord(stop, stream));
+    CHECK_CUDA(cudaEventSynchronize(stop));
+    CHECK_CUDA(cudaEventElapsedTime(&ms[it], start, stop));
+  }
+  std::sort(ms.begin(), ms.end());
+  const double med = ms[kTimedIters / 2];
+  const double flops = 4.0 * c.batch * c.hq * static_cast<double>(seqlen) * seqlen * d * (causal ? 0.5 : 1.0);
+  std::printf("BENCH bf16 B%" PRId64 " H%" PRId64 " S%-5" PRId64 " D%-3" PRId64 " %-6s median %.3f ms  %.1f TFLOP/s\n",
+              c.batch, c.hq, seqlen, d, causal ? "causal" : "full", med, flops / (med * 1e-3) / 1e12);
+  CHECK_CUDA(cudaEventDestroy(start));
+  CHECK_CUDA(cudaEventDestroy(stop));
+  CHECK_CUDA(cudaStreamDestroy(stream));
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  uint64_t seed = std::random_device{}();
+  bool run_bench = true;
+  for (int a = 1; a < argc; ++a) {
+    if (std::strcmp(argv[a], "--no-bench") == 0)
+      run_bench = false;
+    else
+      seed = std::strtoull(argv[a], nullptr, 10);
+  }
+  int dev = 0;
+  CHECK_CUDA(cudaGetDevice(&dev));
+  cudaDeviceProp prop;
+  CHECK_CUDA(cudaGetDeviceProperties(&prop, dev));
+  std::printf("device %d: %s (sm_%d%d), seed %" PRIu64 " (rerun with: flash_fwd_check %" PRIu64 ")\n", dev,
+              prop.name, prop.major, prop.minor, seed, seed);
+  std::mt19937_64 rng(seed);
+
+  struct Shape {
+    int64_t batch, sq, sk, hq, hkv;
+  };
+  const Shape shapes[] = {
+      {2, 1, 1, 2, 2},       {2, 17, 17, 2, 2},   {2, 97, 97, 2, 2},  {1, 1023, 1023, 2, 2},
+      {1, 1025, 1025, 2, 2}, {2, 113, 203, 2, 2}, {2, 203, 113, 2, 2}, {2, 1, 239, 2, 2},
+      {2, 97, 97, 8, 2},     {1, 203, 113, 4, 1}, {1, 1025, 1025, 4, 1},  // GQA 4:1
+  };
+  int failed = 0, total = 0;
+  for (DType t : {DType::kFloat16, DType::kBFloat16})
+    for (int64_t d : {64, 128})
+      for (bool causal : {false, true})
+        for (const Shape& s : shapes) {
+          ++total;
+          failed += !run_case(Case{s.batch, s.sq, s.sk, s.hq, s.hkv, d, causal, t}, rng);
+        }
+  std::printf("%s: %d of %d cases failed\n", failed ? "FAIL" : "PASS", failed, total);
+  if (run_bench)
+    for (int64_t seqlen : {2048, 8192})
+      for (int64_t d : {64, 128})
+        for (bool causal : {false, true}) bench(seqlen, d, causal, rng);
+  return failed ? 1 : 0;
+}
