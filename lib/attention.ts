@@ -33,9 +33,11 @@ export interface AttentionOptions {
    */
   softmaxScale?: number;
   /**
-   * 'flash' is FlashAttention-2 (the CPU backend now; the CUDA kernels land next). 'naive' is the
-   * CUDA fp32 reference that materialises the [seqlenQ, seqlenK] scores (memory grows as N²).
-   * 'auto' (default) picks the fastest available on the tensors' device.
+   * 'flash' is FlashAttention-2: the CPU backend; on CUDA, as an opt-in preview, the forward for
+   * float16/bfloat16 with head dims 64 and 128 on sm_80+ (the rest, and the backward, land next).
+   * 'naive' is the CUDA fp32 reference that materialises the [seqlenQ, seqlenK] scores (memory grows
+   * as N²). 'auto' (default): 'flash' on the CPU, 'naive' on CUDA for now. The result's `kernel`
+   * says which ran.
    */
   kernel?: AttentionKernel;
 }
@@ -52,6 +54,8 @@ export interface AttentionOutput {
   out: Tensor;
   /** float32 [batch, headsQ, seqlenQ]: natural-log log-sum-exp of each row's scaled scores (+Infinity for a row that sees no key). */
   lse: Tensor;
+  /** The implementation that ran ('auto' resolved): 'flash' (FlashAttention-2) or 'naive'. */
+  kernel: Exclude<AttentionKernel, 'auto'>;
 }
 
 /** Output of {@link flashAttentionBackward}: gradients with the shapes and dtypes of q, k and v. */
@@ -59,6 +63,8 @@ export interface AttentionGradients {
   dq: Tensor;
   dk: Tensor;
   dv: Tensor;
+  /** The implementation that ran ('auto' resolved): 'flash' (FlashAttention-2) or 'naive'. */
+  kernel: Exclude<AttentionKernel, 'auto'>;
 }
 
 interface Problem {
@@ -172,11 +178,12 @@ function checkLse(lse: unknown, p: Problem): Tensor {
 }
 
 function forwardNative(q: NativeBuffer, k: NativeBuffer, v: NativeBuffer, p: Problem): AttentionOutput {
-  const [outBuf, lseBuf] = binding().attentionForward(q, k, v, p.dims, p.causal, p.scale, KERNEL_CODE[p.kernel]);
+  const [outBuf, lseBuf, kernel] = binding().attentionForward(q, k, v, p.dims, p.causal, p.scale, KERNEL_CODE[p.kernel]);
   const [batch, seqlenQ, , headsQ, , headDim] = p.dims;
   return {
     out: wrapNative(outBuf, [batch, seqlenQ, headsQ, headDim], p.dtype, p.device),
     lse: wrapNative(lseBuf, [batch, headsQ, seqlenQ], 'float32', p.device),
+    kernel,
   };
 }
 
@@ -219,13 +226,14 @@ function backwardNative(
   dout: NativeBuffer, q: NativeBuffer, k: NativeBuffer, v: NativeBuffer, out: NativeBuffer, lse: NativeBuffer,
   p: Problem & { deterministic: boolean },
 ): AttentionGradients {
-  const [dq, dk, dv] = binding().attentionBackward(dout, q, k, v, out, lse, p.dims, p.causal, p.scale,
+  const [dq, dk, dv, kernel] = binding().attentionBackward(dout, q, k, v, out, lse, p.dims, p.causal, p.scale,
     KERNEL_CODE[p.kernel], p.deterministic);
   const [batch, seqlenQ, seqlenK, headsQ, headsKV, headDim] = p.dims;
   return {
     dq: wrapNative(dq, [batch, seqlenQ, headsQ, headDim], p.dtype, p.device),
     dk: wrapNative(dk, [batch, seqlenK, headsKV, headDim], p.dtype, p.device),
     dv: wrapNative(dv, [batch, seqlenK, headsKV, headDim], p.dtype, p.device),
+    kernel,
   };
 }
 
@@ -238,6 +246,8 @@ export class AttentionContext implements Disposable {
   readonly out: Tensor;
   /** The log-sum-exp (the caller owns it and disposes it). */
   readonly lse: Tensor;
+  /** The forward's implementation ('auto' resolved). */
+  readonly kernel: Exclude<AttentionKernel, 'auto'>;
   #saved: NativeBuffer[] | null;
   readonly #problem: Problem & { deterministic: boolean };
 
@@ -245,6 +255,7 @@ export class AttentionContext implements Disposable {
   constructor(out: AttentionOutput, saved: NativeBuffer[], problem: Problem & { deterministic: boolean }) {
     this.out = out.out;
     this.lse = out.lse;
+    this.kernel = out.kernel;
     this.#saved = saved;
     this.#problem = problem;
   }

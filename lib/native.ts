@@ -67,11 +67,11 @@ export interface NativeBinding {
   attentionForward(
     q: NativeBuffer, k: NativeBuffer, v: NativeBuffer, dims: number[], causal: boolean, softmaxScale: number,
     kernel: number,
-  ): [NativeBuffer, NativeBuffer];
+  ): [NativeBuffer, NativeBuffer, 'flash' | 'naive'];
   attentionBackward(
     dout: NativeBuffer, q: NativeBuffer, k: NativeBuffer, v: NativeBuffer, out: NativeBuffer, lse: NativeBuffer,
     dims: number[], causal: boolean, softmaxScale: number, kernel: number, deterministic: boolean,
-  ): [NativeBuffer, NativeBuffer, NativeBuffer];
+  ): [NativeBuffer, NativeBuffer, NativeBuffer, 'flash' | 'naive'];
 }
 
 /** Numeric codes shared with csrc/common/dtype.h and csrc/runtime/runtime.h. */
