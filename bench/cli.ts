@@ -21,7 +21,7 @@ import { buildCells } from './grid';
 import { peakTflops } from './peaks';
 import { listPresets } from './presets';
 import { BenchEnv, BenchReport, cpuModel, formatCsv, formatJson, formatMarkdown, formatText, fmtMs, fmtTflops, packageVersion } from './report';
-import { addRatios, BenchRow, oursWork, resolveKernel, runOurs, sortRows, torchRows } from './runner';
+import { addRatios, BenchRow, kernelsRan, oursWork, resolveKernel, runOurs, sortRows, torchRows } from './runner';
 import { runTorchBaselines, TorchEnv } from './torch';
 
 /** Where the CLI writes; tests pass their own. */
@@ -142,10 +142,8 @@ export async function main(argv: string[], io: CliIO = { stdout: process.stdout,
   if (s.compare.includes('naive') && s.device === 'cpu') {
     notes.push('--compare naive: the naive kernel is CUDA-only; no naive rows on the CPU backend');
   }
-  const kernelResolved = resolveKernel(s.device, s.kernel);
-  if (s.device === 'cuda' && kernelResolved === 'naive' && s.kernel === 'auto') {
-    notes.push('our kernel "auto" resolves to "naive" on this build (no FlashAttention-2 CUDA kernel yet): "ours" rows are the naive kernel');
-    if (s.compare.includes('naive')) notes.push('--compare naive: "ours" is the naive kernel here, so each cell is measured once and shown in both columns');
+  if (s.device === 'cuda' && resolveKernel(s.device, s.kernel) === 'naive' && s.kernel === 'auto' && s.compare.includes('naive')) {
+    notes.push('--compare naive: "ours" is the naive kernel here, so each cell is measured once and shown in both columns');
   }
   const cells = buildCells(s);
   const peak = s.device === 'cuda' ? peakTflops(gpu?.name, s.dtype) : null;
@@ -204,6 +202,11 @@ export async function main(argv: string[], io: CliIO = { stdout: process.stdout,
     cudaDriver: gpu?.driverVersion ?? null, cudaRuntime: gpu?.runtimeVersion ?? null, cpu: cpuModel(), cpuThreads: os.cpus().length,
     torch: torchEnv, torchUnavailable,
   };
+  const kernelResolved = kernelsRan(rows);
+  if (s.device === 'cuda' && s.kernel === 'auto' && /naive/.test(kernelResolved)) {
+    notes.push('"auto" ran the naive kernel where this build has no FlashAttention-2 CUDA kernel (the backward; float32; '
+      + 'head dims other than 64 and 128): each row\'s kernel says which ran');
+  }
   const report: BenchReport = {
     tool: NAME, schema: 1, env,
     settings: {

@@ -60,6 +60,13 @@ export interface BenchRow extends BenchCell {
 }
 
 /** The kernel `kernel` runs as on `device`: 'auto' becomes the backend's first kernel. */
+/** Kernels that ran in our rows, in order of first appearance (e.g. "flash, naive"). */
+export function kernelsRan(rows: readonly BenchRow[]): string {
+  const seen = [...new Set(rows.filter((r) => r.impl === 'ours' && r.kernel).map((r) => r.kernel as string))];
+  return seen.length > 0 ? seen.join(', ') : 'none';
+}
+
+/** The first kernel `kernel` can resolve to on `device` (rows say what really ran). */
 export function resolveKernel(device: Device, kernel: AttentionKernel): string {
   if (kernel !== 'auto') return kernel;
   const b = backends();
@@ -195,12 +202,15 @@ export async function runOurs(cells: readonly BenchCell[], s: GridSettings, peak
       for (const cell of group) {
         for (const { impl, kernel } of kernels) {
           const resolved = resolveKernel(device, kernel);
+          // What really ran, from the results' `kernel` field ('auto' may pick per call).
+          let ran = resolved;
           const opts = { causal: cell.causal, kernel };
           try {
             let runOnce: () => void;
             if (cell.pass === 'fwd') {
               runOnce = () => {
                 const r = flashAttention(q, k, v, opts);
+                ran = r.kernel;
                 r.out.dispose();
                 r.lse.dispose();
               };
@@ -214,6 +224,7 @@ export async function runOurs(cells: readonly BenchCell[], s: GridSettings, peak
               const f = fwd;
               runOnce = () => {
                 const g = flashAttentionBackward(dout, q, k, v, f.out, f.lse, opts);
+                ran = g.kernel;
                 g.dq.dispose();
                 g.dk.dispose();
                 g.dv.dispose();
@@ -222,6 +233,7 @@ export async function runOurs(cells: readonly BenchCell[], s: GridSettings, peak
               runOnce = () => {
                 const r = flashAttention(q, k, v, opts);
                 const g = flashAttentionBackward(dout, q, k, v, r.out, r.lse, opts);
+                ran = r.kernel === g.kernel ? r.kernel : `${r.kernel} fwd + ${g.kernel} bwd`;
                 r.out.dispose();
                 r.lse.dispose();
                 g.dq.dispose();
@@ -240,7 +252,7 @@ export async function runOurs(cells: readonly BenchCell[], s: GridSettings, peak
             await synchronize(device);
             const times: number[] = [];
             for (let i = 0; i < s.repeats; i++) times.push(await timeOnDevice(device, runOnce));
-            push(measuredRow(cell, impl, device, resolved, { median: median(times), min: Math.min(...times), max: Math.max(...times) }, peakBytes, peak));
+            push(measuredRow(cell, impl, device, ran, { median: median(times), min: Math.min(...times), max: Math.max(...times) }, peakBytes, peak));
           } catch (err) {
             await synchronize(device).catch(() => undefined);
             const msg = messageOf(err);
