@@ -8,32 +8,11 @@
 # Build output goes to build/cuda-check/ (git-ignored). Exit status: 0 all PASS, 1 any FAIL.
 set -euo pipefail
 
-ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-NVCC="${NVCC:-$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)}"
-OUT="$ROOT/build/cuda-check"
-FLAGS=(-std=c++17 -O3 -Xcompiler -fPIC -I"$ROOT/csrc"
-       -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90a,code=sm_90a
-       -gencode arch=compute_80,code=compute_80)
-SOURCES=(csrc/cuda/naive_attention.cu csrc/cuda/fill.cu test/native/cuda_check.cu)
-
-mkdir -p "$OUT"
-objects=()
-pids=()
-for src in "${SOURCES[@]}"; do  # compile in parallel, link once
-  obj="$OUT/$(basename "$src" .cu).o"
-  "$NVCC" "${FLAGS[@]}" -c "$ROOT/$src" -o "$obj" &
-  pids+=("$!")
-  objects+=("$obj")
-done
-build_ok=1
-for pid in "${pids[@]}"; do wait "$pid" || build_ok=0; done
-if [[ "$build_ok" != 1 ]]; then
-  echo "FAIL build: nvcc failed (see above)"
-  exit 1
-fi
-"$NVCC" "${FLAGS[@]}" "${objects[@]}" -o "$OUT/cuda_check"
+source "$(dirname "${BASH_SOURCE[0]}")/native-check-build.sh"
+native_check_build "$NATIVE_CHECK_ROOT/build/cuda-check" cuda_check \
+  csrc/cuda/naive_attention.cu csrc/cuda/fill.cu test/native/cuda_check.cu
 
 if [[ "${SANITIZE:-0}" == 1 ]]; then
-  exec compute-sanitizer --tool memcheck --leak-check full --error-exitcode 1 "$OUT/cuda_check" --quick "$@"
+  exec compute-sanitizer --tool memcheck --leak-check full --error-exitcode 1 "$NATIVE_CHECK_BIN" --quick "$@"
 fi
-exec "$OUT/cuda_check" "$@"
+exec "$NATIVE_CHECK_BIN" "$@"

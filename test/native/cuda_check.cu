@@ -31,17 +31,8 @@
 #include "common/half.h"
 #include "cuda/fill.h"
 #include "cuda/naive_attention.h"
+#include "check_cuda.h"
 
-// Any CUDA error is fatal for the whole program (it may be sticky): report it as a failure and exit.
-#define CHECK_CUDA(expr)                                                                                  \
-  do {                                                                                                    \
-    const cudaError_t check_cuda_err_ = (expr);                                                           \
-    if (check_cuda_err_ != cudaSuccess) {                                                                 \
-      std::printf("FAIL cuda: %s returned %s (%s) at %s:%d\n", #expr, cudaGetErrorName(check_cuda_err_), \
-                  cudaGetErrorString(check_cuda_err_), __FILE__, __LINE__);                               \
-      std::exit(1);                                                                                       \
-    }                                                                                                     \
-  } while (0)
 
 namespace {
 

@@ -28,16 +28,8 @@
 #include "common/half.h"
 #include "cuda/flash/flash_fwd.h"
 #include "cuda/naive_attention.h"
+#include "check_cuda.h"
 
-#define CHECK_CUDA(expr)                                                                                  \
-  do {                                                                                                    \
-    const cudaError_t check_cuda_err_ = (expr);                                                           \
-    if (check_cuda_err_ != cudaSuccess) {                                                                 \
-      std::printf("FAIL cuda: %s returned %s (%s) at %s:%d\n", #expr, cudaGetErrorName(check_cuda_err_), \
-                  cudaGetErrorString(check_cuda_err_), __FILE__, __LINE__);                               \
-      std::exit(1);                                                                                       \
-    }                                                                                                     \
-  } while (0)
 
 namespace {
 
