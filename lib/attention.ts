@@ -33,10 +33,10 @@ export interface AttentionOptions {
    */
   softmaxScale?: number;
   /**
-   * 'flash' is FlashAttention-2: the CPU backend; on CUDA, as an opt-in preview, the forward for
-   * float16/bfloat16 with head dims 64 and 128 on sm_80+ (the rest, and the backward, land next).
-   * 'naive' is the CUDA fp32 reference that materialises the [seqlenQ, seqlenK] scores (memory grows
-   * as N²). 'auto' (default): 'flash' on the CPU, 'naive' on CUDA for now. The result's `kernel`
+   * 'flash' is FlashAttention-2: the CPU backend, and on CUDA (sm_80 or newer) the tensor-core
+   * forward (the CUDA backward is the naive reference until its FA2 kernel lands). 'naive' is the
+   * CUDA fp32 reference that materialises the [seqlenQ, seqlenK] scores (memory grows as N²).
+   * 'auto' (default): 'flash' wherever it exists for the call, else 'naive'. The result's `kernel`
    * says which ran.
    */
   kernel?: AttentionKernel;

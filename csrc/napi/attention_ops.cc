@@ -132,9 +132,10 @@ Kernel resolve_kernel(Kernel k, Device device, bool flash_ok, const char* what) 
     throw range_error(std::string("Expected kernel to be 'auto' or 'naive' for this call but received 'flash': ") +
                       what);
   }
-  // On CUDA the FlashAttention-2 forward is opt-in ('flash') until it meets the test suite's
-  // tolerance rule everywhere (issue 4); 'auto' stays on the naive reference.
-  return k == Kernel::kFlash ? Kernel::kFlash : Kernel::kNaive;
+  // On CUDA 'auto' takes FlashAttention-2 wherever it has a kernel for the call, and the naive
+  // reference otherwise (the backward, until issue 5 lands).
+  if (k == Kernel::kAuto) return flash_ok ? Kernel::kFlash : Kernel::kNaive;
+  return k;
 }
 
 const char* kernel_name(Kernel k) {
@@ -214,8 +215,7 @@ Napi::Value AttentionForward(const Napi::CallbackInfo& info) {
 #endif
   [[maybe_unused]] const Kernel kernel = resolve_kernel(
       requested, device, flash_ok,
-      "the CUDA FlashAttention-2 forward supports float16 and bfloat16 with head dims 64 and 128 on sm_80 or newer "
-      "for now");
+      "the CUDA FlashAttention-2 forward needs a GPU of compute capability 8.0 (sm_80) or newer");
 
   if (device == Device::kCpu) {
     cpu::ThreadPool* pool = &rt.pool();
