@@ -94,6 +94,8 @@ function gencode() {
 function defines(cuda) {
   const d = [];
   if (cuda) d.push('FA_WITH_CUDA=1');
+  // The Hopper (wgmma) kernels exist only when the sm_90a target is built.
+  if (cuda && archs().includes('90a')) d.push('FA_HAS_SM90A=1');
   for (const h of headDims()) d.push(`FA_HEAD_DIM_${h}=1`);
   return d;
 }

@@ -5,7 +5,7 @@
 # Sets NATIVE_CHECK_BIN to the program's path. NVCC overrides the compiler. Exits 1 on a failed build.
 NATIVE_CHECK_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 NVCC="${NVCC:-$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)}"
-NATIVE_CHECK_FLAGS=(-std=c++17 -O3 -Xcompiler -fPIC -I"$NATIVE_CHECK_ROOT/csrc" -I"$NATIVE_CHECK_ROOT/test/native"
+NATIVE_CHECK_FLAGS=(-std=c++17 -O3 -Xcompiler -fPIC -I"$NATIVE_CHECK_ROOT/csrc" -I"$NATIVE_CHECK_ROOT/test/native" -DFA_HAS_SM90A=1
                     -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90a,code=sm_90a
                     -gencode arch=compute_80,code=compute_80)
 

@@ -1,9 +1,14 @@
-// FlashAttention-2 forward on CUDA, sm_80+ (mma.sync) path. Plain C++ header.
+// FlashAttention-2 forward on CUDA (fp16 / bf16). Plain C++ header.
 //
-// Supported now: dtype float16 / bfloat16, head_dim 64 / 128, causal or not, GQA/MQA; q, k, v, out
-// 16-byte aligned with row / head / batch strides that are multiples of 8 elements (cp.async moves 16
-// bytes). Anything else returns cudaErrorNotSupported without launching (the caller picks another
-// backend). Semantics are those of common/attention_params.h (lse natural log, +inf for empty rows).
+// Two paths behind one entry point, chosen at run time from the device's compute capability:
+// Hopper (9.0, when the build has sm_90a code) runs the wgmma kernels (csrc/cuda/flash/hopper/);
+// every other sm_80+ GPU runs the mma.sync kernels.
+//
+// Supported: dtype float16 / bfloat16; every head_dim that is a multiple of 8 up to 256 (compiled for
+// 32, 64, 96, 128, 192 and 256; the others run zero-padded to the next); any seqlens; causal or not;
+// GQA/MQA; q, k, v, out 16-byte aligned with row / head / batch strides that are multiples of 8
+// elements (cp.async moves 16 bytes). Anything else returns cudaErrorNotSupported without launching.
+// Semantics are those of common/attention_params.h (lse natural log, +inf for empty rows).
 // Only enqueues work on `stream`; no allocation, no synchronization. A launch error is returned.
 #pragma once
 #include <cuda_runtime_api.h>
@@ -15,6 +20,12 @@ namespace fa::cuda {
 // True when flash_fwd has a kernel for p (dtype, head_dim, alignment, grid limits) on the current device.
 bool flash_fwd_supported(const AttentionFwdParams& p);
 
+// The path flash_fwd takes on the current device: "sm90-wgmma" or "sm80-mma".
+const char* flash_fwd_path();
+
 cudaError_t flash_fwd(const AttentionFwdParams& p, cudaStream_t stream);
+
+// The mma.sync path on any sm_80+ device (flash_fwd's fallback; also for side-by-side checks on Hopper).
+cudaError_t flash_fwd_sm80(const AttentionFwdParams& p, cudaStream_t stream);
 
 }  // namespace fa::cuda

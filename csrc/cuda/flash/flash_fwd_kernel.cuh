@@ -1,17 +1,19 @@
 // FlashAttention-2 forward, sm_80+ mma.sync path (fp16 / bf16, fp32 accumulation).
 //
-// Grid: (query tiles of kBlockM rows, heads_q, batch); one thread block per tile. Warps split Q: warp w
-// owns query rows [w * kRowsPerWarp, (w + 1) * kRowsPerWarp) of the tile in 16-row mma tiles. Q
-// fragments, the running row max m / row sum l and the unscaled O accumulator stay in registers for
-// the whole K/V loop. K/V tiles (kBlockN rows) stream through shared memory with cp.async, double
-// buffered: tile j + 1 is in flight while tile j is used. Per tile:
-//   S = Q K^T          (mma m16n8k16, A = Q from registers, B = K via ldmatrix)
-//   mask               (keys >= seqlen_k, and causal bottom-right: key j visible iff j <= i + Sk - Sq)
-//   m' = max(m, rowmax S); P = 2^(S * scale_log2 - m' * scale_log2); l = l * 2^((m - m') scale_log2) + rowsum P
-//   O = O * 2^((m - m') scale_log2) + P V  (P re-packed to Elem in registers as the A operand, V via
-//                                            ldmatrix.trans)
-// Epilogue: O / l stored as Elem (rows >= seqlen_q skipped); lse = (m * scale_log2 + log2 l) * ln 2.
-// Rows that see no key keep l = 0 and write O = 0, lse = +inf.
+// Grid: one thread block per (query tile of kBlockM rows, head, batch), flattened into blockIdx.x with
+// the query tile fastest (a head's blocks share its K/V in L2) and the heaviest causal tiles first.
+// Warps split Q: warp w owns query rows [w * kRowsPerWarp, (w + 1) * kRowsPerWarp) of the tile in
+// 16-row mma tiles. The running row max m / row sum l and the unscaled O accumulator stay in
+// registers for the whole K/V loop, and so do the Q fragments when kQInRegs (otherwise they are
+// re-read from shared memory per k-step: the large head dims, whose registers go to O). K/V tiles
+// (kBlockN rows) stream through shared memory with cp.async, double buffered: tile j + 1 is in
+// flight while tile j is used. Per tile:
+//   S = Q K^T          (mma m16n8k16, A = Q fragments, B = K via ldmatrix)
+//   mask, online softmax (fragment_softmax.cuh: -inf masking before the max, base 2, scale first)
+//   O = O * rescale + P V  (P re-packed to Elem in registers as the A operand, V via ldmatrix.trans)
+// Epilogue: O / l stored as Elem (rows >= seqlen_q and columns >= head_dim skipped); lse in natural
+// log. Rows that see no key keep l = 0 and write O = 0, lse = +inf. Head dims below kHeadDim
+// (multiples of 8) run with zero-filled columns.
 #pragma once
 #include <cuda_runtime.h>
 
@@ -20,22 +22,24 @@
 
 #include "common/attention_params.h"
 #include "cuda/flash/flash_fwd_traits.h"
+#include "cuda/flash/fragment_softmax.cuh"
 #include "cuda/flash/ptx.cuh"
 
 namespace fa::cuda::flash {
 
 // Copies rows [row0, row0 + kRows) of a [seq, head_dim] slice (row stride in elements) into shared
-// memory of pitch kSmemPitch; rows >= seq_limit are zero-filled (so masked V rows add exact zeros).
+// memory of pitch kSmemPitch; rows >= seq_limit and columns >= head_dim are zero-filled (so masked V
+// rows add exact zeros and padded head-dim columns contribute nothing).
 template <typename Traits, int kRows>
 __device__ __forceinline__ void load_tile_async(typename Traits::Elem* smem, const typename Traits::Elem* gmem,
-                                                int64_t row_stride, int row0, int seq_limit) {
+                                                int64_t row_stride, int row0, int seq_limit, int head_dim) {
   constexpr int kIters = kRows * Traits::kChunksPerRow / Traits::kNThreads;
 #pragma unroll
   for (int it = 0; it < kIters; ++it) {
     const int c = static_cast<int>(threadIdx.x) + it * Traits::kNThreads;
     const int r = c / Traits::kChunksPerRow;
     const int col = (c % Traits::kChunksPerRow) * Traits::kChunk;
-    const bool valid = row0 + r < seq_limit;
+    const bool valid = row0 + r < seq_limit && col < head_dim;
     const typename Traits::Elem* src = valid ? gmem + static_cast<int64_t>(row0 + r) * row_stride + col : gmem;
     cp_async_16(smem_u32(smem + r * Traits::kSmemPitch + col), src, valid);
   }
@@ -47,7 +51,6 @@ __global__ void __launch_bounds__(Traits::kNThreads) flash_fwd_kernel(const Atte
   constexpr int kBlockM = Traits::kBlockM, kBlockN = Traits::kBlockN, kPitch = Traits::kSmemPitch;
   constexpr int kRowTiles = Traits::kRowTiles, kKSteps = Traits::kKSteps, kSTiles = Traits::kSTiles;
   constexpr int kOTiles = Traits::kOTiles, kPvKSteps = Traits::kPvKSteps;
-  constexpr float kNegInf = -INFINITY;
 
   extern __shared__ __align__(128) unsigned char smem_raw[];
   Elem* sQ = reinterpret_cast<Elem*>(smem_raw);
@@ -55,9 +58,13 @@ __global__ void __launch_bounds__(Traits::kNThreads) flash_fwd_kernel(const Atte
   Elem* sV = sK + Traits::kStages * Traits::kKvTileElems;  // [kStages][kBlockN][kPitch]
 
   const int seqlen_q = static_cast<int>(p.seqlen_q), seqlen_k = static_cast<int>(p.seqlen_k);
-  // Heaviest (causal) tiles first: reverse the query-tile order.
-  const int m_block = static_cast<int>(gridDim.x - 1 - blockIdx.x);
-  const int head = static_cast<int>(blockIdx.y), batch = static_cast<int>(blockIdx.z);
+  const int head_dim = static_cast<int>(p.head_dim);
+  const int m_blocks = (seqlen_q + kBlockM - 1) / kBlockM;
+  const int m_block = m_blocks - 1 - static_cast<int>(blockIdx.x % m_blocks);  // heaviest causal tiles first
+  // 32-bit division (the launcher keeps the grid below 2^31 blocks): a 64-bit one is a slow call.
+  const uint32_t bh = blockIdx.x / static_cast<uint32_t>(m_blocks);
+  const int head = static_cast<int>(bh % static_cast<uint32_t>(p.heads_q));
+  const int64_t batch = bh / static_cast<uint32_t>(p.heads_q);
   const int head_kv = head / static_cast<int>(p.heads_q / p.heads_kv);
   const int m0 = m_block * kBlockM;
   const int diag = seqlen_k - seqlen_q;  // causal: row i sees keys j <= i + diag
@@ -66,7 +73,7 @@ __global__ void __launch_bounds__(Traits::kNThreads) flash_fwd_kernel(const Atte
   const Elem* k = static_cast<const Elem*>(p.k) + batch * p.k_batch_stride + head_kv * p.k_head_stride;
   const Elem* v = static_cast<const Elem*>(p.v) + batch * p.v_batch_stride + head_kv * p.v_head_stride;
   Elem* out = static_cast<Elem*>(p.out) + batch * p.o_batch_stride + head * p.o_head_stride;
-  float* lse = p.lse + (static_cast<int64_t>(batch) * p.heads_q + head) * p.seqlen_q;
+  float* lse = p.lse + (batch * p.heads_q + head) * p.seqlen_q;
 
   const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
   const int g = lane / 4, t = lane % 4;  // mma fragment row group and thread-in-group
@@ -77,40 +84,36 @@ __global__ void __launch_bounds__(Traits::kNThreads) flash_fwd_kernel(const Atte
   if (kIsCausal) n_end = min(seqlen_k, m0 + kBlockM + diag);  // last row of the tile sees keys < m0+kBlockM-1+diag+1
   const int n_blocks = n_end > 0 ? (n_end + kBlockN - 1) / kBlockN : 0;
 
-  // Epilogue shared by the normal and the all-empty path; o_acc is unscaled, l the row sums.
   float o_acc[kRowTiles][kOTiles][4];
-  float row_max[kRowTiles][2], row_sum[kRowTiles][2];
 #pragma unroll
-  for (int rt = 0; rt < kRowTiles; ++rt) {
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      row_max[rt][h] = kNegInf;
-      row_sum[rt][h] = 0.0f;
-    }
+  for (int rt = 0; rt < kRowTiles; ++rt)
 #pragma unroll
     for (int nt = 0; nt < kOTiles; ++nt)
 #pragma unroll
       for (int e = 0; e < 4; ++e) o_acc[rt][nt][e] = 0.0f;
-  }
+  OnlineSoftmax softmax[kRowTiles];
 
   if (n_blocks > 0) {
     // Prologue: Q and K/V tile 0 in one cp.async group.
-    load_tile_async<Traits, kBlockM>(sQ, q, p.q_row_stride, m0, seqlen_q);
-    load_tile_async<Traits, kBlockN>(sK, k, p.k_row_stride, 0, seqlen_k);
-    load_tile_async<Traits, kBlockN>(sV, v, p.v_row_stride, 0, seqlen_k);
+    load_tile_async<Traits, kBlockM>(sQ, q, p.q_row_stride, m0, seqlen_q, head_dim);
+    load_tile_async<Traits, kBlockN>(sK, k, p.k_row_stride, 0, seqlen_k, head_dim);
+    load_tile_async<Traits, kBlockN>(sV, v, p.v_row_stride, 0, seqlen_k, head_dim);
     cp_async_commit();
     cp_async_wait<0>();
     __syncthreads();
 
     // Q fragments: (16, kHeadDim) per row tile as kKSteps A operands. ldmatrix x4 lane address:
     // row lane % 16, column (lane / 16) * 8 of the 16x16 block.
-    uint32_t q_frag[kRowTiles][kKSteps][4];
+    auto load_q_frag = [&](uint32_t (&f)[4], int rt, int ks) {
+      ldmatrix_x4(f, smem_u32(sQ + (warp_row0 + rt * 16 + lane % 16) * kPitch + ks * 16 + (lane / 16) * 8));
+    };
+    uint32_t q_frag[kRowTiles][Traits::kQInRegs ? kKSteps : 1][4];
+    if constexpr (Traits::kQInRegs) {
 #pragma unroll
-    for (int rt = 0; rt < kRowTiles; ++rt)
+      for (int rt = 0; rt < kRowTiles; ++rt)
 #pragma unroll
-      for (int ks = 0; ks < kKSteps; ++ks)
-        ldmatrix_x4(q_frag[rt][ks],
-                    smem_u32(sQ + (warp_row0 + rt * 16 + lane % 16) * kPitch + ks * 16 + (lane / 16) * 8));
+        for (int ks = 0; ks < kKSteps; ++ks) load_q_frag(q_frag[rt][ks], rt, ks);
+    }
 
     for (int nb = 0; nb < n_blocks; ++nb) {
       const int stage = nb % Traits::kStages;
@@ -120,9 +123,9 @@ __global__ void __launch_bounds__(Traits::kNThreads) flash_fwd_kernel(const Atte
         // The other stage was last read in iteration nb - 1, which ended with __syncthreads().
         const int next = (nb + 1) % Traits::kStages;
         load_tile_async<Traits, kBlockN>(sK + next * Traits::kKvTileElems, k, p.k_row_stride, (nb + 1) * kBlockN,
-                                         seqlen_k);
+                                         seqlen_k, head_dim);
         load_tile_async<Traits, kBlockN>(sV + next * Traits::kKvTileElems, v, p.v_row_stride, (nb + 1) * kBlockN,
-                                         seqlen_k);
+                                         seqlen_k, head_dim);
         cp_async_commit();
         cp_async_wait<1>();  // tile nb has landed, tile nb + 1 may still be in flight
       } else {
@@ -144,6 +147,13 @@ __global__ void __launch_bounds__(Traits::kNThreads) flash_fwd_kernel(const Atte
           for (int e = 0; e < 4; ++e) s[nt][e] = 0.0f;
 #pragma unroll
         for (int ks = 0; ks < kKSteps; ++ks) {
+          uint32_t qa[4];
+          if constexpr (Traits::kQInRegs) {
+#pragma unroll
+            for (int i = 0; i < 4; ++i) qa[i] = q_frag[rt][ks][i];
+          } else {
+            load_q_frag(qa, rt, ks);
+          }
 #pragma unroll
           for (int np = 0; np < kSTiles / 2; ++np) {
             // Matrices: (keys 0-7, d 0-7), (keys 0-7, d 8-15), (keys 8-15, d 0-7), (keys 8-15, d 8-15)
@@ -153,63 +163,22 @@ __global__ void __launch_bounds__(Traits::kNThreads) flash_fwd_kernel(const Atte
             ldmatrix_x4(kf, smem_u32(sKs + (np * 16 + (mi / 2) * 8 + lane % 8) * kPitch + ks * 16 + (mi % 2) * 8));
             const uint32_t b0[2] = {kf[0], kf[1]};
             const uint32_t b1[2] = {kf[2], kf[3]};
-            mma_m16n8k16<Elem>(s[2 * np], q_frag[rt][ks], b0);
-            mma_m16n8k16<Elem>(s[2 * np + 1], q_frag[rt][ks], b1);
+            mma_m16n8k16<Elem>(s[2 * np], qa, b0);
+            mma_m16n8k16<Elem>(s[2 * np + 1], qa, b1);
           }
         }
 
-        // Mask with -inf before the row max. This thread holds rows r0 (e = 0, 1) and r0 + 8 (e = 2, 3).
-        const int r0 = m0 + warp_row0 + rt * 16 + g;
-        if (need_mask) {
-#pragma unroll
-          for (int h = 0; h < 2; ++h) {
-            const int limit = kIsCausal ? min(seqlen_k, r0 + h * 8 + diag + 1) : seqlen_k;
-#pragma unroll
-            for (int nt = 0; nt < kSTiles; ++nt)
-#pragma unroll
-              for (int e = 0; e < 2; ++e)
-                if (n0 + nt * 8 + 2 * t + e >= limit) s[nt][2 * h + e] = kNegInf;
-          }
-        }
-
-        // Online softmax in base 2; the 4 threads of a group share a row (reduce over lane bits 0, 1).
+        const int r0 = m0 + warp_row0 + rt * 16 + g;  // this thread's rows: r0, r0 + 8
+        if (need_mask) mask_scores<kSTiles, kIsCausal>(s, n0 + 2 * t, r0, seqlen_k, diag);
         float rescale[2];
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          float mx = row_max[rt][h];
-#pragma unroll
-          for (int nt = 0; nt < kSTiles; ++nt) mx = fmaxf(mx, fmaxf(s[nt][2 * h], s[nt][2 * h + 1]));
-          mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-          mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-          // A row with no visible key so far keeps max -inf: subtract 0 so exp2(-inf) = 0, never NaN.
-          const float max_scaled = mx == kNegInf ? 0.0f : mx * p.scale_log2;
-          rescale[h] = exp2_approx(row_max[rt][h] * p.scale_log2 - max_scaled);
-          row_max[rt][h] = mx;
-          float sum = 0.0f;
-#pragma unroll
-          for (int nt = 0; nt < kSTiles; ++nt)
-#pragma unroll
-            for (int e = 0; e < 2; ++e) {
-              const float pe = exp2_approx(fmaf(s[nt][2 * h + e], p.scale_log2, -max_scaled));
-              s[nt][2 * h + e] = pe;
-              sum += pe;
-            }
-          row_sum[rt][h] = row_sum[rt][h] * rescale[h] + sum;  // per-thread partial; reduced at the end
-        }
-#pragma unroll
-        for (int nt = 0; nt < kOTiles; ++nt) {
-          o_acc[rt][nt][0] *= rescale[0];
-          o_acc[rt][nt][1] *= rescale[0];
-          o_acc[rt][nt][2] *= rescale[1];
-          o_acc[rt][nt][3] *= rescale[1];
-        }
+        softmax[rt].update(s, p.scale_log2, rescale);
+        scale_rows(o_acc[rt], rescale);
 
         // O += P V. P's n-tiles 2ks, 2ks + 1 are the A operand of k-step ks (same register layout).
 #pragma unroll
         for (int ks = 0; ks < kPvKSteps; ++ks) {
-          const uint32_t a[4] = {pack2<Elem>(s[2 * ks][0], s[2 * ks][1]), pack2<Elem>(s[2 * ks][2], s[2 * ks][3]),
-                                 pack2<Elem>(s[2 * ks + 1][0], s[2 * ks + 1][1]),
-                                 pack2<Elem>(s[2 * ks + 1][2], s[2 * ks + 1][3])};
+          uint32_t a[4];
+          p_to_a_operand<Elem>(s, ks, a);
 #pragma unroll
           for (int dp = 0; dp < kOTiles / 2; ++dp) {
             // Transposed matrices: (keys 0-7, d 0-7), (keys 8-15, d 0-7), (keys 0-7, d 8-15),
@@ -229,25 +198,22 @@ __global__ void __launch_bounds__(Traits::kNThreads) flash_fwd_kernel(const Atte
     }
   }
 
-  // Epilogue: full row sums, O / l, lse. Empty rows (l = 0): O = 0, lse = +inf.
+  // Epilogue: O / l and lse. Rows that saw no key: O = 0, lse = +inf.
 #pragma unroll
   for (int rt = 0; rt < kRowTiles; ++rt) {
+    float inv_l[2], row_lse[2];
+    softmax[rt].finish(inv_l, row_lse);
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      float l = row_sum[rt][h];
-      l += __shfl_xor_sync(0xffffffffu, l, 1);
-      l += __shfl_xor_sync(0xffffffffu, l, 2);
-      const bool empty = !(l > 0.0f);
-      const float inv_l = empty ? 0.0f : 1.0f / l;
       const int row = m0 + warp_row0 + rt * 16 + g + h * 8;
       if (row < seqlen_q) {
         Elem* orow = out + static_cast<int64_t>(row) * p.o_row_stride;
 #pragma unroll
         for (int nt = 0; nt < kOTiles; ++nt)
-          *reinterpret_cast<uint32_t*>(orow + nt * 8 + 2 * t) =
-              pack2<Elem>(o_acc[rt][nt][2 * h] * inv_l, o_acc[rt][nt][2 * h + 1] * inv_l);
-        if (t == 0)
-          lse[row] = empty ? INFINITY : (row_max[rt][h] * p.scale_log2 + __log2f(l)) * kLn2;
+          if (nt * 8 + 2 * t < head_dim)
+            *reinterpret_cast<uint32_t*>(orow + nt * 8 + 2 * t) =
+                pack2<Elem>(o_acc[rt][nt][2 * h] * inv_l[h], o_acc[rt][nt][2 * h + 1] * inv_l[h]);
+        if (t == 0) lse[row] = row_lse[h];
       }
     }
   }

@@ -6,7 +6,7 @@
 
 namespace fa::cuda::flash {
 
-template <int kHeadDim_, int kBlockM_, int kBlockN_, int kNWarps_, typename Elem_>
+template <int kHeadDim_, int kBlockM_, int kBlockN_, int kNWarps_, typename Elem_, bool kQInRegs_ = true>
 struct FlashFwdTraits {
   using Elem = Elem_;
   static constexpr int kHeadDim = kHeadDim_;
@@ -14,6 +14,8 @@ struct FlashFwdTraits {
   static constexpr int kBlockN = kBlockN_;  // key / value rows per K/V tile
   static constexpr int kNWarps = kNWarps_;
   static constexpr int kNThreads = kNWarps * 32;
+  // Q fragments held in registers for the whole K/V loop (else re-read from shared memory per k-step).
+  static constexpr bool kQInRegs = kQInRegs_;
 
   // mma.sync m16n8k16 shape.
   static constexpr int kMmaM = 16, kMmaN = 8, kMmaK = 16;
@@ -25,8 +27,9 @@ struct FlashFwdTraits {
   static constexpr int kPvKSteps = kBlockN / kMmaK;  // k-steps of O += P V (over the key tile)
   static constexpr int kOTiles = kHeadDim / kMmaN;   // n8 tiles of O per row tile: (16, kHeadDim)
 
-  // cp.async moves 16 bytes = kChunk elements; rows are padded by one chunk so the 8 row addresses of
-  // an ldmatrix land on 8 distinct 16-byte bank groups (row pitch = 16 mod 128 bytes): conflict-free.
+  // cp.async moves 16 bytes = kChunk elements; rows are padded by one chunk so that the row pitch is an
+  // odd number of 16-byte chunks: the 8 row addresses of an ldmatrix then land on 8 distinct 16-byte
+  // bank groups (r * pitch mod 128 bytes is distinct for r = 0..7): conflict-free.
   static constexpr int kChunk = 16 / static_cast<int>(sizeof(Elem));
   static constexpr int kSmemPitch = kHeadDim + kChunk;  // elements per shared-memory row
   static constexpr int kChunksPerRow = kHeadDim / kChunk;
@@ -43,7 +46,8 @@ struct FlashFwdTraits {
   static_assert(kBlockN % kMmaK == 0, "kBlockN must be a multiple of 16 (P V k-steps, ldmatrix x4 pairs)");
   static_assert((kBlockM * kChunksPerRow) % kNThreads == 0, "Q tile chunks must split evenly over threads");
   static_assert((kBlockN * kChunksPerRow) % kNThreads == 0, "K/V tile chunks must split evenly over threads");
-  static_assert((kSmemPitch * sizeof(Elem)) % 128 == 16, "row pitch must be 16 mod 128 bytes (no ldmatrix conflicts)");
+  static_assert((kSmemPitch * sizeof(Elem)) % 32 == 16,
+                "row pitch must be an odd number of 16-byte chunks (no ldmatrix conflicts)");
   static_assert(kSmemBytes <= 227 * 1024, "shared memory exceeds the sm_80/sm_90 per-block limit");
 };
 

@@ -1,0 +1,109 @@
+// Masking and the online softmax over one thread's piece of a score accumulator, shared by the
+// mma.sync (sm_80) and wgmma (sm_90a) FlashAttention kernels: both hold S in the m16n8 accumulator
+// layout, s[j][e] = row (g + 8 (e / 2)), column (8 j + 2 t + e % 2) of the warp's 16-row slice, with
+// g = lane / 4 and t = lane % 4. The 4 threads of a group (same g) share a row.
+//
+// Numerics: the scaled score x = s * scale_log2 is rounded once, the running max is taken over x and
+// P = 2^(x - max). So two keys with equal scores get bit-equal P, and an unchanged max rescales by
+// exactly 2^0 = 1. (Folding the scale into one fma, fma(s, c, -max * c), saves a multiply but leaves
+// max * c's rounding error in every P: at scores ~1e4 it split exact ties 0.4956 / 0.5044.)
+#pragma once
+#include <cmath>
+
+#include "common/attention_params.h"
+#include "cuda/flash/ptx.cuh"
+
+namespace fa::cuda::flash {
+
+// Sets to -inf every element whose key column is not visible from its row: columns >= seqlen_k and,
+// when causal, columns > row + diag (bottom-right alignment). col0 is the tile's first key column
+// plus this thread's 2 t; row0 its row g (row g + 8 is the other half).
+template <int kTiles, bool kIsCausal>
+__device__ __forceinline__ void mask_scores(float (&s)[kTiles][4], int col0, int row0, int seqlen_k, int diag) {
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int limit = kIsCausal ? min(seqlen_k, row0 + h * 8 + diag + 1) : seqlen_k;
+#pragma unroll
+    for (int j = 0; j < kTiles; ++j)
+#pragma unroll
+      for (int e = 0; e < 2; ++e)
+        if (col0 + j * 8 + e >= limit) s[j][2 * h + e] = -INFINITY;
+  }
+}
+
+// Running max (in scaled base-2 units) and partial row sums of the thread's two rows.
+struct OnlineSoftmax {
+  float row_max[2] = {-INFINITY, -INFINITY};
+  float row_sum[2] = {0.0f, 0.0f};  // this thread's columns only; reduced over the group in finish()
+
+  // Turns the (masked) scores s into P = 2^(s * scale_log2 - max) in place, updating max and sums;
+  // rescale[h] is the factor the caller applies to row h of its O accumulator.
+  template <int kTiles>
+  __device__ __forceinline__ void update(float (&s)[kTiles][4], float scale_log2, float (&rescale)[2]) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      float mx = row_max[h];
+#pragma unroll
+      for (int j = 0; j < kTiles; ++j)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          s[j][2 * h + e] *= scale_log2;
+          mx = fmaxf(mx, s[j][2 * h + e]);
+        }
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+      // A row with no visible key so far keeps max -inf: subtract 0 instead so 2^-inf = 0, never NaN.
+      const float base = mx == -INFINITY ? 0.0f : mx;
+      rescale[h] = exp2_approx(row_max[h] - base);
+      row_max[h] = mx;
+      float sum = 0.0f;
+#pragma unroll
+      for (int j = 0; j < kTiles; ++j)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const float pe = exp2_approx(s[j][2 * h + e] - base);
+          s[j][2 * h + e] = pe;
+          sum += pe;
+        }
+      row_sum[h] = row_sum[h] * rescale[h] + sum;
+    }
+  }
+
+  // Full row sums; inv_l[h] = 1 / l (0 for a row that saw no key) and lse[h] in natural log (+inf for
+  // such a row).
+  __device__ __forceinline__ void finish(float (&inv_l)[2], float (&lse)[2]) const {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      float l = row_sum[h];
+      l += __shfl_xor_sync(0xffffffffu, l, 1);
+      l += __shfl_xor_sync(0xffffffffu, l, 2);
+      const bool empty = !(l > 0.0f);
+      inv_l[h] = empty ? 0.0f : 1.0f / l;
+      lse[h] = empty ? INFINITY : (row_max[h] + __log2f(l)) * kLn2;
+    }
+  }
+};
+
+// Multiplies rows h of an m16n8-layout accumulator by scale[h].
+template <int kTiles>
+__device__ __forceinline__ void scale_rows(float (&o)[kTiles][4], const float (&scale)[2]) {
+#pragma unroll
+  for (int j = 0; j < kTiles; ++j) {
+    o[j][0] *= scale[0];
+    o[j][1] *= scale[0];
+    o[j][2] *= scale[1];
+    o[j][3] *= scale[1];
+  }
+}
+
+// P (an m16n8-layout accumulator over 16 k columns: tiles 2 ks and 2 ks + 1) re-packed as the
+// 16x16 A operand of an m16n8k16 mma / m64nNk16 wgmma k-step ks.
+template <typename Elem, int kTiles>
+__device__ __forceinline__ void p_to_a_operand(const float (&p)[kTiles][4], int ks, uint32_t (&a)[4]) {
+  a[0] = pack2<Elem>(p[2 * ks][0], p[2 * ks][1]);
+  a[1] = pack2<Elem>(p[2 * ks][2], p[2 * ks][3]);
+  a[2] = pack2<Elem>(p[2 * ks + 1][0], p[2 * ks + 1][1]);
+  a[3] = pack2<Elem>(p[2 * ks + 1][2], p[2 * ks + 1][3]);
+}
+
+}  // namespace fa::cuda::flash

@@ -1,0 +1,41 @@
+// Compile-time configuration of one Hopper (sm_90a, wgmma) FA2 forward kernel instance: tile sizes,
+// warpgroups, pipeline depth and the shared-memory layout derived from them.
+#pragma once
+#include <cstddef>
+
+namespace fa::cuda::flash::sm90 {
+
+template <int kHeadDim_, int kBlockN_, int kNWarpGroups_, int kStages_, typename Elem_>
+struct FlashFwdSm90Traits {
+  using Elem = Elem_;
+  static constexpr int kHeadDim = kHeadDim_;  // compiled head dim; smaller multiples of 8 run zero-padded
+  static constexpr int kNWarpGroups = kNWarpGroups_;
+  static constexpr int kNThreads = kNWarpGroups * 128;
+  static constexpr int kWgRows = 64;                       // wgmma M: query rows per warpgroup
+  static constexpr int kBlockM = kWgRows * kNWarpGroups;   // query rows per thread block
+  static constexpr int kBlockN = kBlockN_;                 // keys per K/V tile (wgmma N of S = Q K^T)
+  static constexpr int kStages = kStages_;                 // K/V tiles in flight
+
+  static constexpr int kMmaK = 16;
+  static constexpr int kKSteps = kHeadDim / kMmaK;    // wgmma k-steps of S = Q K^T
+  static constexpr int kPvKSteps = kBlockN / kMmaK;   // wgmma k-steps of O += P V
+  static constexpr int kSTiles = kBlockN / 8;         // n8 tiles of a warp's S accumulator (16, kBlockN)
+  static constexpr int kOTiles = kHeadDim / 8;        // n8 tiles of a warp's O accumulator (16, kHeadDim)
+
+  // SW128 tiles (wgmma.cuh): ceil(kHeadDim / 64) column blocks of 128-byte rows.
+  static constexpr int kChunk = 8;                      // elements per 16-byte cp.async chunk
+  static constexpr int kChunksPerRow = kHeadDim / kChunk;
+  static constexpr int kColBlocks = (kHeadDim + 63) / 64;
+  static constexpr size_t kQBytes = static_cast<size_t>(kColBlocks) * kBlockM * 128;
+  static constexpr size_t kKvTileBytes = static_cast<size_t>(kColBlocks) * kBlockN * 128;
+  // Layout: sQ | sK [kStages] | sV [kStages], each 1024-aligned; +1024 to align the dynamic base.
+  static constexpr size_t kSmemBytes = kQBytes + 2 * kStages * kKvTileBytes + 1024;
+
+  static_assert(sizeof(Elem) == 2, "the wgmma path takes fp16 or bf16");
+  static_assert(kHeadDim % 16 == 0 && kHeadDim <= 256, "head dim: a multiple of 16 up to 256 (wgmma k, N)");
+  static_assert(kBlockN % 16 == 0 && kBlockN <= 256, "kBlockN: wgmma N of S and a multiple of the P V k-step");
+  static_assert(kStages >= 2, "at least double buffering");
+  static_assert(kSmemBytes <= 227 * 1024, "shared memory exceeds the sm_90 per-block limit");
+};
+
+}  // namespace fa::cuda::flash::sm90

@@ -1,0 +1,86 @@
+// Warpgroup MMA (sm_90a) building blocks for the Hopper FlashAttention kernels: the 128-byte swizzled
+// shared-memory tile layout, the matrix descriptors that describe it to wgmma, and the fence /
+// commit / wait instructions around wgmma.mma_async. The instruction wrappers themselves are
+// generated (wgmma_ops.cuh).
+//
+// Tile layout ("SW128"): a [rows, cols] tile of 16-bit elements is stored as ceil(cols / 64) column
+// blocks of [rows, 64] elements (128 bytes per row), each block rows * 128 bytes, 1024-byte aligned.
+// Inside a block, the 16-byte chunk c (elements 8c .. 8c + 7) of row r lives at
+//     r * 128 + ((c ^ (r % 8)) * 16)
+// which is the hardware's 128-byte swizzle (address bits [4, 7) ^= bits [7, 10)), so that the 8 rows
+// of an 8 x 8 core matrix hit 8 different 16-byte bank groups.
+//
+// Descriptors (PTX ISA "matrix descriptor"): bits 0-13 start address >> 4, 16-29 leading byte
+// offset >> 4, 32-45 stride byte offset >> 4, 62-63 swizzle mode (1 = 128 B).
+//  - K-major operand (rows of K contiguous: Q and K for S = Q K^T): a 16-wide k-step starts at
+//    block (k / 64), byte (k % 64) * 2 of the row; the stride byte offset is 1024 (8 rows), the
+//    leading byte offset is unused with this swizzle (1).
+//  - MN-major operand (rows of N contiguous: V for O += P V, N = head dim, K = keys): a 16-key k-step
+//    starts 16 rows (2048 bytes) further; the leading byte offset steps from one 64-wide column
+//    block to the next (rows * 128 bytes); the stride byte offset steps 8 rows (1024).
+#pragma once
+#include <cstdint>
+
+#include "cuda/flash/hopper/wgmma_ops.cuh"
+
+namespace fa::cuda::flash::sm90 {
+
+inline constexpr int kSw128RowBytes = 128;    // one row of a column block
+inline constexpr int kSw128BlockCols = 64;    // 16-bit elements per row of a column block
+inline constexpr int kSw128AtomBytes = 1024;  // 8 rows: the swizzle period, and the alignment
+inline constexpr int kChunkBytes = 16;
+
+// Byte offset of 16-byte chunk `chunk` (counted over the whole row, all column blocks) of row `row`
+// in an SW128 tile of `kRows` rows.
+template <int kRows>
+__device__ __forceinline__ uint32_t sw128_offset(int row, int chunk) {
+  constexpr int kChunksPerBlockRow = kSw128RowBytes / kChunkBytes;  // 8
+  const int block = chunk / kChunksPerBlockRow, c = chunk % kChunksPerBlockRow;
+  return static_cast<uint32_t>(block * kRows * kSw128RowBytes + row * kSw128RowBytes +
+                               ((c ^ (row % 8)) * kChunkBytes));
+}
+
+__device__ __forceinline__ uint64_t make_desc(uint32_t smem_addr, uint32_t leading_bytes, uint32_t stride_bytes) {
+  constexpr uint64_t kSwizzle128 = 1;
+  return static_cast<uint64_t>((smem_addr & 0x3FFFF) >> 4) | (static_cast<uint64_t>(leading_bytes >> 4) << 16) |
+         (static_cast<uint64_t>(stride_bytes >> 4) << 32) | (kSwizzle128 << 62);
+}
+
+// K-major SW128 operand whose k-step `ks` (16 elements) is wanted; tile_addr is the tile's (row 0)
+// shared address and kRows its row count (the distance between column blocks).
+template <int kRows>
+__device__ __forceinline__ uint64_t desc_k_major(uint32_t tile_addr, int ks) {
+  constexpr int kStepsPerBlock = kSw128BlockCols / 16;  // 4
+  const uint32_t addr = tile_addr + (ks / kStepsPerBlock) * kRows * kSw128RowBytes + (ks % kStepsPerBlock) * 32;
+  return make_desc(addr, 16, kSw128AtomBytes);
+}
+
+// MN-major SW128 operand (N across the row, K down the rows) at k-step `ks` (16 rows).
+template <int kRows>
+__device__ __forceinline__ uint64_t desc_mn_major(uint32_t tile_addr, int ks) {
+  return make_desc(tile_addr + ks * 16 * kSw128RowBytes, kRows * kSw128RowBytes, kSw128AtomBytes);
+}
+
+// Orders this thread's earlier register writes (accumulators, A fragments) before the next wgmma.
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+template <int kPending>
+__device__ __forceinline__ void wgmma_wait() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(kPending) : "memory");
+}
+// Makes generic-proxy writes to shared memory (cp.async, st.shared) visible to the async proxy that
+// wgmma reads through; each writing thread runs it before the barrier that publishes the tile.
+__device__ __forceinline__ void fence_proxy_async_smem() {
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
+// Pins an accumulator array in registers across the asynchronous wgmma window, so the compiler does
+// not move or read it between issue and wait.
+template <int kTiles>
+__device__ __forceinline__ void fence_operands(float (&d)[kTiles][4]) {
+#pragma unroll
+  for (int j = 0; j < kTiles; ++j)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) asm volatile("" : "+f"(d[j][e])::"memory");
+}
+
+}  // namespace fa::cuda::flash::sm90
