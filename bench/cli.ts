@@ -204,8 +204,8 @@ export async function main(argv: string[], io: CliIO = { stdout: process.stdout,
   };
   const kernelResolved = kernelsRan(rows);
   if (s.device === 'cuda' && s.kernel === 'auto' && /naive/.test(kernelResolved)) {
-    notes.push('"auto" ran the naive kernel where this build has no FlashAttention-2 CUDA kernel (the backward; float32; '
-      + 'head dims other than 64 and 128): each row\'s kernel says which ran');
+    notes.push('"auto" ran the naive kernel where this build has no FlashAttention-2 CUDA kernel (the backward, for now): '
+      + 'each row\'s kernel says which ran');
   }
   const report: BenchReport = {
     tool: NAME, schema: 1, env,

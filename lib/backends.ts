@@ -72,9 +72,9 @@ export function backends(): BackendsReport {
     cuda: {
       available: status.available,
       reason: status.reason,
-      // 'auto' stays on naive; 'flash' (opt-in) runs the FA2 forward for float16/bfloat16 with head
-      // dims 64 and 128 on sm_80+.
-      kernels: status.available ? ['naive', 'flash'] : [],
+      // 'auto' takes 'flash' (the FA2 forward on sm_80+) wherever it exists for the call, and 'naive'
+      // otherwise (the backward, until its FA2 kernel lands): the first entry is the default.
+      kernels: status.available ? ['flash', 'naive'] : [],
       compiled: b.cudaCompiled,
       device: d
         ? {

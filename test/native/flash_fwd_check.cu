@@ -27,6 +27,7 @@
 #include "common/dtype.h"
 #include "common/half.h"
 #include "cuda/flash/flash_fwd.h"
+#include "cuda/flash/hopper/flash_fwd_sm90_launch.cuh"
 #include "cuda/naive_attention.h"
 #include "check_cuda.h"
 
@@ -112,6 +113,16 @@ fa::AttentionFwdParams make_params(const Case& c, const Dev& q, const Dev& k, co
 }
 
 using FwdFn = cudaError_t (*)(const fa::AttentionFwdParams&, cudaStream_t);
+
+// Alternative Hopper configurations, timed beside the shipped one (bf16 only): keys per tile,
+// warpgroups, stages.
+template <int kHeadDim, int kBlockN, int kWarpGroups, int kStages>
+cudaError_t sm90_variant(const fa::AttentionFwdParams& p, cudaStream_t stream) {
+  using Traits = fa::cuda::flash::sm90::FlashFwdSm90Traits<kHeadDim, kBlockN, kWarpGroups, kStages, __nv_bfloat16>;
+  if (p.dtype != DType::kBFloat16 || p.head_dim != kHeadDim) return cudaErrorNotSupported;
+  return p.causal ? fa::cuda::launch_flash_fwd_sm90<Traits, true>(p, stream)
+                  : fa::cuda::launch_flash_fwd_sm90<Traits, false>(p, stream);
+}
 
 bool run_case(const Case& c, const char* path, FwdFn fwd, std::mt19937_64& rng) {
   const int64_t nq = c.batch * c.sq * c.hq * c.d, nk = c.batch * c.sk * c.hkv * c.d;
@@ -274,7 +285,29 @@ int main(int argc, char** argv) {
         failed += !run_case(Case{1, 1025, 1023, 2, 1, d, causal, t}, path.name, path.fn, rng);
       }
   }
+  struct Variant {
+    const char* name;
+    int64_t d;
+    FwdFn fn;
+  };
+  const Variant variants[] = {
+      {"d64n128w3s3", 64, sm90_variant<64, 128, 3, 3>},   {"d64n128w2s4", 64, sm90_variant<64, 128, 2, 4>},
+      {"d64n64w3s4", 64, sm90_variant<64, 64, 3, 4>},     {"d128n64w3s4", 128, sm90_variant<128, 64, 3, 4>},
+      {"d128n64w2s4", 128, sm90_variant<128, 64, 2, 4>},  {"d128n96w2s3", 128, sm90_variant<128, 96, 2, 3>},
+  };
+  const bool hopper = std::strcmp(fa::cuda::flash_fwd_path(), "sm90-wgmma") == 0;
+  if (hopper)
+    for (const Variant& var : variants)
+      for (bool causal : {false, true}) {
+        total += 2;
+        failed += !run_case(Case{2, 97, 203, 4, 2, var.d, causal, DType::kBFloat16}, var.name, var.fn, rng);
+        failed += !run_case(Case{1, 1025, 1023, 2, 1, var.d, causal, DType::kBFloat16}, var.name, var.fn, rng);
+      }
   std::printf("%s: %d of %d cases failed\n", failed ? "FAIL" : "PASS", failed, total);
+  if (run_bench && hopper)
+    for (const Variant& var : variants)
+      for (int64_t seqlen : {2048, 8192})
+        for (bool causal : {false, true}) bench(seqlen, var.d, causal, var.name, var.fn, rng);
   if (run_bench)
     for (const Path& path : paths)
       for (int64_t seqlen : {2048, 8192})

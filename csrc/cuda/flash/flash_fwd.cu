@@ -55,11 +55,30 @@ cudaError_t launch_sm80(const AttentionFwdParams& p, cudaStream_t stream) {
 
 bool aligned(const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % kAlignBytes == 0; }
 
-int device_major() {
-  int dev = 0, major = 0;
+int device_attribute(cudaDeviceAttr attr) {
+  int dev = 0, value = 0;
   if (cudaGetDevice(&dev) != cudaSuccess) return 0;
-  if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess) return 0;
-  return major;
+  if (cudaDeviceGetAttribute(&value, attr, dev) != cudaSuccess) return 0;
+  return value;
+}
+int device_major() { return device_attribute(cudaDevAttrComputeCapabilityMajor); }
+
+template <int kHeadDim>
+constexpr size_t sm80_smem_bytes() {
+  using C = Sm80Config<kHeadDim>;
+  return flash::FlashFwdTraits<kHeadDim, C::kBlockM, C::kBlockN, C::kWarps, __half, C::kQInRegs>::kSmemBytes;
+}
+// Shared memory of the mma.sync kernel for a compiled head dim (sm_86 / sm_89 allow 99 KiB per block,
+// sm_80 163 KiB: the 192 and 256 configurations need the latter).
+size_t sm80_smem_bytes(int padded) {
+  switch (padded) {
+    case 32: return sm80_smem_bytes<32>();
+    case 64: return sm80_smem_bytes<64>();
+    case 96: return sm80_smem_bytes<96>();
+    case 128: return sm80_smem_bytes<128>();
+    case 192: return sm80_smem_bytes<192>();
+    default: return sm80_smem_bytes<256>();
+  }
 }
 
 bool use_sm90(int major) { return major == 9 && flash_fwd_sm90_built(); }
@@ -68,8 +87,13 @@ bool use_sm90(int major) { return major == 9 && flash_fwd_sm90_built(); }
 
 bool flash_fwd_supported(const AttentionFwdParams& p) {
   if (p.dtype != DType::kFloat16 && p.dtype != DType::kBFloat16) return false;
-  if (p.head_dim % 8 != 0 || flash::padded_head_dim(p.head_dim) == 0) return false;
-  if (device_major() < 8) return false;
+  const int padded = flash::padded_head_dim(p.head_dim);
+  if (p.head_dim % 8 != 0 || padded == 0) return false;
+  const int major = device_major();
+  if (major < 8) return false;
+  if (!use_sm90(major) &&
+      sm80_smem_bytes(padded) > static_cast<size_t>(device_attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin)))
+    return false;
   if (p.seqlen_q > INT32_MAX || p.seqlen_k > INT32_MAX) return false;  // row indices are int in the kernels
   // Blocks of the flattened grid, for the smaller (sm_80) tile: the larger one needs fewer.
   if (ceil_div<int64_t>(p.seqlen_q, 64) * p.heads_q * p.batch > kMaxBlocks) return false;

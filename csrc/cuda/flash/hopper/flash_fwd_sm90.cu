@@ -3,46 +3,45 @@
 // kernels have bodies only in the sm_90a pass (flash_fwd_sm90_kernel.cuh), and flash_fwd_sm90_built()
 // tells the dispatcher whether that pass was part of the build.
 //
-// Configurations: 2 warpgroups (kBlockM 128), 2 K/V stages, kBlockN 128 up to head dim 128, 64 at
-// 192, 32 at 256. ptxas -v (CUDA 13.0, sm_90a; fp16 = bf16; non-causal / causal), 0 spills:
-//   d32 153/155 regs, d64 181/194, d96 219/226, d128 252/252, d192 222/243, d256 (kBlockN 32) 216/236
-//   (kBlockN 64 at d256 spilled 32-40 bytes at 255 registers).
-// First measurement (H200, bf16, B*S = 16k, H*D = 2048, median of 20), TFLOP/s:
-//   d64 259 (causal 230) at 2k, 279 (275) at 8k; d128 344 (287) at 2k, 370 (342) at 8k;
-//   d256 320 (255) at 2k, 344 (302) at 8k.
+// Configurations (keys per tile kBlockN, warpgroups of 64 query rows, K/V stages), chosen by timing
+// alternatives side by side (test/native/flash_fwd_check.cu; H200, bf16, B*S = 16k, H*D = 2048,
+// median of 20, TFLOP/s at seqlen 2k / 8k, non-causal | causal):
+//   d64  n128 w3 s3: 341 / 386 | 259 / 337   <- non-causal (192-row tiles)
+//        n128 w2 s3: 329 / 361 | 275 / 340   <- causal (finer tiles skip more of the masked half)
+//        n128 w2 s4: 327 / 357 | 276 / 347;  n64 w3 s4: 317 / 361 | 248 / 314
+//   d128 n128 w2 s3: 493 / 555 | 392 / 505   <- shipped
+//        n96 w2 s3: 453 / 517 | 374 / 488;  n64 w3 s4: 455 / 503 | 351 / 454;  n64 w2 s4: 447 / 497 | 361 / 455
+//   d256 n32 w2 s3: 421 / 461 | 338 / 415    (n64 spilled at 255 registers before TMA loads)
+// Without the intra-warpgroup overlap and with cp.async loads (first cut) d128 ran at 344 / 370 | 287 / 342.
+// ptxas -v (CUDA 13.0, sm_90a; fp16 = bf16; non-causal / causal registers), 0 spills, shared memory
+// Q + 3 stages of K and V + barriers:
+//   d32 155/157, d64 168/154 (w3: see the config), d96 189/175, d128 186/195 (224 KiB smem),
+//   d192 170/213, d256 182/215.
 #include "cuda/flash/hopper/flash_fwd_sm90.h"
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
-#include <cstdint>
-
-#include "cuda/cuda_utils.cuh"
-#include "cuda/flash/hopper/flash_fwd_sm90_kernel.cuh"
+#include "cuda/flash/hopper/flash_fwd_sm90_launch.cuh"
 #include "cuda/flash/static_switch.h"
 
 namespace fa::cuda {
 namespace {
 
-// Per head dim: keys per tile, warpgroups (64 query rows each), K/V stages.
-template <int kHeadDim>
+// Per head dim and causality: keys per tile, warpgroups (64 query rows each), K/V stages.
+template <int kHeadDim, bool kIsCausal>
 struct Sm90Config {
   static constexpr int kBlockN = kHeadDim <= 128 ? 128 : kHeadDim <= 192 ? 64 : 32;
-  static constexpr int kWarpGroups = 2;
-  static constexpr int kStages = 2;
+  static constexpr int kWarpGroups = kHeadDim <= 64 && !kIsCausal ? 3 : 2;
+  static constexpr int kStages = 3;
 };
 
 template <typename Elem, int kHeadDim, bool kIsCausal>
 cudaError_t launch(const AttentionFwdParams& p, cudaStream_t stream) {
-  using Config = Sm90Config<kHeadDim>;
+  using Config = Sm90Config<kHeadDim, kIsCausal>;
   using Traits = flash::sm90::FlashFwdSm90Traits<kHeadDim, Config::kBlockN, Config::kWarpGroups, Config::kStages, Elem>;
-  auto kernel = flash::sm90::flash_fwd_sm90_kernel<Traits, kIsCausal>;
-  FA_CUDA_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                   static_cast<int>(Traits::kSmemBytes)));
-  const int64_t blocks = ceil_div<int64_t>(p.seqlen_q, Traits::kBlockM) * p.heads_q * p.batch;
-  kernel<<<static_cast<unsigned>(blocks), Traits::kNThreads, Traits::kSmemBytes, stream>>>(p);
-  return cudaGetLastError();
+  return launch_flash_fwd_sm90<Traits, kIsCausal>(p, stream);
 }
 
 }  // namespace

@@ -5,11 +5,15 @@
 // heaviest causal tiles first. Warpgroups split Q: warpgroup w owns rows [64 w, 64 w + 64) of the tile
 // (wgmma M = 64); the running max / sum and the unscaled O accumulator stay in registers for the whole
 // K/V loop. Q stays in shared memory (the A operand of S = Q K^T is read through a descriptor).
-// K/V tiles stream through kStages shared-memory stages with cp.async (all threads load; 128-byte
-// swizzled rows, wgmma.cuh). Per K/V tile:
+// Q and the K/V tiles arrive by TMA (tma.cuh), issued by thread 0, into 128-byte swizzled tiles
+// (wgmma.cuh); K/V stream through kStages stages, each with an mbarrier. The tensor maps' bounds do
+// the masking of the loads: rows past the sequence and columns past head_dim arrive as zeros.
+// Per K/V tile:
 //   S = Q K^T            wgmma m64 n kBlockN k16, A = Q and B = K from shared memory (K-major)
 //   mask, online softmax fragment_softmax.cuh (-inf masking before the max, base-2, scale first)
 //   O = O * rescale + P V   wgmma m64 n kHeadDim k16, A = P from registers, B = V (MN-major)
+// pipelined inside each warpgroup: the softmax of tile j runs while the tensor cores do P V of tile
+// j - 1 (FA3's intra-warpgroup overlap), which is why a stage is refilled two tiles late.
 // Epilogue: O / l stored (rows >= seqlen_q and columns >= head_dim skipped); lse in natural log.
 // Head dims below kHeadDim (multiples of 8) run with zero-filled columns.
 #pragma once
@@ -20,34 +24,21 @@
 #include "common/attention_params.h"
 #include "cuda/flash/fragment_softmax.cuh"
 #include "cuda/flash/hopper/flash_fwd_sm90_traits.h"
+#include "cuda/flash/hopper/tma.cuh"
 #include "cuda/flash/hopper/wgmma.cuh"
 #include "cuda/flash/ptx.cuh"
 
 namespace fa::cuda::flash::sm90 {
 
-// Copies rows [row0, row0 + kRows) x columns [0, kHeadDim) of a [seq, head_dim] slice into an SW128
-// tile at shared address `tile`. Rows >= seq_limit and columns >= head_dim are zero-filled.
-template <typename Traits, int kRows>
-__device__ __forceinline__ void load_tile(uint32_t tile, const typename Traits::Elem* gmem, int64_t row_stride,
-                                          int row0, int seq_limit, int head_dim) {
-  constexpr int kChunks = kRows * Traits::kChunksPerRow;
-  constexpr int kIters = (kChunks + Traits::kNThreads - 1) / Traits::kNThreads;
-  const int valid_chunks = head_dim / Traits::kChunk;
-#pragma unroll
-  for (int it = 0; it < kIters; ++it) {
-    const int c = static_cast<int>(threadIdx.x) + it * Traits::kNThreads;
-    if (kChunks % Traits::kNThreads == 0 || c < kChunks) {
-      const int r = c / Traits::kChunksPerRow, chunk = c % Traits::kChunksPerRow;
-      const bool valid = row0 + r < seq_limit && chunk < valid_chunks;
-      const typename Traits::Elem* src =
-          valid ? gmem + static_cast<int64_t>(row0 + r) * row_stride + chunk * Traits::kChunk : gmem;
-      cp_async_16(tile + sw128_offset<kRows>(r, chunk), src, valid);
-    }
-  }
-}
+// The tensor maps of one call (flash_fwd_sm90.cu builds them): 4-D views (head_dim, seqlen, heads,
+// batch) of q, k and v with 64-column x kRows boxes and the 128-byte swizzle.
+struct FwdTensorMaps {
+  CUtensorMap q, k, v;
+};
 
 template <typename Traits, bool kIsCausal>
-__global__ void __launch_bounds__(Traits::kNThreads, 1) flash_fwd_sm90_kernel(const AttentionFwdParams p) {
+__global__ void __launch_bounds__(Traits::kNThreads, 1) flash_fwd_sm90_kernel(const __grid_constant__ AttentionFwdParams p,
+                                                                            const __grid_constant__ FwdTensorMaps maps) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using Elem = typename Traits::Elem;
   constexpr int kBlockM = Traits::kBlockM, kBlockN = Traits::kBlockN, kStages = Traits::kStages;
@@ -58,6 +49,8 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) flash_fwd_sm90_kernel(co
   const uint32_t sQ = smem_base;
   const uint32_t sK = sQ + static_cast<uint32_t>(Traits::kQBytes);
   const uint32_t sV = sK + static_cast<uint32_t>(kStages * Traits::kKvTileBytes);
+  const uint32_t bar_q = sV + static_cast<uint32_t>(kStages * Traits::kKvTileBytes);  // then one per stage
+  const auto bar_kv = [&](int stage) { return bar_q + 8u * static_cast<uint32_t>(1 + stage); };
 
   const int seqlen_q = static_cast<int>(p.seqlen_q), seqlen_k = static_cast<int>(p.seqlen_k);
   const int head_dim = static_cast<int>(p.head_dim);
@@ -94,42 +87,69 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) flash_fwd_sm90_kernel(co
     for (int e = 0; e < 4; ++e) o[j][e] = 0.0f;
   OnlineSoftmax softmax;
 
-  if (n_blocks > 0) {
-    // Prologue: Q with tile 0, then tiles 1 .. kStages - 2, one cp.async group each.
-    load_tile<Traits, kBlockM>(sQ, q, p.q_row_stride, m0, seqlen_q, head_dim);
+  if (threadIdx.x == 0) {
+    mbarrier_init(bar_q, 1);
 #pragma unroll
-    for (int st = 0; st < kStages - 1; ++st) {
-      if (st < n_blocks) {
-        load_tile<Traits, kBlockN>(sK + st * Traits::kKvTileBytes, k, p.k_row_stride, st * kBlockN, seqlen_k, head_dim);
-        load_tile<Traits, kBlockN>(sV + st * Traits::kKvTileBytes, v, p.v_row_stride, st * kBlockN, seqlen_k, head_dim);
-      }
-      cp_async_commit();
+    for (int st = 0; st < kStages; ++st) mbarrier_init(bar_kv(st), 1);
+    fence_mbarrier_init();
+  }
+  __syncthreads();
+
+  // Thread 0 issues every TMA load: tile j of K and V into stage j % kStages, one box per 64 columns.
+  const auto issue_kv = [&](int j) {
+    const int st = j % kStages;
+    const uint32_t off = static_cast<uint32_t>(st * Traits::kKvTileBytes);
+    mbarrier_arrive_expect_tx(bar_kv(st), static_cast<uint32_t>(2 * Traits::kKvTileBytes));
+#pragma unroll
+    for (int cb = 0; cb < Traits::kColBlocks; ++cb) {
+      const uint32_t cb_off = off + static_cast<uint32_t>(cb * kBlockN * kSw128RowBytes);
+      tma_load_4d(sK + cb_off, &maps.k, bar_kv(st), cb * kSw128BlockCols, j * kBlockN, head_kv, static_cast<int>(batch));
+      tma_load_4d(sV + cb_off, &maps.v, bar_kv(st), cb * kSw128BlockCols, j * kBlockN, head_kv, static_cast<int>(batch));
     }
+  };
 
+  if (n_blocks > 0) {
+    // Tile j goes to stage j % kStages. Tile j + kStages - 2 is issued at the top of iteration j: its
+    // stage last held tile j - 2, whose V was read by the P V of iteration j - 1 (done by then).
+    constexpr int kAhead = kStages - 2;
+    if (threadIdx.x == 0) {
+      mbarrier_arrive_expect_tx(bar_q, static_cast<uint32_t>(Traits::kQBytes));
+#pragma unroll
+      for (int cb = 0; cb < Traits::kColBlocks; ++cb)
+        tma_load_4d(sQ + static_cast<uint32_t>(cb * kBlockM * kSw128RowBytes), &maps.q, bar_q, cb * kSw128BlockCols, m0,
+                    head, static_cast<int>(batch));
+#pragma unroll
+      for (int j = 0; j < kAhead; ++j)
+        if (j < n_blocks) issue_kv(j);
+    }
+    mbarrier_wait(bar_q, 0);
+
+    const auto stage_off = [&](int j) { return static_cast<uint32_t>((j % kStages) * Traits::kKvTileBytes); };
+    // Software pipeline (per warpgroup): iteration nb issues S_nb = Q K_nb^T and then O += P_{nb-1} V_{nb-1},
+    // runs the softmax of S_nb while the tensor cores do P_{nb-1} V_{nb-1}, then rescales O.
+    float s[kSTiles][4];
+    uint32_t pa[Traits::kPvKSteps][4];  // P_{nb-1} as the A operand of the P V k-steps
     for (int nb = 0; nb < n_blocks; ++nb) {
-      cp_async_wait<kStages - 2>();  // tile nb has landed (later tiles may be in flight)
-      fence_proxy_async_smem();
-      __syncthreads();  // tile nb is visible to every warpgroup, and tile nb - 1's stage is free
-      {
-        const int next = nb + kStages - 1;
-        if (next < n_blocks) {
-          const uint32_t off = (next % kStages) * static_cast<uint32_t>(Traits::kKvTileBytes);
-          load_tile<Traits, kBlockN>(sK + off, k, p.k_row_stride, next * kBlockN, seqlen_k, head_dim);
-          load_tile<Traits, kBlockN>(sV + off, v, p.v_row_stride, next * kBlockN, seqlen_k, head_dim);
-        }
-        cp_async_commit();  // possibly empty: keeps one group per tile for the wait count
-      }
-      const uint32_t stage_off = (nb % kStages) * static_cast<uint32_t>(Traits::kKvTileBytes);
-      const uint32_t sK_tile = sK + stage_off, sV_tile = sV + stage_off;
+      mbarrier_wait(bar_kv(nb % kStages), static_cast<uint32_t>((nb / kStages) & 1));
+      __syncthreads();  // every warpgroup finished iteration nb - 1: tile nb - 2's stage may be refilled
+      if (threadIdx.x == 0 && nb + kAhead < n_blocks) issue_kv(nb + kAhead);
 
-      // S = Q K^T: this warp's (16, kBlockN) slice of the warpgroup's (64, kBlockN).
-      float s[kSTiles][4];
       wgmma_fence();
+      const uint32_t sK_tile = sK + stage_off(nb);
 #pragma unroll
       for (int ks = 0; ks < Traits::kKSteps; ++ks)
         Wgmma<kBlockN, Elem>::ss(s, desc_k_major<kBlockM>(sQ_wg, ks), desc_k_major<kBlockN>(sK_tile, ks), ks > 0);
       wgmma_commit();
-      wgmma_wait<0>();
+      if (nb > 0) {
+        const uint32_t sV_tile = sV + stage_off(nb - 1);
+#pragma unroll
+        for (int ks = 0; ks < Traits::kPvKSteps; ++ks)
+          Wgmma<Traits::kHeadDim, Elem>::rs_tb(o, pa[ks], desc_mn_major<kBlockN>(sV_tile, ks), 1);
+        wgmma_commit();
+        wgmma_wait<1>();  // S_nb is ready; P_{nb-1} V_{nb-1} may still run
+      } else {
+        wgmma_wait<0>();
+      }
       fence_operands(s);
 
       const int n0 = nb * kBlockN;
@@ -137,21 +157,22 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) flash_fwd_sm90_kernel(co
         mask_scores<kSTiles, kIsCausal>(s, n0 + 2 * t, row0, seqlen_k, diag);
       float rescale[2];
       softmax.update(s, p.scale_log2, rescale);
-      scale_rows(o, rescale);
 
-      // O += P V: P re-packed as kPvKSteps A fragments (written before the fence, as wgmma requires).
-      uint32_t pa[Traits::kPvKSteps][4];
-#pragma unroll
-      for (int ks = 0; ks < Traits::kPvKSteps; ++ks) p_to_a_operand<Elem>(s, ks, pa[ks]);
-      wgmma_fence();
-#pragma unroll
-      for (int ks = 0; ks < Traits::kPvKSteps; ++ks)
-        Wgmma<Traits::kHeadDim, Elem>::rs_tb(o, pa[ks], desc_mn_major<kBlockN>(sV_tile, ks), 1);
-      wgmma_commit();
       wgmma_wait<0>();
       fence_operands(o);
+      scale_rows(o, rescale);
+#pragma unroll
+      for (int ks = 0; ks < Traits::kPvKSteps; ++ks) p_to_a_operand<Elem>(s, ks, pa[ks]);
     }
-    cp_async_wait<0>();
+    // The last tile's P V.
+    wgmma_fence();
+    const uint32_t sV_last = sV + stage_off(n_blocks - 1);
+#pragma unroll
+    for (int ks = 0; ks < Traits::kPvKSteps; ++ks)
+      Wgmma<Traits::kHeadDim, Elem>::rs_tb(o, pa[ks], desc_mn_major<kBlockN>(sV_last, ks), 1);
+    wgmma_commit();
+    wgmma_wait<0>();
+    fence_operands(o);
   }
 
   // Epilogue: O / l and lse. Rows that saw no key: O = 0, lse = +inf.

@@ -23,18 +23,18 @@ struct FlashFwdSm90Traits {
   static constexpr int kOTiles = kHeadDim / 8;        // n8 tiles of a warp's O accumulator (16, kHeadDim)
 
   // SW128 tiles (wgmma.cuh): ceil(kHeadDim / 64) column blocks of 128-byte rows.
-  static constexpr int kChunk = 8;                      // elements per 16-byte cp.async chunk
-  static constexpr int kChunksPerRow = kHeadDim / kChunk;
   static constexpr int kColBlocks = (kHeadDim + 63) / 64;
   static constexpr size_t kQBytes = static_cast<size_t>(kColBlocks) * kBlockM * 128;
   static constexpr size_t kKvTileBytes = static_cast<size_t>(kColBlocks) * kBlockN * 128;
-  // Layout: sQ | sK [kStages] | sV [kStages], each 1024-aligned; +1024 to align the dynamic base.
-  static constexpr size_t kSmemBytes = kQBytes + 2 * kStages * kKvTileBytes + 1024;
+  // Layout: sQ | sK [kStages] | sV [kStages] (each 1024-aligned) | mbarriers: Q, then one per stage
+  // (8 bytes each); +1024 to align the dynamic base.
+  static constexpr size_t kBarrierBytes = 8 * (1 + kStages);
+  static constexpr size_t kSmemBytes = kQBytes + 2 * kStages * kKvTileBytes + kBarrierBytes + 1024;
 
   static_assert(sizeof(Elem) == 2, "the wgmma path takes fp16 or bf16");
   static_assert(kHeadDim % 16 == 0 && kHeadDim <= 256, "head dim: a multiple of 16 up to 256 (wgmma k, N)");
   static_assert(kBlockN % 16 == 0 && kBlockN <= 256, "kBlockN: wgmma N of S and a multiple of the P V k-step");
-  static_assert(kStages >= 2, "at least double buffering");
+  static_assert(kStages >= 3, "the pipelined loop refills a stage two tiles after its use: 3 stages double-buffer");
   static_assert(kSmemBytes <= 227 * 1024, "shared memory exceeds the sm_90 per-block limit");
 };
 

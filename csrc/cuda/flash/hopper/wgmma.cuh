@@ -28,18 +28,6 @@ namespace fa::cuda::flash::sm90 {
 inline constexpr int kSw128RowBytes = 128;    // one row of a column block
 inline constexpr int kSw128BlockCols = 64;    // 16-bit elements per row of a column block
 inline constexpr int kSw128AtomBytes = 1024;  // 8 rows: the swizzle period, and the alignment
-inline constexpr int kChunkBytes = 16;
-
-// Byte offset of 16-byte chunk `chunk` (counted over the whole row, all column blocks) of row `row`
-// in an SW128 tile of `kRows` rows.
-template <int kRows>
-__device__ __forceinline__ uint32_t sw128_offset(int row, int chunk) {
-  constexpr int kChunksPerBlockRow = kSw128RowBytes / kChunkBytes;  // 8
-  const int block = chunk / kChunksPerBlockRow, c = chunk % kChunksPerBlockRow;
-  return static_cast<uint32_t>(block * kRows * kSw128RowBytes + row * kSw128RowBytes +
-                               ((c ^ (row % 8)) * kChunkBytes));
-}
-
 __device__ __forceinline__ uint64_t make_desc(uint32_t smem_addr, uint32_t leading_bytes, uint32_t stride_bytes) {
   constexpr uint64_t kSwizzle128 = 1;
   return static_cast<uint64_t>((smem_addr & 0x3FFFF) >> 4) | (static_cast<uint64_t>(leading_bytes >> 4) << 16) |
@@ -67,11 +55,6 @@ __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_grou
 template <int kPending>
 __device__ __forceinline__ void wgmma_wait() {
   asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(kPending) : "memory");
-}
-// Makes generic-proxy writes to shared memory (cp.async, st.shared) visible to the async proxy that
-// wgmma reads through; each writing thread runs it before the barrier that publishes the tile.
-__device__ __forceinline__ void fence_proxy_async_smem() {
-  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
 }
 // Pins an accumulator array in registers across the asynchronous wgmma window, so the compiler does
 // not move or read it between issue and wait.

@@ -1,0 +1,50 @@
+// Tensor memory accelerator (TMA, sm_90) loads completing on shared-memory mbarriers: the wrappers
+// the Hopper FlashAttention kernels use to stream Q, K and V tiles without per-thread address
+// arithmetic. A tile load is issued by one thread; every consumer waits on the stage's mbarrier with
+// the phase parity of that use of the stage.
+//
+// Protocol per buffer use: the issuing thread arms the barrier with the bytes it expects
+// (mbarrier_arrive_expect_tx, the one arrival the barrier was initialised with), then issues the
+// copies that complete those bytes; the phase flips when both happened. Boxes that reach past the
+// tensor map's bounds are zero-filled and still count their full size.
+#pragma once
+#include <cuda.h>
+
+#include <cstdint>
+
+namespace fa::cuda::flash::sm90 {
+
+__device__ __forceinline__ void mbarrier_init(uint32_t bar, uint32_t arrivals) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(arrivals) : "memory");
+}
+// Makes barrier initialisation visible to the async proxy (TMA) before the first use.
+__device__ __forceinline__ void fence_mbarrier_init() {
+  asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+}
+__device__ __forceinline__ void mbarrier_arrive_expect_tx(uint32_t bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
+}
+// Blocks until the barrier's phase with the given parity has completed.
+__device__ __forceinline__ void mbarrier_wait(uint32_t bar, uint32_t parity) {
+  asm volatile(
+      "{\n.reg .pred done;\n"
+      "WAIT_AGAIN:\n"
+      "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+      "@!done bra WAIT_AGAIN;\n}\n" ::"r"(bar),
+      "r"(parity)
+      : "memory");
+}
+__device__ __forceinline__ void prefetch_tensor_map(const CUtensorMap* map) {
+  asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(map)) : "memory");
+}
+// 4-D box at coordinates (c0 innermost .. c3) of `map` into shared memory at dst, completing on bar.
+__device__ __forceinline__ void tma_load_4d(uint32_t dst, const CUtensorMap* map, uint32_t bar, int c0, int c1, int c2,
+                                            int c3) {
+  asm volatile(
+      "cp.async.bulk.tensor.4d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4, %5}], "
+      "[%6];\n" ::"r"(dst),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(bar)
+      : "memory");
+}
+
+}  // namespace fa::cuda::flash::sm90
