@@ -5,7 +5,9 @@
  * [batch, seqlenK, headsKV, headDim]; out is like q; lse is float32 [batch, headsQ, seqlenQ] in
  * natural log. All contiguous. seqlenQ and seqlenK may differ; headsQ must be a multiple of headsKV
  * (grouped-query / multi-query attention, with no copies of k and v); headDim is a multiple of 8 up
- * to 256. Compute is float32 for every dtype (fp32 accumulation).
+ * to 256. Compute is float32 for every dtype (fp32 accumulation); float32 inputs of the CUDA
+ * FlashAttention-2 forward run on TF32 tensor cores unless `float32Precision: 'highest'` (see
+ * {@link AttentionOptions.float32Precision}).
  *
  * Causal masking is aligned to the bottom-right corner, as in FlashAttention-2: query row i sees
  * key j iff j <= i + seqlenK - seqlenQ. When seqlenQ > seqlenK the first seqlenQ - seqlenK rows see
@@ -16,11 +18,14 @@
  * @packageDocumentation
  */
 import { describeValue, formatShape, rangeError, typeError } from './errors';
-import { binding, KERNEL_CODE, NativeBuffer } from './native';
+import { binding, FLOAT32_PRECISION_CODE, KERNEL_CODE, NativeBuffer } from './native';
 import { Device, DType, handleOf, Tensor, wrapNative } from './tensor';
 
 /** Which implementation runs. */
 export type AttentionKernel = 'auto' | 'flash' | 'naive';
+
+/** How float32 inputs use the tensor cores of the CUDA FlashAttention-2 forward. */
+export type Float32Precision = 'tf32' | 'highest';
 
 /** Options shared by the forward and the backward. */
 export interface AttentionOptions {
@@ -40,6 +45,25 @@ export interface AttentionOptions {
    * says which ran.
    */
   kernel?: AttentionKernel;
+  /**
+   * How the CUDA FlashAttention-2 forward computes float32 inputs (ignored for float16/bfloat16, by
+   * the CPU backend and by the naive CUDA kernel, which always compute in full fp32).
+   *
+   * - `'tf32'` (default): TF32 tensor cores, as PyTorch with TF32 allowed. q, k, v and the softmax
+   *   probabilities are rounded to TF32 (10-bit mantissa, the precision of float16 with float32's
+   *   range) before the two matrix products; accumulation and the softmax stay float32. Expected error,
+   *   like a float16 computation: on unit-normal inputs (headDim 64-128, seqlen 256-1024), max |out −
+   *   exact| ≈ 4-6e-4 · max|out| and max |lse − exact| ≈ 2-4e-4 (from the TF32 emulation of
+   *   `referenceAttention(..., { precision: 'tf32' })`); float32 FMA is ~1e3 times closer.
+   * - `'highest'`: full float32 accuracy through 3xTF32: each operand is split into two TF32 values
+   *   (x = big + small) and each product is big·big + big·small + small·big (≤ ~3·2^-22 relative
+   *   each, float32 accumulation), about 1.5× the error of a plain float32 implementation (same
+   *   emulation: out ≈ 1-2e-6 · max|out|, lse ≈ 1e-6), for about 3× the tensor-core work.
+   *
+   * The backward accepts the option (one options object serves both passes, as with
+   * {@link flashAttentionWithGrad}); it has no effect there yet: every backward computes in full fp32.
+   */
+  float32Precision?: Float32Precision;
 }
 
 /** Options of the backward. */
@@ -74,6 +98,7 @@ interface Problem {
   causal: boolean;
   scale: number;
   kernel: AttentionKernel;
+  float32Precision: Float32Precision;
 }
 
 const QKV_DIMS = '[batch, seqlen, heads, headDim]';
@@ -89,7 +114,15 @@ function checkLike(t: Tensor, name: string, ref: Tensor, refName: string): void 
   if (t.device !== ref.device) throw typeError(`${name} to be on device ${ref.device} (like ${refName})`, t.device);
 }
 
-function checkOptions(options: unknown, backward: boolean): { causal: boolean; scale?: number; kernel: AttentionKernel; deterministic: boolean } {
+interface CheckedOptions {
+  causal: boolean;
+  scale?: number;
+  kernel: AttentionKernel;
+  float32Precision: Float32Precision;
+  deterministic: boolean;
+}
+
+function checkOptions(options: unknown, backward: boolean): CheckedOptions {
   if (options !== undefined && (options === null || typeof options !== 'object' || Array.isArray(options))) {
     throw typeError('options to be an object or undefined', describeValue(options));
   }
@@ -110,10 +143,19 @@ function checkOptions(options: unknown, backward: boolean): { causal: boolean; s
   if (o.kernel !== undefined && !['auto', 'flash', 'naive'].includes(o.kernel as string)) {
     throw typeError("options.kernel to be 'auto', 'flash' or 'naive'", describeValue(o.kernel));
   }
+  if (o.float32Precision !== undefined && !['tf32', 'highest'].includes(o.float32Precision as string)) {
+    throw typeError("options.float32Precision to be 'tf32' or 'highest'", describeValue(o.float32Precision));
+  }
   if (backward && o.deterministic !== undefined && typeof o.deterministic !== 'boolean') {
     throw typeError('options.deterministic to be a boolean', describeValue(o.deterministic));
   }
-  return { causal: o.causal ?? false, scale: o.softmaxScale, kernel: o.kernel ?? 'auto', deterministic: o.deterministic ?? false };
+  return {
+    causal: o.causal ?? false,
+    scale: o.softmaxScale,
+    kernel: o.kernel ?? 'auto',
+    float32Precision: o.float32Precision ?? 'tf32',
+    deterministic: o.deterministic ?? false,
+  };
 }
 
 /** Validates q, k, v (and the options) and derives the problem's dimensions. */
@@ -150,6 +192,7 @@ function checkQKV(q: unknown, k: unknown, v: unknown, options: unknown, backward
     causal: o.causal,
     scale: o.scale ?? 1 / Math.sqrt(headDim),
     kernel: o.kernel,
+    float32Precision: o.float32Precision,
     deterministic: o.deterministic,
   };
 }
@@ -178,7 +221,8 @@ function checkLse(lse: unknown, p: Problem): Tensor {
 }
 
 function forwardNative(q: NativeBuffer, k: NativeBuffer, v: NativeBuffer, p: Problem): AttentionOutput {
-  const [outBuf, lseBuf, kernel] = binding().attentionForward(q, k, v, p.dims, p.causal, p.scale, KERNEL_CODE[p.kernel]);
+  const [outBuf, lseBuf, kernel] = binding().attentionForward(q, k, v, p.dims, p.causal, p.scale, KERNEL_CODE[p.kernel],
+    FLOAT32_PRECISION_CODE[p.float32Precision]);
   const [batch, seqlenQ, , headsQ, , headDim] = p.dims;
   return {
     out: wrapNative(outBuf, [batch, seqlenQ, headsQ, headDim], p.dtype, p.device),

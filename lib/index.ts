@@ -16,15 +16,15 @@ export {
   flashAttention, flashAttentionBackward, flashAttentionWithGrad, AttentionContext,
 } from './attention';
 export type {
-  AttentionKernel, AttentionOptions, AttentionBackwardOptions, AttentionOutput, AttentionGradients,
+  AttentionKernel, AttentionOptions, AttentionBackwardOptions, AttentionOutput, AttentionGradients, Float32Precision,
 } from './attention';
 export { backends, cudaDeviceCount } from './backends';
 export { timeOnDevice } from './timing';
 export type { BackendInfo, CpuBackendInfo, CudaBackendInfo, BackendsReport } from './backends';
 export { NativeLoadError } from './native';
-export { referenceAttention, referenceAttentionBackward } from './reference';
+export { referenceAttention, referenceAttentionBackward, roundToTf32 } from './reference';
 export type {
-  ReferenceShape, ReferenceOptions, ReferenceInput, ReferenceForwardResult, ReferenceBackwardResult,
+  ReferenceShape, ReferenceOptions, ReferenceInput, ReferenceForwardResult, ReferenceBackwardResult, ReferencePrecision,
 } from './reference';
 export {
   f32ToBf16Bits, bf16BitsToF32, f32ToF16Bits, f16BitsToF32, float32ToHalfBits, halfBitsToFloat32, roundToDtype,

@@ -66,7 +66,7 @@ export interface NativeBinding {
   timerStop(timer: NativeTimer): Promise<number>;
   attentionForward(
     q: NativeBuffer, k: NativeBuffer, v: NativeBuffer, dims: number[], causal: boolean, softmaxScale: number,
-    kernel: number,
+    kernel: number, float32Precision: number,
   ): [NativeBuffer, NativeBuffer, 'flash' | 'naive'];
   attentionBackward(
     dout: NativeBuffer, q: NativeBuffer, k: NativeBuffer, v: NativeBuffer, out: NativeBuffer, lse: NativeBuffer,
@@ -78,6 +78,8 @@ export interface NativeBinding {
 export const DTYPE_CODE = { float32: 0, float16: 1, bfloat16: 2 } as const;
 export const DEVICE_CODE = { cpu: 0, cuda: 1 } as const;
 export const KERNEL_CODE = { auto: 0, flash: 1, naive: 2 } as const;
+/** `Fp32Precision` of csrc/common/attention_params.h. */
+export const FLOAT32_PRECISION_CODE = { tf32: 0, highest: 1 } as const;
 
 /** Thrown by every native call when the addon could not be loaded; the message says what to do. */
 export class NativeLoadError extends Error {

@@ -87,9 +87,55 @@ export interface ReferenceOptions {
    *     `dv = rd(dv)`.
    *
    * With `'float32'`, `rd = f`: only the float32 accumulation differs from the exact reference.
+   *
+   * `'tf32'`: float32 tensors whose matrix-product operands are rounded to TF32 first, as tensor cores
+   * compute float32 (the CUDA forward's default `float32Precision: 'tf32'`). `rd` splits in two: the
+   * operands — q̃, k̃, ṽ and dÕ in step 1, p̃ in step 4, d̃s in step 9 — are
+   * `rd = roundToTf32` (10-bit mantissa, ties away from zero, as `cvt.rna.tf32.f32`), and the stored
+   * results — out in step 5, dq, dk and dv in steps 10 and 11 — are `rd = f`. Every float32 accumulation
+   * stays as above (D in step 6 uses dÕ and the float32 out).
+   *
    * Empty (fully masked) rows behave as in float64 mode.
    */
-  precision?: 'float64' | DType;
+  precision?: ReferencePrecision;
+}
+
+/** The arithmetic that {@link ReferenceOptions.precision} emulates. */
+export type ReferencePrecision = 'float64' | DType | 'tf32';
+
+// One shared 4-byte scratch word, viewed as float32 and as uint32 (same platform byte order).
+const tf32Scratch = new Float32Array(1);
+const tf32Bits = new Uint32Array(tf32Scratch.buffer);
+const TF32_HALF_ULP = 0x1000; // bit 12: the highest of the 13 mantissa bits that TF32 drops
+const TF32_MASK = 0xffffe000; // sign, exponent and the 10 mantissa bits TF32 keeps
+const F32_EXP_MASK = 0x7f800000;
+
+/**
+ * Rounds to TF32 as the CUDA tensor-core path does (`cvt.rna.tf32.f32`): first to float32, then to a
+ * 10-bit mantissa, to nearest with ties away from zero. Finite values beyond the largest TF32 value
+ * (`(2 − 2^-10) · 2^127`, by half a TF32 ulp or more) become ±Infinity; ±Infinity, NaN and ±0 are kept.
+ * TF32 keeps float32's exponent range, subnormals included.
+ * @example roundToTf32(1 + 2 ** -11) === 1 + 2 ** -10 // a tie, away from zero
+ */
+export function roundToTf32(x: number): number {
+  tf32Scratch[0] = x;
+  const u = tf32Bits[0];
+  // Adding half of the dropped range to the bit pattern rounds the magnitude (ties up, i.e. away from
+  // zero); a carry out of the mantissa bumps the exponent, up to Infinity. Inf and NaN only truncate.
+  tf32Bits[0] = ((u & F32_EXP_MASK) === F32_EXP_MASK ? u : u + TF32_HALF_ULP) & TF32_MASK;
+  return tf32Scratch[0];
+}
+
+/** How same-precision mode rounds the operands of the products and the stored results. */
+interface Rounding {
+  input: (x: number) => number;
+  output: (x: number) => number;
+}
+
+function roundingOf(precision: DType | 'tf32'): Rounding {
+  if (precision === 'tf32') return { input: roundToTf32, output: f };
+  const rd = dtypeRounder(precision);
+  return { input: rd, output: rd };
 }
 
 /** Result of {@link referenceAttention}. */
@@ -120,7 +166,7 @@ interface Resolved {
   group: number;
   scale: number;
   causal: boolean;
-  precision: 'float64' | DType;
+  precision: ReferencePrecision;
 }
 
 function checkPositiveInt(name: string, v: unknown): number {
@@ -154,8 +200,8 @@ function resolve(shape: ReferenceShape, options: ReferenceOptions | undefined): 
     throw new RangeError(`softmaxScale must be a finite number > 0, got ${String(scale)}`);
   }
   const precision = opts.precision ?? 'float64';
-  if (precision !== 'float64' && precision !== 'float32' && precision !== 'float16' && precision !== 'bfloat16') {
-    throw new TypeError(`precision must be 'float64', 'float32', 'float16' or 'bfloat16', got ${String(precision)}`);
+  if (!['float64', 'float32', 'float16', 'bfloat16', 'tf32'].includes(precision as string)) {
+    throw new TypeError(`precision must be 'float64', 'float32', 'float16', 'bfloat16' or 'tf32', got ${String(precision)}`);
   }
   return { B, Sq, Sk, Hq, Hkv, d, group: Hq / Hkv, scale, causal: opts.causal === true, precision };
 }
@@ -334,10 +380,10 @@ function forwardSame(
   k: ReferenceInput,
   v: ReferenceInput,
   r: Resolved,
-  dtype: DType,
+  precision: DType | 'tf32',
 ): ReferenceForwardResult {
   const { B, Sq, Sk, Hq, Hkv, d, group } = r;
-  const rd = dtypeRounder(dtype);
+  const { input: rd, output: rdOut } = roundingOf(precision);
   const scale = f(r.scale);
   const { out, lse } = makeOutputs(r);
   const K = new Float32Array(Sk * d);
@@ -363,7 +409,7 @@ function forwardSame(
           lse[li] = softmax32(s, n);
           for (let j = 0; j < n; j++) s[j] = rd(s[j]);
           pv32(s, V, n, d, acc);
-          for (let c = 0; c < d; c++) out[ob + c] = rd(acc[c]);
+          for (let c = 0; c < d; c++) out[ob + c] = rdOut(acc[c]);
         }
       }
     }
@@ -482,10 +528,10 @@ function backwardSame(
   k: ReferenceInput,
   v: ReferenceInput,
   r: Resolved,
-  dtype: DType,
+  precision: DType | 'tf32',
 ): ReferenceBackwardResult {
   const { B, Sq, Sk, Hq, Hkv, d, group } = r;
-  const rd = dtypeRounder(dtype);
+  const { input: rd, output: rdOut } = roundingOf(precision);
   const scale = f(r.scale);
   const { out, lse } = makeOutputs(r);
   const dq = new Float64Array(out.length);
@@ -526,7 +572,7 @@ function backwardSame(
           pv32(pr, V, n, d, acc);
           let D = 0;
           for (let c = 0; c < d; c++) {
-            const o = rd(acc[c]);
+            const o = rdOut(acc[c]);
             orow[c] = o;
             out[ob + c] = o;
             D = f(D + f(DO[qo + c] * o));
@@ -546,11 +592,11 @@ function backwardSame(
               dK[o + c] = f(dK[o + c] + f(ds * Q[qo + c]));
             }
           }
-          for (let c = 0; c < d; c++) dq[ob + c] = rd(f(dqacc[c] * scale));
+          for (let c = 0; c < d; c++) dq[ob + c] = rdOut(f(dqacc[c] * scale));
         }
       }
-      scatterHead(dK, b, kh, Sk, Hkv, d, dk, scale, rd);
-      scatterHead(dV, b, kh, Sk, Hkv, d, dv, 1, rd);
+      scatterHead(dK, b, kh, Sk, Hkv, d, dk, scale, rdOut);
+      scatterHead(dV, b, kh, Sk, Hkv, d, dv, 1, rdOut);
     }
   }
   return { dq, dk, dv, out, lse };

@@ -1,25 +1,41 @@
 /**
  * Which implementation runs: results name it ('auto' resolved), and an explicit kernel that cannot
  * run the call is refused with the reason.
+ *
+ * - CPU: FlashAttention-2 for the forward and the backward ('naive' is refused there; its message is
+ *   checked in test/validation.test.ts).
+ * - CUDA (the suites run on sm_80 or newer): 'auto' runs the FlashAttention-2 forward for float16,
+ *   bfloat16 and float32 (TF32) at every head dim, and the naive backward, because the FA2 backward is
+ *   not part of this build: kernel 'flash' for the backward is refused. 'naive' runs on request. The
+ *   forward's only refusal ("needs a GPU of compute capability 8.0 (sm_80) or newer") cannot be
+ *   reached on the GPUs the suites run on.
  */
 import { flashAttention, flashAttentionBackward, Tensor } from '../lib';
-import type { DType } from '../lib';
+import type { AttentionKernel, DType } from '../lib';
 import { describeEachDevice, trackMemory } from './helpers/backend';
 import { randn, rngFor } from './helpers/random';
 
 trackMemory();
 
+type Ran = Exclude<AttentionKernel, 'auto'>;
+
 describeEachDevice('kernel choice', (device) => {
+  /** q, k, v, dout of shape [1, 40, 2, headDim] (self attention), random. */
   const make = (dtype: DType, headDim: number): Tensor[] => {
     const shape = [1, 40, 2, headDim];
     const n = shape.reduce((a, b) => a * b, 1);
     return [0, 1, 2, 3].map((i) => Tensor.fromFloat32Array(randn(n, rngFor(`kernel/${device}/${dtype}/${headDim}/${i}`)), shape, { dtype, device }));
   };
 
-  const cases: [DType, number, 'flash' | 'naive', 'flash' | 'naive'][] = device === 'cpu'
+  // [dtype, head dim, forward kernel of 'auto', backward kernel of 'auto']. On CUDA: a specialised
+  // and a padded head dim per dtype (the padded ones run the next specialisation).
+  const cases: [DType, number, Ran, Ran][] = device === 'cpu'
     ? [['float32', 64, 'flash', 'flash'], ['bfloat16', 40, 'flash', 'flash']]
-    // CUDA: 'auto' stays on the naive reference until the FA2 kernels meet the suite's rule.
-    : [['bfloat16', 64, 'naive', 'naive'], ['float32', 64, 'naive', 'naive']];
+    : [
+      ['float16', 64, 'flash', 'naive'], ['float16', 200, 'flash', 'naive'],
+      ['bfloat16', 128, 'flash', 'naive'], ['bfloat16', 40, 'flash', 'naive'],
+      ['float32', 256, 'flash', 'naive'], ['float32', 8, 'flash', 'naive'],
+    ];
 
   test.each(cases)('%s, head dim %d: auto runs %s forward and %s backward', (dtype, headDim, fwdKernel, bwdKernel) => {
     const [q, k, v, dout] = make(dtype, headDim);
@@ -33,35 +49,35 @@ describeEachDevice('kernel choice', (device) => {
   });
 
   if (device === 'cuda') {
-    test.each([['bfloat16', 64], ['float16', 128]] as [DType, number][])(
-      "kernel 'flash' opts into the CUDA FA2 forward (%s, head dim %d)", (dtype, headDim) => {
+    test.each([['float16', 96], ['bfloat16', 136], ['float32', 32]] as [DType, number][])(
+      "%s, head dim %d: kernel 'flash' and kernel 'naive' each run the forward they name", (dtype, headDim) => {
         const [q, k, v, dout] = make(dtype, headDim);
-        const f = flashAttention(q, k, v, { kernel: 'flash' });
+        const f = flashAttention(q, k, v, { kernel: 'flash', causal: true });
+        const n = flashAttention(q, k, v, { kernel: 'naive', causal: true });
         try {
-          expect(f.kernel).toBe('flash');
+          expect([f.kernel, n.kernel]).toEqual(['flash', 'naive']);
         } finally {
-          for (const t of [q, k, v, dout, f.out, f.lse]) t.dispose();
+          for (const t of [q, k, v, dout, f.out, f.lse, n.out, n.lse]) t.dispose();
         }
       });
 
-    test("kernel 'flash' where no CUDA FA2 kernel exists says why", () => {
-      const [q, k, v, dout] = make('float32', 64);
-      try {
-        expect(() => flashAttention(q, k, v, { kernel: 'flash' })).toThrow(new RangeError(
-          "Expected kernel to be 'auto' or 'naive' for this call but received 'flash': the CUDA FlashAttention-2 forward "
-          + 'supports float16 and bfloat16 with head dims 64 and 128 on sm_80 or newer for now'));
+    test.each(['float16', 'bfloat16', 'float32'] as DType[])(
+      "%s: kernel 'flash' for the backward is refused (no CUDA FA2 backward yet); 'naive' runs it", (dtype) => {
+        const [q, k, v, dout] = make(dtype, 64);
         const f = flashAttention(q, k, v);
         try {
           expect(() => flashAttentionBackward(dout, q, k, v, f.out, f.lse, { kernel: 'flash' })).toThrow(new RangeError(
             "Expected kernel to be 'auto' or 'naive' for this call but received 'flash': the CUDA FlashAttention-2 "
             + 'backward is not part of this build yet'));
+          const g = flashAttentionBackward(dout, q, k, v, f.out, f.lse, { kernel: 'naive' });
+          try {
+            expect(g.kernel).toBe('naive');
+          } finally {
+            for (const t of [g.dq, g.dk, g.dv]) t.dispose();
+          }
         } finally {
-          f.out.dispose();
-          f.lse.dispose();
+          for (const t of [q, k, v, dout, f.out, f.lse]) t.dispose();
         }
-      } finally {
-        for (const t of [q, k, v, dout]) t.dispose();
-      }
-    });
+      });
   }
 });

@@ -10,7 +10,9 @@ import {
   referenceAttentionBackward,
   ReferenceInput,
   ReferenceOptions,
+  ReferencePrecision,
   ReferenceShape,
+  roundToTf32,
 } from '../lib/reference';
 import { currentSeed, randn, randu, Rng, rngFor, seedHint } from './helpers/random';
 import {
@@ -518,10 +520,12 @@ describe('same-precision mode', () => {
    * The same-precision algorithm written again, directly from the steps listed in the JSDoc of
    * ReferenceOptions.precision (naive indexing, no scratch rows), for an exact comparison.
    */
-  function samePrecisionDirect(dout: Float64Array, q: Float64Array, k: Float64Array, v: Float64Array, sh: ReferenceShape, causal: boolean, dtype: DType) {
+  function samePrecisionDirect(dout: Float64Array, q: Float64Array, k: Float64Array, v: Float64Array, sh: ReferenceShape, causal: boolean, dtype: DType | 'tf32') {
     const { batch: B, seqlenQ: Sq, seqlenK: Sk, headsQ: Hq, headsKV: Hkv, headDim: d } = sh;
     const f = Math.fround;
-    const rd = (x: number) => roundToDtype(x, dtype);
+    // 'tf32': operands (inputs, P, dS) rounded to TF32, stored results to float32; a dtype: both to it.
+    const rd = dtype === 'tf32' ? roundToTf32 : (x: number) => roundToDtype(x, dtype);
+    const rdOut = dtype === 'tf32' ? f : rd;
     const scale = f(1 / Math.sqrt(d));
     const [Q, K, V, DO] = [q, k, v, dout].map((a) => a.map(rd));
     const out = new Float64Array(Q.length);
@@ -556,8 +560,8 @@ describe('same-precision mode', () => {
           for (let c = 0; c < d; c++) {
             let a = 0;
             js.forEach((j, t) => (a = f(a + f(pr[t] * V[at(b, j, kh, c, Sk, Hkv, d)]))));
-            out[at(b, i, h, c, Sq, Hq, d)] = rd(a);
-            D = f(D + f(DO[at(b, i, h, c, Sq, Hq, d)] * rd(a)));
+            out[at(b, i, h, c, Sq, Hq, d)] = rdOut(a);
+            D = f(D + f(DO[at(b, i, h, c, Sq, Hq, d)] * rdOut(a)));
           }
           const dqAcc = new Float64Array(d);
           js.forEach((j, t) => {
@@ -574,16 +578,18 @@ describe('same-precision mode', () => {
               dkAcc[x] = f(dkAcc[x] + f(ds * Q[at(b, i, h, c, Sq, Hq, d)]));
             }
           });
-          for (let c = 0; c < d; c++) dq[at(b, i, h, c, Sq, Hq, d)] = rd(f(dqAcc[c] * scale));
+          for (let c = 0; c < d; c++) dq[at(b, i, h, c, Sq, Hq, d)] = rdOut(f(dqAcc[c] * scale));
         }
       }
-    return { out, lse, dq, dk: dkAcc.map((x) => rd(f(x * scale))), dv: dvAcc.map(rd) };
+    return { out, lse, dq, dk: dkAcc.map((x) => rdOut(f(x * scale))), dv: dvAcc.map(rdOut) };
   }
 
-  test.each<[DType, boolean]>([
+  test.each<[DType | 'tf32', boolean]>([
     ['bfloat16', true],
     ['float16', false],
     ['float32', true],
+    ['tf32', true],
+    ['tf32', false],
   ])('%s causal=%s: bit-exact with the documented rounding steps, written again naively', (dtype, causal) => {
     const small = { batch: 2, seqlenQ: 7, seqlenK: 5, headsQ: 4, headsKV: 2, headDim: 8 };
     const { q, k, v, dout } = randomInputs(small, rngFor(`sp-direct-${dtype}`));
@@ -608,6 +614,36 @@ describe('same-precision mode', () => {
     expect(ef).toBeGreaterThan(0);
   });
 
+  test("'tf32': error of float16's magnitude (the same 10-bit mantissa), outputs float32 values, not TF32 ones", () => {
+    const rng = rngFor('sp-tf32');
+    const f = Math.fround;
+    const q = Float64Array.from(randn(qSize(shape), rng), f);
+    const k = Float64Array.from(randn(kSize(shape), rng), f);
+    const v = Float64Array.from(randn(kSize(shape), rng), f);
+    const dout = Float64Array.from(randn(qSize(shape), rng), f);
+    const ref = referenceAttentionBackward(dout, q, k, v, shape, { causal: true });
+    const err = (p: ReferencePrecision, n: 'out' | 'dq' | 'dk' | 'dv') =>
+      relErr(referenceAttentionBackward(dout, q, k, v, shape, { causal: true, precision: p })[n], ref[n]);
+    const report: string[] = [];
+    for (const n of ['out', 'dq', 'dk', 'dv'] as const) {
+      const [e32, etf, e16] = [err('float32', n), err('tf32', n), err('float16', n)];
+      if (!(etf >= 5e-5 && etf <= 4e-3)) report.push(`${n}: tf32 error ${etf} not in [5e-5, 4e-3]`);
+      if (!(etf > 30 * e32)) report.push(`${n}: tf32 error ${etf} not well above float32's ${e32}`);
+      if (!(etf > e16 / 4 && etf < 4 * e16)) report.push(`${n}: tf32 error ${etf} not within 4x of float16's ${e16}`);
+    }
+    const sp = referenceAttentionBackward(dout, q, k, v, shape, { causal: true, precision: 'tf32' });
+    for (const n of ['out', 'lse', 'dq', 'dk', 'dv'] as const) {
+      if (sp[n].some((x) => f(x) !== x)) report.push(`${n} not float32`);
+    }
+    // Stored results are float32, not rounded to TF32: almost none is a TF32 value on the rows that see
+    // 2 keys or more (causal, 96 x 80: rows 0-15 see none, row 16 sees one and its out is exactly ṽ).
+    const rowOf = (i: number) => Math.floor(i / (shape.headsQ * shape.headDim));
+    const mixed = sp.out.filter((_, i) => rowOf(i) >= 17);
+    const tf32Valued = mixed.filter((x) => roundToTf32(x) === x).length;
+    if (tf32Valued > mixed.length / 100) report.push(`${tf32Valued} of ${mixed.length} outputs are TF32 values`);
+    expect(report).toEqual([]);
+  });
+
   test('inputs are rounded to the dtype internally (unrounded and pre-rounded inputs agree exactly)', () => {
     const small = { batch: 1, seqlenQ: 7, seqlenK: 9, headsQ: 2, headsKV: 2, headDim: 8 };
     const { q, k, v, dout } = randomInputs(small, rngFor('sp-round-inputs'));
@@ -625,7 +661,7 @@ describe('same-precision mode', () => {
   test('empty rows: out 0, lse +Inf, dq 0, never NaN', () => {
     const small = { batch: 1, seqlenQ: 6, seqlenK: 4, headsQ: 2, headsKV: 1, headDim: 8 };
     const { q, k, v, dout } = randomInputs(small, rngFor('sp-empty'));
-    for (const dtype of ['bfloat16', 'float16', 'float32'] as const) {
+    for (const dtype of ['bfloat16', 'float16', 'float32', 'tf32'] as const) {
       const r = referenceAttentionBackward(dout, q, k, v, small, { causal: true, precision: dtype });
       for (const t of [r.out, r.lse, r.dq, r.dk, r.dv]) expect(t.some(Number.isNaN)).toBe(false);
       for (let h = 0; h < 2; h++) {
@@ -636,6 +672,65 @@ describe('same-precision mode', () => {
       expect(maxAbs(r.dq.subarray(0, 2 * 16))).toBe(0);
       expect(maxAbs(r.dq.subarray(2 * 16))).toBeGreaterThan(0);
     }
+  });
+});
+
+// ----------------------------------------------------------------------------------------------
+// TF32 rounding (the tensor-core operands of the CUDA float32 forward)
+// ----------------------------------------------------------------------------------------------
+
+describe('roundToTf32', () => {
+  const bitsOf = (x: number): number => new Uint32Array(Float32Array.of(x).buffer)[0];
+  const fromBits = (u: number): number => new Float32Array(Uint32Array.of(u).buffer)[0];
+
+  test.each<[string, number, number]>([
+    ['exact values stay', 1.5, 1.5],
+    ['1 + 2^-11 is a tie: away from zero (ties-to-even would give 1)', 1 + 2 ** -11, 1 + 2 ** -10],
+    ['-(1 + 2^-11) is a tie: away from zero', -(1 + 2 ** -11), -(1 + 2 ** -10)],
+    ['just below the tie rounds down', 1 + 2 ** -11 - 2 ** -23, 1],
+    ['just above the tie rounds up', 1 + 2 ** -11 + 2 ** -23, 1 + 2 ** -10],
+    ['1 + 3 * 2^-11 is a tie: away (1 + 2^-9)', 1 + 3 * 2 ** -11, 1 + 2 ** -9],
+    ['0.1', 0.1, 0.0999755859375],
+    ['a carry into the exponent', 2 - 2 ** -12, 2],
+    ['the largest TF32 value stays', (2 - 2 ** -10) * 2 ** 127, (2 - 2 ** -10) * 2 ** 127],
+    ['half a TF32 ulp above it overflows to Infinity', fromBits(0x7f7ff000), Infinity],
+    ['the largest float32 overflows to Infinity', fromBits(0x7f7fffff), Infinity],
+    ['-largest float32 overflows to -Infinity', -fromBits(0x7f7fffff), -Infinity],
+    ['the smallest subnormal rounds to 0', 2 ** -149, 0],
+    ['a subnormal tie rounds away (2^-137 -> 2^-136)', 2 ** -137, 2 ** -136],
+    ['Infinity', Infinity, Infinity],
+    ['-Infinity', -Infinity, -Infinity],
+  ])('%s', (_label, x, want) => {
+    expect(roundToTf32(x)).toBe(want);
+  });
+
+  test('NaN stays NaN, -0 stays -0; the input is first rounded to float32', () => {
+    expect(roundToTf32(NaN)).toBeNaN();
+    expect(Object.is(roundToTf32(-0), -0)).toBe(true);
+    // 1 + 2^-11 + 2^-30 rounds to float32 1 + 2^-11 (a float32 tie, to even), then away: 1 + 2^-10.
+    expect(roundToTf32(1 + 2 ** -11 + 2 ** -30)).toBe(1 + 2 ** -10);
+  });
+
+  test('random float32 values: low 13 bits cleared, within half a TF32 ulp, idempotent, sign kept', () => {
+    const rng = rngFor('tf32-random');
+    const xs = [...randn(2000, rng), ...randu(2000, -1e30, 1e30, rng), ...randu(1000, -1e-30, 1e-30, rng)];
+    const bad: string[] = [];
+    for (const x of xs) {
+      const y = roundToTf32(x);
+      const u = bitsOf(y);
+      if ((u & 0x1fff) !== 0) bad.push(`${x} -> ${y}: low bits ${u & 0x1fff}`);
+      if (!(Math.abs(y - x) <= 2 ** -11 * Math.abs(x))) bad.push(`${x} -> ${y}: off by more than half an ulp`);
+      if (roundToTf32(y) !== y) bad.push(`${x} -> ${y}: not idempotent`);
+      if (Math.sign(y) !== Math.sign(x)) bad.push(`${x} -> ${y}: sign`);
+      // Nearest: the TF32 neighbour of y on x's side (one TF32 ulp = 0x2000 in the bit pattern, towards
+      // or away from zero) is not closer.
+      if (y !== x) {
+        const other = fromBits(Math.abs(y) > Math.abs(x) ? u - 0x2000 : u + 0x2000);
+        if (Math.abs(other - x) < Math.abs(y - x)) bad.push(`${x} -> ${y}: ${other} is nearer`);
+      }
+      if (bad.length > 5) break;
+    }
+    expect(bad).toEqual([]);
   });
 });
 

@@ -238,6 +238,34 @@ describe('flashAttention: options', () => {
       `Expected options to be an object or undefined but received ${received}`);
   });
 
+  test.each<[string, unknown, string]>([
+    ["'fp32'", 'fp32', '"fp32" of type string'],
+    ["'TF32'", 'TF32', '"TF32" of type string'],
+    ['null', null, 'null'],
+    ['1', 1, '1 of type number'],
+    ['true', true, 'true of type boolean'],
+  ])('float32Precision %s', (_label, bad, received) => {
+    const msg = `Expected options.float32Precision to be 'tf32' or 'highest' but received ${received}`;
+    const opts = { float32Precision: bad as 'tf32' };
+    expectThrows(() => flashAttention(q, k, v, opts), 'TypeError', msg);
+    // The backward options take it too (one options object serves both passes).
+    expectThrows(() => flashAttentionBackward(dout, q, k, v, out, lse, opts), 'TypeError', msg);
+    expectThrows(() => flashAttentionWithGrad(q, k, v, opts), 'TypeError', msg);
+  });
+
+  test("float32Precision 'tf32' and 'highest' are accepted by every entry point (the CPU computes in fp32 either way)", async () => {
+    for (const float32Precision of ['tf32', 'highest'] as const) {
+      const r = flashAttention(q, k, v, { float32Precision });
+      temps.push(r.out, r.lse);
+      const g = flashAttentionBackward(dout, q, k, v, out, lse, { float32Precision });
+      temps.push(g.dq, g.dk, g.dv);
+      const ctx = flashAttentionWithGrad(q, k, v, { float32Precision });
+      temps.push(ctx.out, ctx.lse);
+      ctx.dispose();
+    }
+    await synchronize('cpu');
+  });
+
   test('kernel', () => {
     expectThrows(() => flashAttention(q, k, v, { kernel: 'fast' as 'auto' }), 'TypeError',
       "Expected options.kernel to be 'auto', 'flash' or 'naive' but received \"fast\" of type string");
@@ -440,7 +468,7 @@ describe('raw native binding (lib/native.ts binding())', () => {
   const named = { nq: () => nq, nk: () => nk, released: () => released, nkb: () => nkb, nlseb: () => nlseb };
   const resolveArg = (x: unknown): unknown => (x instanceof Named ? named[x.name]() : x);
   const fwd = (...over: [number, unknown][]): (() => unknown) => () => {
-    const args: unknown[] = [nq, nk, nv, dims(), false, 0.25, 0];
+    const args: unknown[] = [nq, nk, nv, dims(), false, 0.25, 0, 0];
     for (const [i, x] of over) args[i] = resolveArg(x);
     return (b.attentionForward as (...a: unknown[]) => unknown)(...args);
   };
@@ -513,6 +541,10 @@ describe('raw native binding (lib/native.ts binding())', () => {
     ['forward: softmaxScale a string', fwd([5, '0.25']), 'TypeError', 'Expected softmaxScale to be a number but received "0.25" of type string'],
     ['forward: kernel 3', fwd([6, 3]), 'RangeError', 'Expected kernel to be an integer in [0, 2] but received 3 of type number'],
     ['forward: kernel naive on the CPU', fwd([6, 2]), 'RangeError', "Expected kernel to be 'auto' or 'flash' on device 'cpu' but received 'naive' (the naive kernel runs on CUDA; on the CPU the float64 reference is referenceAttention)"],
+    ['forward: float32Precision 2', fwd([7, 2]), 'RangeError', 'Expected float32Precision to be an integer in [0, 1] but received 2 of type number'],
+    ['forward: float32Precision -1', fwd([7, -1]), 'RangeError', 'Expected float32Precision to be an integer in [0, 1] but received -1 of type number'],
+    ['forward: float32Precision a string', fwd([7, 'tf32']), 'TypeError', 'Expected float32Precision to be an integer but received "tf32" of type string'],
+    ['forward: float32Precision missing', fwd([7, undefined]), 'TypeError', 'Expected float32Precision to be an integer but received undefined'],
     // attentionBackward
     ['backward: dout released', bwd([0, new Named('released')]), 'TypeError', 'Expected dout to be a live tensor but it was disposed'],
     ['backward: lse undefined', bwd([5, undefined]), 'TypeError', 'Expected lse to be a native buffer but received undefined'],
@@ -573,7 +605,7 @@ describe('raw native binding (lib/native.ts binding())', () => {
       ['synchronize', () => [0]],
       ['resetPeakMemory', () => [0]],
       ['setPoison', () => [false]],
-      ['attentionForward', () => [nq, nk, nv, dims(), false, 0.25, 0]],
+      ['attentionForward', () => [nq, nk, nv, dims(), false, 0.25, 0, 0]],
       ['attentionBackward', () => [ndout, nq, nk, nv, nout, nlse, dims(), false, 0.25, 0, false]],
     ];
     const before = liveMemory();
@@ -600,8 +632,8 @@ describe('raw native binding (lib/native.ts binding())', () => {
       }
     }
     expect(failures).toEqual([]);
-    // 29 argument positions × (11 garbage values + 1 missing), less the one valid Float32Array.
-    expect(calls).toBe(29 * 12 - 1);
+    // 30 argument positions × (11 garbage values + 1 missing), less the one valid Float32Array.
+    expect(calls).toBe(30 * 12 - 1);
     expect(liveMemory()).toEqual(before);
   });
 });

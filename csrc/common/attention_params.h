@@ -25,6 +25,19 @@ inline constexpr float kLog2e = 1.4426950408889634f;
 // ln(2): converts a base-2 log-sum-exp back to natural log for the stored LSE.
 inline constexpr float kLn2 = 0.6931471805599453f;
 
+// How the CUDA FlashAttention-2 forward runs float32 inputs on the tensor cores. Read only for
+// dtype float32 by that kernel (csrc/cuda/flash/flash_fwd_fp32.cu); the CPU backend and the naive
+// CUDA kernel always compute in full fp32 FMA. The numbers are part of the JS contract
+// (lib/native.ts FLOAT32_PRECISION_CODE).
+enum class Fp32Precision : int32_t {
+  // q, k, v and P rounded to TF32 (10-bit mantissa, round to nearest, ties away) before the two
+  // matrix products, fp32 accumulation: each product is off by up to ~2^-10 relative.
+  kTf32 = 0,
+  // 3xTF32: each operand x = big + small (big = tf32(x), small = tf32(x - big)), products as
+  // big*big + big*small + small*big, fp32 accumulation: ~3 * 2^-22 per product, fp32-level results.
+  kHighest = 1,
+};
+
 struct AttentionFwdParams {
   // Sizes. All >= 1; head_dim is a multiple of 8 in [8, 256]; heads_q % heads_kv == 0.
   int64_t batch = 0;
@@ -45,6 +58,7 @@ struct AttentionFwdParams {
   float softmax_scale = 1.0f;     // finite and > 0; multiplies q.k before the softmax
   float scale_log2 = kLog2e;      // softmax_scale * kLog2e, for exp2
   bool causal = false;
+  Fp32Precision fp32_precision = Fp32Precision::kTf32;  // float32 inputs only (see the enum)
 
   const void* q = nullptr;
   const void* k = nullptr;

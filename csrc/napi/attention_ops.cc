@@ -8,6 +8,7 @@
 #include "napi/addon.h"
 #ifdef FA_WITH_CUDA
 #include "cuda/flash/flash_fwd.h"
+#include "cuda/flash/flash_fwd_fp32.h"
 #include "cuda/naive_attention.h"
 #endif
 
@@ -100,6 +101,12 @@ Kernel kernel_arg(const Napi::Value& v) {
   return static_cast<Kernel>(int_arg(v, "kernel", 0, 2));
 }
 
+// The Fp32Precision code (common/attention_params.h; lib/native.ts FLOAT32_PRECISION_CODE).
+Fp32Precision fp32_precision_arg(const Napi::Value& v) {
+  return static_cast<Fp32Precision>(int_arg(v, "float32Precision", static_cast<int64_t>(Fp32Precision::kTf32),
+                                            static_cast<int64_t>(Fp32Precision::kHighest)));
+}
+
 void fill_fwd_params(AttentionFwdParams& p, const Dims& d, DType dtype, float scale, bool causal) {
   p.batch = d.batch;
   p.seqlen_q = d.seqlen_q;
@@ -180,7 +187,7 @@ void check_launch(Runtime& rt, cudaError_t err, const char* what, size_t workspa
 }
 #endif
 
-// attentionForward(q, k, v, dims, causal, softmaxScale, kernel): [out, lse]
+// attentionForward(q, k, v, dims, causal, softmaxScale, kernel, float32Precision): [out, lse, kernel]
 Napi::Value AttentionForward(const Napi::CallbackInfo& info) {
   Napi::Env env = info.Env();
   Runtime& rt = runtime(env);
@@ -199,6 +206,7 @@ Napi::Value AttentionForward(const Napi::CallbackInfo& info) {
   expect_buffer(k, "k", device, dtype, kv_numel);
   expect_buffer(v, "v", device, dtype, kv_numel);
   const Kernel requested = kernel_arg(info[6]);
+  const Fp32Precision fp32_precision = fp32_precision_arg(info[7]);
 
   BufferPtr out = rt.allocate(device, dtype, q_numel * dtype_size(dtype), true);
   BufferPtr lse = rt.allocate(device, DType::kFloat32, lse_numel * sizeof(float), true);
@@ -209,13 +217,20 @@ Napi::Value AttentionForward(const Napi::CallbackInfo& info) {
   p.v = v->data();
   p.out = out->data();
   p.lse = static_cast<float*>(lse->data());
+  p.fp32_precision = fp32_precision;  // read by the CUDA float32 FA2 forward only
   bool flash_ok = device == Device::kCpu;
+  const char* flash_unsupported =
+      "the CUDA FlashAttention-2 forward needs a GPU of compute capability 8.0 (sm_80) or newer";
 #ifdef FA_WITH_CUDA
-  if (device == Device::kCuda) flash_ok = cuda::flash_fwd_supported(p);
+  if (device == Device::kCuda && dtype == DType::kFloat32) {
+    const char* reason = cuda::flash_fwd_fp32_unsupported_reason(p);
+    flash_ok = reason == nullptr;
+    if (reason != nullptr) flash_unsupported = reason;
+  } else if (device == Device::kCuda) {
+    flash_ok = cuda::flash_fwd_supported(p);
+  }
 #endif
-  [[maybe_unused]] const Kernel kernel = resolve_kernel(
-      requested, device, flash_ok,
-      "the CUDA FlashAttention-2 forward needs a GPU of compute capability 8.0 (sm_80) or newer");
+  [[maybe_unused]] const Kernel kernel = resolve_kernel(requested, device, flash_ok, flash_unsupported);
 
   if (device == Device::kCpu) {
     cpu::ThreadPool* pool = &rt.pool();
@@ -223,7 +238,9 @@ Napi::Value AttentionForward(const Napi::CallbackInfo& info) {
   } else {
 #ifdef FA_WITH_CUDA
     rt.cuda().ensure_usable();
-    if (kernel == Kernel::kFlash) {
+    if (kernel == Kernel::kFlash && dtype == DType::kFloat32) {
+      check_launch(rt, cuda::flash_fwd_fp32(p, rt.cuda().stream()), "FlashAttention-2 forward (float32)", 0);
+    } else if (kernel == Kernel::kFlash) {
       check_launch(rt, cuda::flash_fwd(p, rt.cuda().stream()), "FlashAttention-2 forward", 0);
     } else {
       check_launch(rt, cuda::naive_attention_fwd(p, rt.cuda().stream()), "naive attention forward",

@@ -4,7 +4,8 @@
  *
  * - `DEVICES` is `['cpu']`, plus `'cuda'` when `cudaDeviceCount() > 0`. `describeEachDevice()` runs
  *   one suite per device; without CUDA it registers a skipped `[cuda]` test whose name says why
- *   (`backends().cuda.reason`) and prints the reason once per file.
+ *   (`backends().cuda.reason`) and prints the reason once per file. `describeCuda()` does the same
+ *   for a suite that exists only on CUDA.
  * - `usePoisonedOutputs()`: every output an operation allocates starts as NaN (0xff bytes), so a
  *   test can check that the kernel wrote every element; switched off after the file.
  * - `trackMemory()`: snapshots `memory()` before the file's tests and, after them, synchronizes
@@ -36,20 +37,33 @@ export function cudaSkipReason(): string {
 
 let reasonPrinted = false;
 
+/** Registers `test.skip('<name> [cuda] skipped: <reason>')` and prints the reason once per file. */
+function skipCuda(name: string): void {
+  const reason = cudaSkipReason();
+  if (!reasonPrinted) {
+    reasonPrinted = true;
+    console.log(`CUDA suites skipped: ${reason}`);
+  }
+  test.skip(`${name} [cuda] skipped: ${reason}`, () => undefined);
+}
+
 /**
  * Defines `fn`'s tests once per device in {@link DEVICES}, each in a `describe('<name> [<device>]')`.
  * Without CUDA, adds `test.skip('<name> [cuda] skipped: <reason>')` so the report says why.
  */
 export function describeEachDevice(name: string, fn: (device: Device) => void): void {
   for (const device of DEVICES) describe(`${name} [${device}]`, () => fn(device));
-  if (!HAS_CUDA) {
-    const reason = cudaSkipReason();
-    if (!reasonPrinted) {
-      reasonPrinted = true;
-      console.log(`CUDA suites skipped: ${reason}`);
-    }
-    test.skip(`${name} [cuda] skipped: ${reason}`, () => undefined);
-  }
+  if (!HAS_CUDA) skipCuda(name);
+}
+
+/**
+ * Defines `fn`'s tests in `describe('<name> [cuda]')` when CUDA is usable (a suite of CUDA-only
+ * kernels); otherwise adds `test.skip('<name> [cuda] skipped: <reason>')` and prints the reason, as
+ * {@link describeEachDevice} does.
+ */
+export function describeCuda(name: string, fn: () => void): void {
+  if (HAS_CUDA) describe(`${name} [cuda]`, fn);
+  else skipCuda(name);
 }
 
 /** Waits for everything queued on every tested device. */

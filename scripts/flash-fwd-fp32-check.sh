@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# Builds and runs the GPU check + timing of the float32 FA2 forward (test/native/flash_fwd_fp32_check.cu
+# with csrc/cuda/flash/flash_fwd_fp32.cu and, for comparison, csrc/cuda/naive_attention.cu).
+# Usage, from any directory:
+#     bash scripts/flash-fwd-fp32-check.sh [--build-only] [seed] [--no-bench]
+# --build-only: compile and link only (no GPU needed). seed reruns a previous run's inputs.
+# SANITIZE=1 runs the check (no bench) under compute-sanitizer memcheck. NVCC overrides the compiler.
+# Build output goes to build/flash-fwd-fp32-check/. Exit status: 0 all PASS, 1 any FAIL.
+set -euo pipefail
+
+build_only=0
+args=()
+for a in "$@"; do
+  if [[ "$a" == --build-only ]]; then build_only=1; else args+=("$a"); fi
+done
+
+source "$(dirname "${BASH_SOURCE[0]}")/native-check-build.sh"
+native_check_build "$NATIVE_CHECK_ROOT/build/flash-fwd-fp32-check" flash_fwd_fp32_check \
+  csrc/cuda/flash/flash_fwd_fp32.cu csrc/cuda/naive_attention.cu test/native/flash_fwd_fp32_check.cu
+if [[ "$build_only" == 1 ]]; then
+  echo "built $NATIVE_CHECK_BIN"
+  exit 0
+fi
+
+if [[ "${SANITIZE:-0}" == 1 ]]; then
+  exec compute-sanitizer --tool memcheck --error-exitcode 1 "$NATIVE_CHECK_BIN" --no-bench ${args[@]+"${args[@]}"}
+fi
+exec "$NATIVE_CHECK_BIN" ${args[@]+"${args[@]}"}

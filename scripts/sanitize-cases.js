@@ -1,0 +1,196 @@
+// The CUDA FlashAttention-2 forward, and one naive backward, through the Node API on a small set of
+// shapes chosen for compute-sanitizer: scripts/gpu-sanitize.sh runs this under memcheck, racecheck,
+// initcheck and synccheck. Needs the built package (dist/, like scripts/gpu-smoke.js) and a GPU.
+// Usage, from the project root:
+//     node scripts/sanitize-cases.js [--set full|race] [--no-poison] [--list]
+// --set full (default): tails (seqlen 1, 17, 97, 1025), seqlenQ != seqlenK both ways, causal with and
+//   without empty rows, GQA 8:1, every specialised head dim (32 ... 256) and two padded ones (40, 200),
+//   float16 and bfloat16. --set race: a smaller set for racecheck (every specialised head dim and one
+//   padded, short seqlens that still span several key tiles).
+// --no-poison: outputs are not NaN-filled before the kernels run (debug.poisonOutputs), so under
+//   initcheck an element that a kernel did not write is an uninitialised read when it is copied back.
+// --list: prints the cases and exits.
+// Each forward case runs kernel 'flash' and kernel 'naive' on the same inputs and checks loosely that
+// they agree (proof that the kernel ran and wrote its rows; the accuracy rule is in
+// test/flash-forward.test.ts), and that empty causal rows give out 0 and lse +Infinity. The backward
+// case runs the naive CUDA backward after an 'auto' (FA2) forward. Prints a line per case and
+// "sanitize-cases: OK (<n> cases)" last; exits 1 on any failure.
+'use strict';
+
+const fa = require('../dist/lib');
+
+// [batch, seqlenQ, seqlenK, headsQ, headsKV, headDim, causal, dtype]
+const FULL = [
+  [2, 1, 1, 2, 2, 64, false, 'float16'], // seqlen 1
+  [1, 17, 17, 2, 2, 32, true, 'bfloat16'], // seqlen 17
+  [1, 97, 97, 8, 1, 96, true, 'float16'], // seqlen 97, GQA 8:1
+  [1, 1025, 1025, 2, 2, 128, true, 'bfloat16'], // seqlen 1025: one row / key past the last full tile
+  [1, 1025, 1023, 8, 1, 64, true, 'float16'], // 2 empty rows, GQA 8:1
+  [1, 113, 203, 2, 2, 192, false, 'float16'], // seqlenQ < seqlenK
+  [2, 203, 113, 2, 2, 256, true, 'bfloat16'], // seqlenQ > seqlenK causal: 90 empty rows
+  [1, 1, 239, 8, 1, 64, true, 'bfloat16'], // one query row, GQA 8:1
+  [1, 799, 3, 2, 2, 128, true, 'float16'], // 796 empty rows
+  [1, 97, 17, 4, 4, 40, true, 'float16'], // padded head dim 40 (runs as 64)
+  [1, 17, 97, 2, 2, 200, false, 'bfloat16'], // padded head dim 200 (runs as 256)
+];
+
+const RACE = [
+  [1, 97, 97, 2, 2, 32, true, 'float16'],
+  [1, 113, 203, 8, 1, 64, false, 'bfloat16'],
+  [1, 17, 129, 2, 2, 96, true, 'float16'],
+  [1, 203, 113, 2, 2, 128, true, 'bfloat16'],
+  [1, 65, 130, 1, 1, 192, false, 'float16'],
+  [1, 130, 65, 1, 1, 256, true, 'bfloat16'],
+  [1, 97, 17, 2, 2, 40, true, 'float16'],
+];
+
+// The naive CUDA backward (after an FA2 forward), one per set.
+const BACKWARD = { full: [1, 97, 113, 4, 2, 64, true, 'bfloat16'], race: [1, 33, 47, 2, 1, 64, true, 'bfloat16'] };
+
+// Loose agreement of the two forwards for inputs in [-1, 1) (|out| <= 1): two bfloat16 ulps at 1 for
+// out; for lse (float32, |lse| ~ 1-10) far above any rounding. Wrong rows or tiles miss by O(0.1).
+const OUT_TOL = 2 ** -6;
+const LSE_TOL = 1e-3;
+
+function parseArgs(argv) {
+  const opts = { set: 'full', poison: true, list: false };
+  for (let i = 0; i < argv.length; i++) {
+    const a = argv[i];
+    if (a === '--set' && (argv[i + 1] === 'full' || argv[i + 1] === 'race')) opts.set = argv[++i];
+    else if (a === '--no-poison') opts.poison = false;
+    else if (a === '--list') opts.list = true;
+    else throw new Error(`unknown argument ${JSON.stringify(a)}; usage: node scripts/sanitize-cases.js [--set full|race] [--no-poison] [--list]`);
+  }
+  return opts;
+}
+
+/** xorshift32 stream of floats in [-1, 1), seeded per case so every run sees the same inputs. */
+function uniform(seed) {
+  let s = (seed >>> 0) || 1;
+  return () => {
+    s ^= s << 13;
+    s >>>= 0;
+    s ^= s >>> 17;
+    s ^= s << 5;
+    s >>>= 0;
+    return (s / 4294967296) * 2 - 1;
+  };
+}
+
+const label = ([B, Sq, Sk, Hq, Hkv, D, causal, dtype]) =>
+  `B${B} ${Sq}x${Sk} Hq${Hq} Hkv${Hkv} d${D}${causal ? ' causal' : ''} ${dtype}`;
+
+function makeInputs(c, seed, withDout) {
+  const [B, Sq, Sk, Hq, Hkv, D, , dtype] = c;
+  const next = uniform(seed);
+  const mk = (shape) => {
+    const data = new Float32Array(shape.reduce((a, b) => a * b, 1));
+    for (let i = 0; i < data.length; i++) data[i] = next();
+    return fa.Tensor.fromFloat32Array(data, shape, { dtype, device: 'cuda' });
+  };
+  const t = { q: mk([B, Sq, Hq, D]), k: mk([B, Sk, Hkv, D]), v: mk([B, Sk, Hkv, D]) };
+  if (withDout) t.dout = mk([B, Sq, Hq, D]);
+  return t;
+}
+
+/** The FA2 forward against the naive one on the same tensors; throws on disagreement. */
+async function forwardCase(c, seed) {
+  const [B, Sq, Sk, Hq, , D, causal] = c;
+  const owned = [];
+  try {
+    const { q, k, v } = makeInputs(c, seed, false);
+    owned.push(q, k, v);
+    const flash = fa.flashAttention(q, k, v, { causal, kernel: 'flash' });
+    owned.push(flash.out, flash.lse);
+    if (flash.kernel !== 'flash') throw new Error(`kernel 'flash' ran ${flash.kernel}`);
+    const naive = fa.flashAttention(q, k, v, { causal, kernel: 'naive' });
+    owned.push(naive.out, naive.lse);
+    const [fo, fl, no, nl] = await Promise.all([flash.out, flash.lse, naive.out, naive.lse].map((t) => t.toFloat32Array()));
+    let outErr = 0;
+    for (let i = 0; i < fo.length; i++) {
+      const e = Math.abs(fo[i] - no[i]);
+      if (!(e <= OUT_TOL)) throw new Error(`out[${i}] = ${fo[i]}, naive ${no[i]}`);
+      outErr = Math.max(outErr, e);
+    }
+    let lseErr = 0;
+    for (let i = 0; i < fl.length; i++) {
+      if (fl[i] === nl[i]) continue; // +Infinity on both for an empty row
+      const e = Math.abs(fl[i] - nl[i]);
+      if (!(e <= LSE_TOL * Math.max(1, Math.abs(nl[i])))) throw new Error(`lse[${i}] = ${fl[i]}, naive ${nl[i]}`);
+      lseErr = Math.max(lseErr, e);
+    }
+    const empty = causal ? Math.max(0, Sq - Sk) : 0;
+    for (let b = 0; b < B; b++) {
+      for (let h = 0; h < Hq; h++) {
+        for (let i = 0; i < empty; i++) {
+          if (fl[(b * Hq + h) * Sq + i] !== Infinity) throw new Error(`empty row ${i} (b ${b}, h ${h}): lse ${fl[(b * Hq + h) * Sq + i]}`);
+          const base = ((b * Sq + i) * Hq + h) * D;
+          for (let e = 0; e < D; e++) {
+            if (fo[base + e] !== 0) throw new Error(`empty row ${i} (b ${b}, h ${h}): out[${e}] = ${fo[base + e]}`);
+          }
+        }
+      }
+    }
+    return `max |flash - naive|: out ${outErr.toExponential(2)}, lse ${lseErr.toExponential(2)}`;
+  } finally {
+    for (const t of owned) t.dispose();
+  }
+}
+
+/** An FA2 forward ('auto') then the naive backward; the gradients must be finite. */
+async function backwardCase(c, seed) {
+  const [, , , , , , causal] = c;
+  const owned = [];
+  try {
+    const { q, k, v, dout } = makeInputs(c, seed, true);
+    owned.push(q, k, v, dout);
+    const f = fa.flashAttention(q, k, v, { causal });
+    owned.push(f.out, f.lse);
+    const g = fa.flashAttentionBackward(dout, q, k, v, f.out, f.lse, { causal, kernel: 'naive' });
+    owned.push(g.dq, g.dk, g.dv);
+    if (g.kernel !== 'naive') throw new Error(`kernel 'naive' ran ${g.kernel}`);
+    for (const [name, t] of [['dq', g.dq], ['dk', g.dk], ['dv', g.dv]]) {
+      const a = await t.toFloat32Array();
+      const bad = a.findIndex((x) => !Number.isFinite(x));
+      if (bad >= 0) throw new Error(`${name}[${bad}] = ${a[bad]}`);
+    }
+    return `forward ${f.kernel}, backward ${g.kernel}: gradients finite`;
+  } finally {
+    for (const t of owned) t.dispose();
+  }
+}
+
+async function main() {
+  const opts = parseArgs(process.argv.slice(2));
+  const cases = opts.set === 'race' ? RACE : FULL;
+  const backward = BACKWARD[opts.set];
+  if (opts.list) {
+    for (const c of cases) console.log(`forward  ${label(c)}`);
+    console.log(`backward ${label(backward)} (naive)`);
+    return;
+  }
+  const cuda = fa.backends().cuda;
+  if (!cuda.available) throw new Error(`CUDA is not usable: ${cuda.reason}`);
+  console.log(`sanitize-cases: set ${opts.set}, poison ${opts.poison ? 'on' : 'off'}, ${cuda.device.name} (sm_${cuda.device.computeCapability.replace('.', '')})`);
+  fa.debug.poisonOutputs(opts.poison);
+  let n = 0;
+  for (const [i, c] of cases.entries()) {
+    const t0 = Date.now();
+    const what = await forwardCase(c, 0x9e3779b9 ^ (i + 1));
+    console.log(`ok forward  ${label(c)}: ${what} (${Date.now() - t0} ms)`);
+    n++;
+  }
+  const t0 = Date.now();
+  console.log(`ok backward ${label(backward)}: ${await backwardCase(backward, 0x85ebca6b)} (${Date.now() - t0} ms)`);
+  n++;
+  await fa.synchronize('cuda');
+  const live = fa.memory().cuda;
+  if (live.tensors !== 0) throw new Error(`${live.tensors} CUDA tensors (${live.bytes} bytes) still live`);
+  await fa.emptyCache('cuda'); // return the pool's cached blocks, so a leak check sees only real leaks
+  console.log(`sanitize-cases: OK (${n} cases)`);
+}
+
+main().catch((e) => {
+  console.error(`sanitize-cases: FAIL ${e instanceof Error ? e.message : String(e)}`);
+  process.exit(1);
+});
