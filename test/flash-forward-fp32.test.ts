@@ -24,10 +24,14 @@
  * prints every case's errors next to its bound.
  */
 
-import { flashAttention, Float32Precision, referenceAttention, ReferencePrecision, ReferenceShape, Tensor } from '../lib';
+import { flashAttention, Float32Precision, referenceAttention, ReferencePrecision, Tensor } from '../lib';
 import { describeCuda, trackMemory, usePoisonedOutputs } from './helpers/backend';
+import {
+  caseName, Dims, expectEmptyRows, ForwardShape, kShapeOf, LSE_DIMS, lseRoundingSlack, lseShapeOf, maxFiniteAbs,
+  optionsOf, Q_DIMS, qShapeOf, ruleChecker, scoreMagnitude, shapeOf,
+} from './helpers/forward';
 import { randn, rngFor } from './helpers/random';
-import { checkFlashRule, expectAllWritten, formatFlashReport, FlashRuleInput, maxAbsDiff, NumArray } from './helpers/tolerance';
+import { expectAllWritten, maxAbsDiff } from './helpers/tolerance';
 
 trackMemory();
 usePoisonedOutputs();
@@ -35,9 +39,6 @@ usePoisonedOutputs();
 // ------------------------------------------------------------------------------------------------
 // Tolerances
 // ------------------------------------------------------------------------------------------------
-
-/** Unit roundoff of float32: half an ulp of 1. */
-const U32 = 2 ** -24;
 
 /**
  * Absolute slack of the rule for out: the float32 value of test/attention.test.ts (a few float32
@@ -49,38 +50,11 @@ const U32 = 2 ** -24;
 const OUT_ATOL = 1e-5;
 
 /**
- * Absolute slack of the rule for lse: 1e-5 plus 4 float32 ulps (8·U32 relative) of the magnitudes
- * rounded on the way to it differently from a plain implementation: |lse| itself (the kernel's
- * base-2 max and sum go to natural log as (m + log2 l)·ln 2, three roundings) and the scores' partial
- * sums, bounded by softmaxScale·max‖q_i‖·max‖k_j‖ (tensor-core fp32 accumulation is not a
- * sequential round-to-nearest sum). ~1.1e-5 for O(1) inputs; ~0.1 at scores ~1e4 (|lse| ~1e4).
+ * Absolute slack of the rule for lse: 1e-5 plus helpers/forward.ts's lseRoundingSlack (4 float32 ulps
+ * of |lse| and of the scores' partial sums). ~1.1e-5 for O(1) inputs; ~0.1 at scores ~1e4.
  */
 function lseAtol(maxAbsLse: number, scoreMag: number): number {
-  return 1e-5 + 8 * U32 * (maxAbsLse + scoreMag);
-}
-
-/** softmaxScale · max_i ‖q_i‖ · max_j ‖k_j‖: a bound on every |partial sum| of every score. */
-function scoreMagnitude(t: Case, q: Float32Array, k: Float32Array): number {
-  const maxNorm = (a: Float32Array): number => {
-    let m = 0;
-    for (let o = 0; o < a.length; o += t.d) {
-      let s = 0;
-      for (let c = 0; c < t.d; c++) s += a[o + c] * a[o + c];
-      if (s > m) m = s;
-    }
-    return Math.sqrt(m);
-  };
-  return scaleOf(t) * maxNorm(q) * maxNorm(k);
-}
-
-/** Largest |x| over the finite elements (lse holds +Infinity on empty rows). */
-function maxFiniteAbs(a: NumArray): number {
-  let m = 0;
-  for (let i = 0; i < a.length; i++) {
-    const x = Math.abs(a[i]);
-    if (x > m && x !== Infinity) m = x;
-  }
-  return m;
+  return 1e-5 + lseRoundingSlack(maxAbsLse, scoreMag);
 }
 
 /** The same-precision reference of each kernel precision. */
@@ -92,40 +66,15 @@ const PRECISIONS: Float32Precision[] = ['tf32', 'highest'];
 // ------------------------------------------------------------------------------------------------
 
 /** One problem: sizes, mask and scale, with a name that says all of them. */
-interface Case {
+interface Case extends ForwardShape {
   name: string;
-  b: number;
-  sq: number;
-  sk: number;
-  hq: number;
-  hkv: number;
-  d: number;
-  causal: boolean;
-  /** softmaxScale; default 1/√d. */
-  scale?: number;
 }
-
-type Dims = [batch: number, seqlenQ: number, seqlenK: number, headsQ: number, headsKV: number, headDim: number];
 
 /** A case named from its fields, e.g. "203x113 causal (90 empty rows), d64, B2, GQA 8:1 (Hq 8)". */
-function c([b, sq, sk, hq, hkv, d]: Dims, causal = false, scale?: number): Case {
-  const empty = sq - sk;
-  const mask = causal ? ` causal${empty > 0 ? ` (${empty} empty row${empty > 1 ? 's' : ''})` : ''}` : '';
-  const heads = hq === hkv ? `H${hq}` : `GQA ${hq / hkv}:1 (Hq ${hq})`;
-  const s = scale === undefined ? '' : `, softmaxScale ${scale}`;
-  return { name: `${sq}x${sk}${mask}, d${d}, B${b}, ${heads}${s}`, b, sq, sk, hq, hkv, d, causal, scale };
+function c(dims: Dims, causal = false, scale?: number): Case {
+  const [b, sq, sk, hq, hkv, d] = dims;
+  return { name: caseName(dims, causal, scale), b, sq, sk, hq, hkv, d, causal, scale };
 }
-
-const scaleOf = (t: Case): number => t.scale ?? 1 / Math.sqrt(t.d);
-const shapeOf = (t: Case): ReferenceShape =>
-  ({ batch: t.b, seqlenQ: t.sq, seqlenK: t.sk, headsQ: t.hq, headsKV: t.hkv, headDim: t.d });
-const qShapeOf = (t: Case): number[] => [t.b, t.sq, t.hq, t.d];
-const kShapeOf = (t: Case): number[] => [t.b, t.sk, t.hkv, t.d];
-const lseShapeOf = (t: Case): number[] => [t.b, t.hq, t.sq];
-const Q_DIMS = ['b', 's', 'h', 'd'] as const;
-const LSE_DIMS = ['b', 'h', 's'] as const;
-const optionsOf = (t: Case): { causal: boolean; softmaxScale?: number } =>
-  (t.scale === undefined ? { causal: t.causal } : { causal: t.causal, softmaxScale: t.scale });
 
 // [batch, seqlenQ, seqlenK, headsQ, headsKV, headDim]. Each runs in both precisions. The kernel tiles
 // 64 query rows per block and 64, 32 or 16 keys per K/V tile (by head dim and precision).
@@ -224,44 +173,7 @@ async function runFlash(t: Case, inputs: Inputs, precision: Float32Precision | u
 // Checks
 // ------------------------------------------------------------------------------------------------
 
-const REPORT = process.env.FA_TEST_REPORT === '1';
-const reportLines: string[] = [];
-afterAll(() => {
-  if (REPORT && reportLines.length > 0) console.log(`flash rule: maxErr / same-precision error (share of the bound)\n${reportLines.join('\n')}`);
-});
-
-/** Applies the rule and throws its readable report on failure; records the errors for FA_TEST_REPORT. */
-function expectRule(input: FlashRuleInput): void {
-  const rep = checkFlashRule(input);
-  if (REPORT) {
-    reportLines.push(`${input.name}: ${rep.maxErr.toExponential(2)} / ${rep.refErr.toExponential(2)}`
-      + ` (${(rep.maxErr / rep.bound).toFixed(2)})`);
-  }
-  if (!rep.pass) throw new Error(formatFlashReport(input, rep));
-}
-
-/**
- * Causal attention with seqlenQ > seqlenK: the first seqlenQ − seqlenK rows see no key, so their out
- * is exactly 0 and their lse +Infinity; every other row's lse is finite.
- */
-function expectEmptyRows(t: Case, out: Float32Array, lse: Float32Array): void {
-  const empty = t.causal ? Math.max(0, t.sq - t.sk) : 0;
-  const bad: string[] = [];
-  for (let b = 0; b < t.b && bad.length < 5; b++) {
-    for (let h = 0; h < t.hq; h++) {
-      for (let i = 0; i < t.sq; i++) {
-        const l = lse[(b * t.hq + h) * t.sq + i];
-        if (i < empty ? l !== Infinity : !Number.isFinite(l)) bad.push(`lse[b=${b}, h=${h}, s=${i}] = ${l}`);
-        if (i >= empty) continue;
-        const base = ((b * t.sq + i) * t.hq + h) * t.d;
-        for (let e = 0; e < t.d; e++) {
-          if (out[base + e] !== 0) bad.push(`out[b=${b}, s=${i}, h=${h}, d=${e}] = ${out[base + e]}`);
-        }
-      }
-    }
-  }
-  expect(bad.slice(0, 5)).toEqual([]);
-}
+const expectRule = ruleChecker();
 
 /** Runs `t` in `precision` and applies the rule to out and lse against the float64 and same-precision references. */
 async function checkCase(t: Case, inputs: Inputs, precision: Float32Precision): Promise<Run> {

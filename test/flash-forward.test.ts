@@ -28,14 +28,18 @@
  * every case's errors next to its bound.
  */
 
-import { dtypeRounder, flashAttention, HalfDType, referenceAttention, ReferenceShape, Tensor } from '../lib';
+import { dtypeRounder, flashAttention, HalfDType, referenceAttention, Tensor } from '../lib';
 import { describeCuda, trackMemory, usePoisonedOutputs } from './helpers/backend';
+import {
+  caseName, Dims, expectEmptyRows, ForwardShape, kShapeOf, LSE_DIMS, lseRoundingSlack, lseShapeOf, maxFiniteAbs,
+  optionsOf, Q_DIMS, qShapeOf, ruleChecker, scaleOf, scoreMagnitude, shapeOf,
+} from './helpers/forward';
 import { randn, Rng, rngFor, seedHint } from './helpers/random';
 import {
   keysForBlock, referenceRows, ROW_LSE_DIMS, ROW_OUT_DIMS, RowBlock, sampleRowBlocks, takeRows,
 } from './helpers/rows';
 import {
-  checkFlashRule, decodeIndex, elementError, expectAllWritten, formatFlashReport, FlashRuleInput, maxAbsDiff, NumArray,
+  decodeIndex, elementError, expectAllWritten, maxAbsDiff,
 } from './helpers/tolerance';
 
 trackMemory();
@@ -44,9 +48,6 @@ usePoisonedOutputs();
 // ------------------------------------------------------------------------------------------------
 // Tolerances
 // ------------------------------------------------------------------------------------------------
-
-/** Unit roundoff of float32: half an ulp of 1. */
-const U32 = 2 ** -24;
 
 /**
  * Absolute slack of the rule for out. The outputs here are O(1) (|out| ≤ max|v| ≈ 4; ≈ 0.05 for
@@ -59,86 +60,29 @@ const U32 = 2 ** -24;
 const OUT_ATOL = 2 ** -14;
 
 /**
- * Absolute slack of the rule for lse (float32 for every dtype): 4 float32 ulps (8·U32 relative) of
- * the two magnitudes that are rounded on the way to it and that a plain implementation rounds
- * differently:
- * - |lse| itself: the kernel converts its base-2 running max and sum to natural log
- *   ((m·scale·log2e + log2 l)·ln 2), three roundings of about |lse|;
- * - the scores' partial sums, at most `scoreMagnitude` = softmaxScale·max‖q_i‖·max‖k_j‖ (Cauchy-
- *   Schwarz bounds every Σ_c |q_ic·k_jc|): the tensor cores' fp32 accumulation is not the reference's
- *   sequential round-to-nearest sum (addends are aligned and truncated; Fasi et al., "Numerical
- *   behavior of NVIDIA tensor cores", PeerJ CS 2021), so a score may differ by an ulp or so of that
- *   magnitude, and lse moves with the row's largest score.
- * For O(1) inputs this is ~1e-5, under a tenth of what one key more or less changes (≥ 1/4k); at
- * scores ~1e4 it is ~0.06, against |lse| ~1e4 (an ulp there is ~1e-3).
+ * Absolute slack of the rule for lse (float32 for every dtype): helpers/forward.ts's lseRoundingSlack,
+ * 4 float32 ulps of |lse| and of the scores' partial sums. For O(1) inputs this is ~1e-5, under a
+ * tenth of what one key more or less changes (≥ 1/4k); at scores ~1e4 it is ~0.06, against
+ * |lse| ~1e4 (an ulp there is ~1e-3).
  */
-function lseAtol(maxAbsLse: number, scoreMag: number): number {
-  return 8 * U32 * (maxAbsLse + scoreMag);
-}
-
-/** softmaxScale · max_i ‖q_i‖ · max_j ‖k_j‖: a bound on every |partial sum| of every score. */
-function scoreMagnitude(t: Case, q: Float32Array, k: Float32Array): number {
-  const maxNorm = (a: Float32Array): number => {
-    let m = 0;
-    for (let o = 0; o < a.length; o += t.d) {
-      let s = 0;
-      for (let c = 0; c < t.d; c++) s += a[o + c] * a[o + c];
-      if (s > m) m = s;
-    }
-    return Math.sqrt(m);
-  };
-  return scaleOf(t) * maxNorm(q) * maxNorm(k);
-}
-
-/** Largest |x| over the finite elements (lse holds +Infinity on empty rows). */
-function maxFiniteAbs(a: NumArray): number {
-  let m = 0;
-  for (let i = 0; i < a.length; i++) {
-    const x = Math.abs(a[i]);
-    if (x > m && x !== Infinity) m = x;
-  }
-  return m;
-}
+const lseAtol = lseRoundingSlack;
 
 // ------------------------------------------------------------------------------------------------
 // Cases
 // ------------------------------------------------------------------------------------------------
 
 /** One problem: sizes, dtype, mask and scale, with a name that says all of them. */
-interface Case {
+interface Case extends ForwardShape {
   name: string;
-  b: number;
-  sq: number;
-  sk: number;
-  hq: number;
-  hkv: number;
-  d: number;
   dtype: HalfDType;
-  causal: boolean;
-  /** softmaxScale; default 1/√d. */
-  scale?: number;
 }
-
-type Dims = [batch: number, seqlenQ: number, seqlenK: number, headsQ: number, headsKV: number, headDim: number];
 
 /** A case named from its fields, e.g. "203x113 causal (90 empty rows), d64, bf16, B2, GQA 8:1 (Hq 8)". */
-function c([b, sq, sk, hq, hkv, d]: Dims, dtype: HalfDType, causal = false, scale?: number): Case {
-  const empty = sq - sk;
-  const mask = causal ? ` causal${empty > 0 ? ` (${empty} empty row${empty > 1 ? 's' : ''})` : ''}` : '';
-  const heads = hq === hkv ? `H${hq}` : `GQA ${hq / hkv}:1 (Hq ${hq})`;
-  const s = scale === undefined ? '' : `, softmaxScale ${scale}`;
-  const name = `${sq}x${sk}${mask}, d${d}, ${dtype === 'float16' ? 'fp16' : 'bf16'}, B${b}, ${heads}${s}`;
+function c(dims: Dims, dtype: HalfDType, causal = false, scale?: number): Case {
+  const [b, sq, sk, hq, hkv, d] = dims;
+  const name = caseName(dims, causal, scale, dtype === 'float16' ? 'fp16' : 'bf16');
   return { name, b, sq, sk, hq, hkv, d, dtype, causal, scale };
 }
-
-const scaleOf = (t: Case): number => t.scale ?? 1 / Math.sqrt(t.d);
-const shapeOf = (t: Case): ReferenceShape =>
-  ({ batch: t.b, seqlenQ: t.sq, seqlenK: t.sk, headsQ: t.hq, headsKV: t.hkv, headDim: t.d });
-const qShapeOf = (t: Case): number[] => [t.b, t.sq, t.hq, t.d];
-const kShapeOf = (t: Case): number[] => [t.b, t.sk, t.hkv, t.d];
-const lseShapeOf = (t: Case): number[] => [t.b, t.hq, t.sq];
-const Q_DIMS = ['b', 's', 'h', 'd'] as const;
-const LSE_DIMS = ['b', 'h', 's'] as const;
 
 // [batch, seqlenQ, seqlenK, headsQ, headsKV, headDim]. Every head dim in both dtypes; the shapes
 // rotate through Sq < Sk, Sq > Sk (causal: empty rows), Sq = Sk, GQA 8:1 and 8:8, batch 2.
@@ -240,9 +184,6 @@ function randomInputs(t: Case, label: string): Inputs {
   };
 }
 
-function optionsOf(t: Case): { causal: boolean; softmaxScale?: number } {
-  return t.scale === undefined ? { causal: t.causal } : { causal: t.causal, softmaxScale: t.scale };
-}
 
 /**
  * Makes q, k, v on CUDA, runs the FA2 forward (and, with `withNaive`, the naive kernel on the same
@@ -290,44 +231,7 @@ async function runFlash(t: Case, inputs: Inputs, withNaive = false): Promise<Run
 // Checks
 // ------------------------------------------------------------------------------------------------
 
-const REPORT = process.env.FA_TEST_REPORT === '1';
-const reportLines: string[] = [];
-afterAll(() => {
-  if (REPORT && reportLines.length > 0) console.log(`flash rule: maxErr / same-precision error (share of the bound)\n${reportLines.join('\n')}`);
-});
-
-/** Applies the rule and throws its readable report on failure; records the errors for FA_TEST_REPORT. */
-function expectRule(input: FlashRuleInput): void {
-  const rep = checkFlashRule(input);
-  if (REPORT) {
-    reportLines.push(`${input.name}: ${rep.maxErr.toExponential(2)} / ${rep.refErr.toExponential(2)}`
-      + ` (${(rep.maxErr / rep.bound).toFixed(2)})`);
-  }
-  if (!rep.pass) throw new Error(formatFlashReport(input, rep));
-}
-
-/**
- * Causal attention with seqlenQ > seqlenK: the first seqlenQ − seqlenK rows see no key, so their out
- * is exactly 0 and their lse +Infinity; every other row's lse is finite. Checked on the full arrays.
- */
-function expectEmptyRows(t: Case, out: Float32Array, lse: Float32Array): void {
-  const empty = t.causal ? Math.max(0, t.sq - t.sk) : 0;
-  const bad: string[] = [];
-  for (let b = 0; b < t.b && bad.length < 5; b++) {
-    for (let h = 0; h < t.hq; h++) {
-      for (let i = 0; i < t.sq; i++) {
-        const l = lse[(b * t.hq + h) * t.sq + i];
-        if (i < empty ? l !== Infinity : !Number.isFinite(l)) bad.push(`lse[b=${b}, h=${h}, s=${i}] = ${l}`);
-        if (i >= empty) continue;
-        const base = ((b * t.sq + i) * t.hq + h) * t.d;
-        for (let e = 0; e < t.d; e++) {
-          if (out[base + e] !== 0) bad.push(`out[b=${b}, s=${i}, h=${h}, d=${e}] = ${out[base + e]}`);
-        }
-      }
-    }
-  }
-  expect(bad.slice(0, 5)).toEqual([]);
-}
+const expectRule = ruleChecker();
 
 /** Runs `t` with the full float64 and same-precision references and applies the rule to out and lse. */
 async function checkFull(t: Case, inputs: Inputs): Promise<Run> {
