@@ -211,7 +211,7 @@ export async function main(argv: string[], io: CliIO = { stdout: process.stdout,
     tool: NAME, schema: 1, env,
     settings: {
       ...s, preset: cmd.preset, kernelResolved, peakTflops: peak,
-      timing: s.device === 'cuda' ? 'CUDA events' : 'host time to completion',
+      timing: s.device === 'cuda' ? 'CUDA events, runs queued back to back' : 'host time to completion',
     },
     notes, rows,
   };

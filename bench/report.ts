@@ -218,6 +218,54 @@ function ratioImpls(rows: readonly BenchRow[]): Impl[] {
   return implsIn(rows).filter((i) => i !== 'ours' && i !== 'ours-two-kernel');
 }
 
+/** The ratio below which a cell counts as slow in {@link ratioSummary} (issue 4's per-cell bar). */
+export const SLOW_CELL_RATIO = 0.85;
+
+/** Our speed against one other implementation over every cell where both ran. */
+export interface RatioSummary {
+  /** The other implementation. */
+  impl: Impl;
+  /** Cells with a ratio. */
+  cells: number;
+  /** Geometric mean of our TFLOP/s ÷ theirs. */
+  geomean: number;
+  min: number;
+  max: number;
+  /** Id of the cell with the smallest ratio. */
+  worst: string;
+  /** Cells below {@link SLOW_CELL_RATIO}. */
+  slow: number;
+}
+
+/** One {@link RatioSummary} per other implementation that has ratios, in column order. */
+export function ratioSummary(rows: readonly BenchRow[]): RatioSummary[] {
+  const out: RatioSummary[] = [];
+  for (const impl of ratioImpls(rows)) {
+    const pairs = rows
+      .filter((r) => r.impl === 'ours' && typeof r.ratios[impl] === 'number' && Number.isFinite(r.ratios[impl]) && (r.ratios[impl] as number) > 0)
+      .map((r) => ({ id: r.id, ratio: r.ratios[impl] as number }));
+    if (pairs.length === 0) continue;
+    const worst = pairs.reduce((a, b) => (b.ratio < a.ratio ? b : a));
+    out.push({
+      impl,
+      cells: pairs.length,
+      geomean: Math.exp(pairs.reduce((acc, x) => acc + Math.log(x.ratio), 0) / pairs.length),
+      min: worst.ratio,
+      max: Math.max(...pairs.map((x) => x.ratio)),
+      worst: worst.id,
+      slow: pairs.filter((x) => x.ratio < SLOW_CELL_RATIO).length,
+    });
+  }
+  return out;
+}
+
+/** {@link ratioSummary} as lines of text, one per other implementation. */
+export function ratioSummaryLines(rows: readonly BenchRow[]): string[] {
+  return ratioSummary(rows).map((s) =>
+    `ours vs ${s.impl.replace(/^torch-/, 'SDPA ')}: geometric mean ${s.geomean.toFixed(2)}x over ${s.cells} cells ` +
+    `(range ${s.min.toFixed(2)}-${s.max.toFixed(2)}x, worst ${s.worst}); cells below ${SLOW_CELL_RATIO}x: ${s.slow}`);
+}
+
 /** The human-readable tables, one per panel, with the header and the notes. */
 export function formatText(r: BenchReport): string {
   const out = [...headerLines(r), ''];
@@ -240,6 +288,8 @@ export function formatText(r: BenchReport): string {
     });
     out.push(...alignTable(header, body, header.map((_, i) => i !== 2)), '');
   }
+  const summary = ratioSummaryLines(r.rows);
+  if (summary.length) out.push(...summary, '');
   if (notes.lines.length) out.push('Errors:', ...notes.lines.map((l) => `  ${l}`), '');
   if (r.notes.length) out.push(...r.notes.map((n) => `note: ${n}`), '');
   return out.join('\n');
@@ -304,7 +354,8 @@ function mdCell(row: BenchRow | undefined, notes: Footnotes): string {
 /**
  * GitHub markdown: a header (device, versions, date, method), then one table per (head dim, causal,
  * pass) with a column per implementation (TFLOP/s, with median ms and peak memory above the inputs)
- * and our TFLOP/s ratios to PyTorch's flash and cuDNN kernels.
+ * and our TFLOP/s ratios to PyTorch's flash and cuDNN kernels, then the ratio summary (geometric means,
+ * ranges, worst cells).
  */
 export function formatMarkdown(r: BenchReport): string {
   const out = headerLines(r).map((l) => `${l}  `);
@@ -331,6 +382,8 @@ export function formatMarkdown(r: BenchReport): string {
     }
     out.push('');
   }
+  const summary = ratioSummaryLines(r.rows);
+  if (summary.length) out.push('Summary:', '', ...summary.map((l) => `- ${l}`), '');
   if (notes.lines.length) out.push(...notes.lines.map((l) => `${l}  `), '');
   if (r.notes.length) out.push(...r.notes.map((n) => `- ${n}`), '');
   return out.join('\n');

@@ -4,14 +4,15 @@
  *
  * Method, the same for every implementation: inputs random in [-1, 1) (never zeros), made once per
  * shape; one untimed run that measures peak memory above what was live before it (the inputs, and
- * for the backward the forward's out and lse); `warmup` more untimed runs; then `repeats` runs, each
- * timed by {@link timeOnDevice} (CUDA events around the queued work; on the CPU, host time until it
- * finished). Median, min and max are reported.
+ * for the backward the forward's out and lse); `warmup` more untimed runs; then `repeats` runs timed by
+ * {@link timeRepeatsOnDevice}: on CUDA queued back to back, each between its own pair of CUDA events,
+ * as bench/torch_sdpa.py times SDPA (so neither side counts host work that overlaps the GPU's); on
+ * the CPU, host time until each run finished. Median, min and max are reported.
  * @packageDocumentation
  */
 import { backends, flashAttention, flashAttentionBackward, memory, resetPeakMemory, synchronize, Tensor } from '../lib';
 import type { AttentionKernel, AttentionOutput, Device, DType } from '../lib';
-import { timeOnDevice } from '../lib/timing';
+import { timeRepeatsOnDevice } from '../lib/timing';
 import { tflopsPerSecond } from './flops';
 import { BenchCell, GridSettings, groupByInputs } from './grid';
 import type { TorchBackend, TorchResult } from './torch';
@@ -250,8 +251,7 @@ export async function runOurs(cells: readonly BenchCell[], s: GridSettings, peak
             const peakBytes = Math.max(0, peakBytesSinceReset(device) - before);
             for (let i = 0; i < s.warmup; i++) runOnce();
             await synchronize(device);
-            const times: number[] = [];
-            for (let i = 0; i < s.repeats; i++) times.push(await timeOnDevice(device, runOnce));
+            const times = await timeRepeatsOnDevice(device, runOnce, s.repeats);
             push(measuredRow(cell, impl, device, ran, { median: median(times), min: Math.min(...times), max: Math.max(...times) }, peakBytes, peak));
           } catch (err) {
             await synchronize(device).catch(() => undefined);

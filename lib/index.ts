@@ -19,7 +19,7 @@ export type {
   AttentionKernel, AttentionOptions, AttentionBackwardOptions, AttentionOutput, AttentionGradients, Float32Precision,
 } from './attention';
 export { backends, cudaDeviceCount } from './backends';
-export { timeOnDevice } from './timing';
+export { timeOnDevice, timeRepeatsOnDevice } from './timing';
 export type { BackendInfo, CpuBackendInfo, CudaBackendInfo, BackendsReport } from './backends';
 export { NativeLoadError } from './native';
 export { referenceAttention, referenceAttentionBackward, roundToTf32 } from './reference';

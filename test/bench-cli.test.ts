@@ -13,7 +13,7 @@ import { passFlops } from '../bench/flops';
 import { BenchCell, buildCells, cellId, GridSettings, groupByInputs } from '../bench/grid';
 import { findDevicePeak, peakTflops } from '../bench/peaks';
 import { deviceDefaults, listPresets, PRESETS } from '../bench/presets';
-import { BenchReport, CSV_COLUMNS, fmtBytes, formatCsv, formatMarkdown, formatText } from '../bench/report';
+import { BenchReport, CSV_COLUMNS, fmtBytes, formatCsv, formatMarkdown, formatText, ratioSummary } from '../bench/report';
 import { addRatios, BenchRow, emptyRow, Impl, isOutOfMemory, measuredRow, sortRows, torchRows } from '../bench/runner';
 import type { TorchResult } from '../bench/torch';
 import { runNodeChild } from './helpers/child';
@@ -350,6 +350,23 @@ describe('reports', () => {
     expect(table[0]).toMatch(/^\| 1024 \| 16 × 32 \| 300 \(\d\.\d+ ms, 3\.00 MiB\) \| 10\.0 .* \| 1\.20x \| 0\.75x \|$/);
     expect(table[1]).toContain('| OOM [2] |');
     expect(md).toContain('[2] naive: CUDA out of memory: tried to allocate 8.00 GiB');
+  });
+
+  test('ratio summary: geometric mean, range, worst cell and slow cells per other implementation', () => {
+    const rows = report.rows.map((r) => ({ ...r, ratios: { ...r.ratios } }));
+    const ours = rows.filter((r) => r.impl === 'ours');
+    ours[0].ratios['torch-flash'] = 0.8;
+    ours[1].ratios['torch-flash'] = 1.25;
+    const byImpl = new Map(ratioSummary(rows).map((x) => [x.impl, x]));
+    const flash = byImpl.get('torch-flash');
+    expect(flash).toMatchObject({ cells: 2, min: 0.8, max: 1.25, worst: ours[0].id, slow: 1 });
+    expect(flash?.geomean).toBeCloseTo(1, 12);
+    // naive ran out of memory in one cell: only the other counts; torch-math has no ratio at all.
+    expect(byImpl.get('naive')).toMatchObject({ cells: 1, min: 30, slow: 0 });
+    expect(byImpl.has('torch-math')).toBe(false);
+    const md = formatMarkdown({ ...report, rows });
+    expect(md).toContain(`- ours vs SDPA flash: geometric mean 1.00x over 2 cells (range 0.80-1.25x, worst ${ours[0].id}); cells below 0.85x: 1`);
+    expect(formatText(report)).toContain('ours vs SDPA cudnn: geometric mean 0.75x over 2 cells (range 0.75-0.75x');
   });
 
   test('formatting helpers', () => {

@@ -1,7 +1,8 @@
 /**
  * timeOnDevice: device time of queued work (CUDA events on CUDA, host time to completion on the CPU).
+ * timeRepeatsOnDevice: the same for repeated calls, queued back to back on CUDA.
  */
-import { flashAttention, Tensor, timeOnDevice } from '../lib';
+import { flashAttention, Tensor, timeOnDevice, timeRepeatsOnDevice } from '../lib';
 import { describeEachDevice, trackMemory } from './helpers/backend';
 import { randn, rngFor } from './helpers/random';
 
@@ -44,6 +45,27 @@ describeEachDevice('timeOnDevice', (device) => {
     expect(ms).toBeLessThan(50);
   });
 
+  test('timeRepeatsOnDevice: one positive time per call, in call order, each covering its own call', async () => {
+    let calls = 0;
+    const times = await timeRepeatsOnDevice(device, () => {
+      calls++;
+      // Call 2 does four times the work: its own pair of marks must show it, not a neighbour's.
+      for (let i = 0; i < (calls === 2 ? 4 : 1); i++) attention();
+    }, 3);
+    expect(calls).toBe(3);
+    expect(times).toHaveLength(3);
+    for (const t of times) expect(Number.isFinite(t) && t > 0).toBe(true);
+    expect(times[1]).toBeGreaterThan(1.5 * Math.min(times[0], times[2]));
+  });
+
+  test("timeRepeatsOnDevice: fn's error stops the repeats and is rethrown", async () => {
+    let calls = 0;
+    await expect(timeRepeatsOnDevice(device, () => {
+      if (++calls === 2) throw new RangeError('boom');
+    }, 5)).rejects.toThrow(new RangeError('boom'));
+    expect(calls).toBe(2);
+  });
+
   test("fn's error is rethrown after the timer is released", async () => {
     await expect(timeOnDevice(device, () => {
       throw new RangeError('boom');
@@ -58,6 +80,12 @@ describe('timeOnDevice arguments', () => {
     );
     await expect(timeOnDevice('cpu', 5 as never)).rejects.toThrow(
       new TypeError('Expected fn to be a function but received 5 of type number'),
+    );
+    await expect(timeRepeatsOnDevice('cpu', () => undefined, 0)).rejects.toThrow(
+      new TypeError('Expected repeats to be a positive integer but received 0 of type number'),
+    );
+    await expect(timeRepeatsOnDevice('cuda', () => undefined, 2.5)).rejects.toThrow(
+      new TypeError('Expected repeats to be a positive integer but received 2.5 of type number'),
     );
   });
 });

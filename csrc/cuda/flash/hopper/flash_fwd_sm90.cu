@@ -3,19 +3,28 @@
 // kernels have bodies only in the sm_90a pass (flash_fwd_sm90_kernel.cuh), and flash_fwd_sm90_built()
 // tells the dispatcher whether that pass was part of the build.
 //
-// Configurations (keys per tile kBlockN, warpgroups of 64 query rows, K/V stages), chosen by timing
-// alternatives side by side (test/native/flash_fwd_check.cu; H200, bf16, B*S = 16k, H*D = 2048,
-// median of 20, TFLOP/s at seqlen 2k / 8k, non-causal | causal):
-//   d64  n128 w3 s3: 341 / 386 | 259 / 337   <- non-causal from seqlen 2048 (192-row tiles)
-//        n128 w2 s3: 329 / 361 | 275 / 340   <- causal (finer tiles skip more of the masked half), and short
-//        n128 w2 s4: 327 / 357 | 276 / 347;  n64 w3 s4: 317 / 361 | 248 / 314
-//   d128 n128 w2 s3: 493 / 555 | 392 / 505   <- shipped
+// Configurations (keys per tile kBlockN, warpgroups of 64 query rows, K/V stages, thread blocks per SM),
+// chosen by timing alternatives side by side (test/native/flash_fwd_check.cu; H200, bf16, B*S = 16k,
+// H*D = 2048; d64 rows: 20 launches queued back to back, TFLOP/s at seqlen 512 / 1k / 2k / 8k; d128 and
+// d256 rows: median of 20, at 2k / 8k; non-causal | causal):
+//   d64  n64 w2 s3 b2:  327 / 369 / 392 / 407 | 215 / 287 / 343 / 402   <- shipped for head dim <= 64
+//        n64 w2 s4 b2:  331 / 372 / 395 / 405 | 214 / 285 / 340 / 399
+//        n64 w1 s4 b3:  331 / 372 / 397 / 393 | 231 / 296 / 342 / 378
+//        n128 w1 s3 b2: 301 / 362 / 396 / 401 | 193 / 269 / 338 / 405
+//        n128 w3 s3 b1: 245 / 289 / 343 / 389 | 138 / 186 / 261 / 338   (shipped before: 192-row tiles)
+//        n128 w2 s3 b1: 243 / 296 / 331 / 361 | 157 / 222 / 277 / 342
+//     Two blocks per SM win because one block's prologue (Q load, first K/V tiles) and epilogue overlap
+//     the other's MMAs; with one block of 2-3 warpgroups the SM idles at both ends of every tile.
+//     ptxas caps b2 at 128 registers (65536 / 512 threads): 0 spills.
+//   d128 n128 w2 s3 b1: 493 / 555 at 2k / 8k | 392 / 505   <- shipped
 //        n96 w2 s3: 453 / 517 | 374 / 488;  n64 w3 s4: 455 / 503 | 351 / 454;  n64 w2 s4: 447 / 497 | 361 / 455
+//        n128 w1 s3: 266 / 332 at 512 / 1k (shipped: 346 at 512). Two d128 blocks do not fit: 186
+//        registers x 256 threads, and Q + 3 stages of 64-key K/V tiles is 64 bytes over half the SM.
 //   d256 n32 w2 s3: 421 / 461 | 338 / 415    (n64 spilled at 255 registers before TMA loads)
 // Without the intra-warpgroup overlap and with cp.async loads (first cut) d128 ran at 344 / 370 | 287 / 342.
 // ptxas -v (CUDA 13.0, sm_90a; fp16 = bf16; non-causal / causal registers), 0 spills, shared memory
 // Q + 3 stages of K and V + barriers:
-//   d32 155/157, d64 168/154 (w3: see the config), d96 189/175, d128 186/195 (224 KiB smem),
+//   d32 90, d64 106/109 (2 blocks per SM: launch bound 128; 65 KiB smem each), d96 189/175, d128 186/195 (224 KiB smem),
 //   d192 170/213, d256 182/215.
 #include "cuda/flash/hopper/flash_fwd_sm90.h"
 
@@ -29,31 +38,21 @@
 namespace fa::cuda {
 namespace {
 
-// Per head dim, causality and tile height: keys per tile, warpgroups (64 query rows each), K/V stages.
-template <int kHeadDim, bool kIsCausal, int kWarpGroups_>
+// Per head dim: keys per tile, warpgroups (64 query rows each), K/V stages, thread blocks per SM.
+template <int kHeadDim>
 struct Sm90Config {
-  static constexpr int kBlockN = kHeadDim <= 128 ? 128 : kHeadDim <= 192 ? 64 : 32;
-  static constexpr int kWarpGroups = kWarpGroups_;
+  static constexpr bool kSmall = kHeadDim <= 64;
+  static constexpr int kBlockN = kSmall ? 64 : kHeadDim <= 128 ? 128 : kHeadDim <= 192 ? 64 : 32;
+  static constexpr int kWarpGroups = 2;
   static constexpr int kStages = 3;
+  static constexpr int kBlocksPerSm = kSmall ? 2 : 1;
 };
-
-// 192-row tiles (3 warpgroups) pay off for head dim <= 64 without causal masking at long query
-// sequences (table above). Below 2048 rows 128-row tiles run instead; measured at seqlen 512 (bf16 /
-// fp16, d64): 192-row 227 / 221 TFLOP/s, 128-row 218 / 219 (SDPA flash 265): neither reaches 0.85x
-// there yet, the open cell of the grid (bench/RESULTS.md).
-constexpr int64_t kTallTileMinSeqlen = 2048;
 
 template <typename Elem, int kHeadDim, bool kIsCausal>
 cudaError_t launch(const AttentionFwdParams& p, cudaStream_t stream) {
-  if constexpr (kHeadDim <= 64 && !kIsCausal) {
-    if (p.seqlen_q >= kTallTileMinSeqlen) {
-      using C = Sm90Config<kHeadDim, kIsCausal, 3>;
-      using Traits = flash::sm90::FlashFwdSm90Traits<kHeadDim, C::kBlockN, C::kWarpGroups, C::kStages, Elem>;
-      return launch_flash_fwd_sm90<Traits, kIsCausal>(p, stream);
-    }
-  }
-  using C = Sm90Config<kHeadDim, kIsCausal, 2>;
-  using Traits = flash::sm90::FlashFwdSm90Traits<kHeadDim, C::kBlockN, C::kWarpGroups, C::kStages, Elem>;
+  using C = Sm90Config<kHeadDim>;
+  using Traits =
+      flash::sm90::FlashFwdSm90Traits<kHeadDim, C::kBlockN, C::kWarpGroups, C::kStages, Elem, C::kBlocksPerSm>;
   return launch_flash_fwd_sm90<Traits, kIsCausal>(p, stream);
 }
 

@@ -37,7 +37,7 @@ struct FwdTensorMaps {
 };
 
 template <typename Traits, bool kIsCausal>
-__global__ void __launch_bounds__(Traits::kNThreads, 1) flash_fwd_sm90_kernel(const __grid_constant__ AttentionFwdParams p,
+__global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSm) flash_fwd_sm90_kernel(const __grid_constant__ AttentionFwdParams p,
                                                                             const __grid_constant__ FwdTensorMaps maps) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using Elem = typename Traits::Elem;

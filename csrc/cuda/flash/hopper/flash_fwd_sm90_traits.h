@@ -5,7 +5,7 @@
 
 namespace fa::cuda::flash::sm90 {
 
-template <int kHeadDim_, int kBlockN_, int kNWarpGroups_, int kStages_, typename Elem_>
+template <int kHeadDim_, int kBlockN_, int kNWarpGroups_, int kStages_, typename Elem_, int kMinBlocksPerSm_ = 1>
 struct FlashFwdSm90Traits {
   using Elem = Elem_;
   static constexpr int kHeadDim = kHeadDim_;  // compiled head dim; smaller multiples of 8 run zero-padded
@@ -15,6 +15,9 @@ struct FlashFwdSm90Traits {
   static constexpr int kBlockM = kWgRows * kNWarpGroups;   // query rows per thread block
   static constexpr int kBlockN = kBlockN_;                 // keys per K/V tile (wgmma N of S = Q K^T)
   static constexpr int kStages = kStages_;                 // K/V tiles in flight
+  // Thread blocks that must fit on one SM together (__launch_bounds__): above 1, ptxas caps registers
+  // at 65536 / (kNThreads * kMinBlocksPerSm).
+  static constexpr int kMinBlocksPerSm = kMinBlocksPerSm_;
 
   static constexpr int kMmaK = 16;
   static constexpr int kKSteps = kHeadDim / kMmaK;    // wgmma k-steps of S = Q K^T
@@ -36,6 +39,7 @@ struct FlashFwdSm90Traits {
   static_assert(kBlockN % 16 == 0 && kBlockN <= 256, "kBlockN: wgmma N of S and a multiple of the P V k-step");
   static_assert(kStages >= 3, "the pipelined loop refills a stage two tiles after its use: 3 stages double-buffer");
   static_assert(kSmemBytes <= 227 * 1024, "shared memory exceeds the sm_90 per-block limit");
+  static_assert(kMinBlocksPerSm * (kSmemBytes + 1024) <= 228 * 1024, "kMinBlocksPerSm blocks do not fit in one SM's shared memory");
 };
 
 }  // namespace fa::cuda::flash::sm90
