@@ -39,10 +39,12 @@ export interface AttentionOptions {
   softmaxScale?: number;
   /**
    * 'flash' is FlashAttention-2: the CPU backend, and on CUDA (sm_80 or newer) the tensor-core
-   * forward (the CUDA backward is the naive reference until its FA2 kernel lands). 'naive' is the
-   * CUDA fp32 reference that materialises the [seqlenQ, seqlenK] scores (memory grows as N²).
-   * 'auto' (default): 'flash' wherever it exists for the call, else 'naive'. The result's `kernel`
-   * says which ran.
+   * kernels: the forward for float16, bfloat16 and float32, the backward (one kernel, dq through
+   * atomic adds) for float16 and bfloat16 when `deterministic` is false. 'naive' is the CUDA fp32
+   * reference that materialises the [seqlenQ, seqlenK] scores (memory grows as N²). 'auto'
+   * (default): 'flash' wherever it exists for the call, else 'naive' (on CUDA: the float32 and the
+   * deterministic backward). 'flash' where it does not exist throws a RangeError that says why. The
+   * result's `kernel` says which ran.
    */
   kernel?: AttentionKernel;
   /**
@@ -68,7 +70,11 @@ export interface AttentionOptions {
 
 /** Options of the backward. */
 export interface AttentionBackwardOptions extends AttentionOptions {
-  /** Bit-identical dq across runs (dk and dv always are). Default false. */
+  /**
+   * Bit-identical dq across runs (dk and dv always are). Default false: the CUDA FlashAttention-2
+   * backward adds each query tile's dq contributions with fp32 atomics, so dq's summation order (and
+   * its last bits) can change from run to run. On CUDA `true` runs the naive kernel for now.
+   */
   deterministic?: boolean;
 }
 

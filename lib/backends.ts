@@ -72,8 +72,8 @@ export function backends(): BackendsReport {
     cuda: {
       available: status.available,
       reason: status.reason,
-      // 'auto' takes 'flash' (the FA2 forward on sm_80+) wherever it exists for the call, and 'naive'
-      // otherwise (the backward, until its FA2 kernel lands): the first entry is the default.
+      // 'auto' takes 'flash' (the FA2 kernels on sm_80+) wherever it exists for the call, and 'naive'
+      // otherwise (the float32 and the deterministic backward): the first entry is the default.
       kernels: status.available ? ['flash', 'naive'] : [],
       compiled: b.cudaCompiled,
       device: d

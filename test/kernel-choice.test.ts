@@ -4,9 +4,10 @@
  *
  * - CPU: FlashAttention-2 for the forward and the backward ('naive' is refused there; its message is
  *   checked in test/validation.test.ts).
- * - CUDA (the suites run on sm_80 or newer): 'auto' runs the FlashAttention-2 forward for float16,
- *   bfloat16 and float32 (TF32) at every head dim, and the naive backward, because the FA2 backward is
- *   not part of this build: kernel 'flash' for the backward is refused. 'naive' runs on request. The
+ * - CUDA (the suites run on sm_80 or newer, with the shared memory of an A100 or H100): 'auto' runs
+ *   the FlashAttention-2 forward for float16, bfloat16 and float32 (TF32) at every head dim, and the
+ *   FA2 backward for float16 and bfloat16; the float32 backward and the deterministic one run the
+ *   naive kernel, and kernel 'flash' for them is refused with the reason. 'naive' runs on request. The
  *   forward's only refusal ("needs a GPU of compute capability 8.0 (sm_80) or newer") cannot be
  *   reached on the GPUs the suites run on.
  */
@@ -32,8 +33,8 @@ describeEachDevice('kernel choice', (device) => {
   const cases: [DType, number, Ran, Ran][] = device === 'cpu'
     ? [['float32', 64, 'flash', 'flash'], ['bfloat16', 40, 'flash', 'flash']]
     : [
-      ['float16', 64, 'flash', 'naive'], ['float16', 200, 'flash', 'naive'],
-      ['bfloat16', 128, 'flash', 'naive'], ['bfloat16', 40, 'flash', 'naive'],
+      ['float16', 64, 'flash', 'flash'], ['float16', 200, 'flash', 'flash'],
+      ['bfloat16', 128, 'flash', 'flash'], ['bfloat16', 40, 'flash', 'flash'],
       ['float32', 256, 'flash', 'naive'], ['float32', 8, 'flash', 'naive'],
     ];
 
@@ -61,23 +62,44 @@ describeEachDevice('kernel choice', (device) => {
         }
       });
 
-    test.each(['float16', 'bfloat16', 'float32'] as DType[])(
-      "%s: kernel 'flash' for the backward is refused (no CUDA FA2 backward yet); 'naive' runs it", (dtype) => {
-        const [q, k, v, dout] = make(dtype, 64);
-        const f = flashAttention(q, k, v);
-        try {
-          expect(() => flashAttentionBackward(dout, q, k, v, f.out, f.lse, { kernel: 'flash' })).toThrow(new RangeError(
-            "Expected kernel to be 'auto' or 'naive' for this call but received 'flash': the CUDA FlashAttention-2 "
-            + 'backward is not part of this build yet'));
-          const g = flashAttentionBackward(dout, q, k, v, f.out, f.lse, { kernel: 'naive' });
+    // Each refusal names its reason; 'naive' runs the same call.
+    test.each([
+      ['float32', false, 'the CUDA FlashAttention-2 backward takes float16 and bfloat16 inputs (float32 runs on the naive kernel)'],
+      ['bfloat16', true, 'the CUDA FlashAttention-2 backward accumulates dq with atomic adds; deterministic: true runs on the naive kernel for now'],
+    ] as [DType, boolean, string][])("%s, deterministic %s: kernel 'flash' for the backward is refused, 'auto' and 'naive' run naive", (dtype, deterministic, reason) => {
+      const [q, k, v, dout] = make(dtype, 64);
+      const f = flashAttention(q, k, v);
+      try {
+        expect(() => flashAttentionBackward(dout, q, k, v, f.out, f.lse, { kernel: 'flash', deterministic })).toThrow(new RangeError(
+          `Expected kernel to be 'auto' or 'naive' for this call but received 'flash': ${reason}`));
+        for (const kernel of ['auto', 'naive'] as const) {
+          const g = flashAttentionBackward(dout, q, k, v, f.out, f.lse, { kernel, deterministic });
           try {
             expect(g.kernel).toBe('naive');
           } finally {
             for (const t of [g.dq, g.dk, g.dv]) t.dispose();
           }
-        } finally {
-          for (const t of [q, k, v, dout, f.out, f.lse]) t.dispose();
         }
-      });
+      } finally {
+        for (const t of [q, k, v, dout, f.out, f.lse]) t.dispose();
+      }
+    });
+
+    test("bfloat16: kernel 'flash' and kernel 'naive' each run the backward they name", () => {
+      const [q, k, v, dout] = make('bfloat16', 72);
+      const f = flashAttention(q, k, v, { causal: true });
+      try {
+        for (const kernel of ['flash', 'naive'] as const) {
+          const g = flashAttentionBackward(dout, q, k, v, f.out, f.lse, { kernel, causal: true });
+          try {
+            expect(g.kernel).toBe(kernel);
+          } finally {
+            for (const t of [g.dq, g.dk, g.dv]) t.dispose();
+          }
+        }
+      } finally {
+        for (const t of [q, k, v, dout, f.out, f.lse]) t.dispose();
+      }
+    });
   }
 });

@@ -7,6 +7,7 @@
 #include "cpu/flash_cpu.h"
 #include "napi/addon.h"
 #ifdef FA_WITH_CUDA
+#include "cuda/flash/flash_bwd.h"
 #include "cuda/flash/flash_fwd.h"
 #include "cuda/flash/flash_fwd_fp32.h"
 #include "cuda/naive_attention.h"
@@ -19,7 +20,7 @@ namespace {
 // Which implementation runs. The numbers are part of the JS contract (lib/native.ts).
 enum class Kernel : int32_t {
   kAuto = 0,   // the fastest available on the device
-  kFlash = 1,  // FlashAttention-2 (CPU: csrc/cpu; CUDA forward: csrc/cuda/flash, the backward lands next)
+  kFlash = 1,  // FlashAttention-2 (CPU: csrc/cpu; CUDA: csrc/cuda/flash)
   kNaive = 2,  // CUDA only: fp32 reference that materialises S (csrc/cuda/naive_attention.cu)
 };
 
@@ -140,7 +141,7 @@ Kernel resolve_kernel(Kernel k, Device device, bool flash_ok, const char* what) 
                       what);
   }
   // On CUDA 'auto' takes FlashAttention-2 wherever it has a kernel for the call, and the naive
-  // reference otherwise (the backward, until issue 5 lands).
+  // reference otherwise (float32 and deterministic backwards, GPUs without enough shared memory).
   if (k == Kernel::kAuto) return flash_ok ? Kernel::kFlash : Kernel::kNaive;
   return k;
 }
@@ -281,12 +282,6 @@ Napi::Value AttentionBackward(const Napi::CallbackInfo& info) {
   expect_buffer(out, "out", device, dtype, q_numel);
   expect_buffer(dout, "dout", device, dtype, q_numel);
   expect_buffer(lse, "lse", device, DType::kFloat32, lse_numel);
-  const Kernel kernel = resolve_kernel(requested, device, device == Device::kCpu,
-                                       "the CUDA FlashAttention-2 backward is not part of this build yet");
-
-  BufferPtr dq = rt.allocate(device, dtype, q_numel * dtype_size(dtype), true);
-  BufferPtr dk = rt.allocate(device, dtype, kv_numel * dtype_size(dtype), true);
-  BufferPtr dv = rt.allocate(device, dtype, kv_numel * dtype_size(dtype), true);
   AttentionBwdParams p;
   fill_fwd_params(p, d, dtype, scale, causal);
   p.q = q->data();
@@ -295,19 +290,41 @@ Napi::Value AttentionBackward(const Napi::CallbackInfo& info) {
   p.out = out->data();
   p.dout = dout->data();
   p.lse_in = static_cast<const float*>(lse->data());
+  p.deterministic = deterministic;
+  bool flash_ok = device == Device::kCpu;
+  const char* flash_unsupported =
+      "the CUDA FlashAttention-2 backward needs a GPU of compute capability 8.0 (sm_80) or newer";
+#ifdef FA_WITH_CUDA
+  if (device == Device::kCuda) {
+    // The gradients are allocated below by the pool (256-byte aligned, contiguous): the check's other
+    // inputs decide.
+    const char* reason = cuda::flash_bwd_unsupported_reason(p);
+    flash_ok = reason == nullptr;
+    if (reason != nullptr) flash_unsupported = reason;
+  }
+#endif
+  const Kernel kernel = resolve_kernel(requested, device, flash_ok, flash_unsupported);
+
+  BufferPtr dq = rt.allocate(device, dtype, q_numel * dtype_size(dtype), true);
+  BufferPtr dk = rt.allocate(device, dtype, kv_numel * dtype_size(dtype), true);
+  BufferPtr dv = rt.allocate(device, dtype, kv_numel * dtype_size(dtype), true);
   p.dq = dq->data();
   p.dk = dk->data();
   p.dv = dv->data();
-  p.deterministic = deterministic;
 
-  if (kernel == Kernel::kFlash) {  // resolve_kernel picks it on the CPU only, for now
+  if (device == Device::kCpu) {
     cpu::ThreadPool* pool = &rt.pool();
     submit_cpu(rt, {dout, q, k, v, out, lse}, {dq, dk, dv}, [p, pool] { cpu::flash_bwd(p, *pool); });
   } else {
 #ifdef FA_WITH_CUDA
     rt.cuda().ensure_usable();
-    check_launch(rt, cuda::naive_attention_bwd(p, rt.cuda().stream()), "naive attention backward",
-                 cuda::naive_attention_bwd_workspace_bytes(p));
+    if (kernel == Kernel::kFlash) {
+      check_launch(rt, cuda::flash_bwd(p, rt.cuda().stream()), "FlashAttention-2 backward",
+                   cuda::flash_bwd_workspace_bytes(p));
+    } else {
+      check_launch(rt, cuda::naive_attention_bwd(p, rt.cuda().stream()), "naive attention backward",
+                   cuda::naive_attention_bwd_workspace_bytes(p));
+    }
 #endif
   }
   Napi::Array result = Napi::Array::New(env, 4);

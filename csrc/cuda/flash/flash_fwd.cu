@@ -21,6 +21,7 @@
 #include "cuda/flash/flash_fwd_kernel.cuh"
 #include "cuda/flash/flash_fwd_traits.h"
 #include "cuda/flash/head_dims.h"
+#include "cuda/flash/launch_checks.h"
 #include "cuda/flash/hopper/flash_fwd_sm90.h"
 #include "cuda/flash/static_switch.h"
 
@@ -28,7 +29,6 @@ namespace fa::cuda {
 namespace {
 
 constexpr int64_t kAlignElems = 8;  // 16 bytes of fp16 / bf16: the cp.async granule
-constexpr uintptr_t kAlignBytes = 16;
 constexpr int64_t kMaxBlocks = INT32_MAX;  // gridDim.x limit; the grid is flattened into x
 
 // Per head dim (the compiled one): query rows per block, keys per tile, warps, Q in registers.
@@ -53,15 +53,8 @@ cudaError_t launch_sm80(const AttentionFwdParams& p, cudaStream_t stream) {
   return cudaGetLastError();
 }
 
-bool aligned(const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % kAlignBytes == 0; }
-
-int device_attribute(cudaDeviceAttr attr) {
-  int dev = 0, value = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess) return 0;
-  if (cudaDeviceGetAttribute(&value, attr, dev) != cudaSuccess) return 0;
-  return value;
-}
-int device_major() { return device_attribute(cudaDevAttrComputeCapabilityMajor); }
+using flash::device_attribute;
+using flash::device_major;
 
 template <int kHeadDim>
 constexpr size_t sm80_smem_bytes() {
@@ -97,13 +90,12 @@ bool flash_fwd_supported(const AttentionFwdParams& p) {
   if (p.seqlen_q > INT32_MAX || p.seqlen_k > INT32_MAX) return false;  // row indices are int in the kernels
   // Blocks of the flattened grid, for the smaller (sm_80) tile: the larger one needs fewer.
   if (ceil_div<int64_t>(p.seqlen_q, 64) * p.heads_q * p.batch > kMaxBlocks) return false;
-  if (!aligned(p.q) || !aligned(p.k) || !aligned(p.v) || !aligned(p.out)) return false;
-  const int64_t strides[] = {p.q_batch_stride, p.q_row_stride, p.q_head_stride, p.k_batch_stride,
-                             p.k_row_stride,   p.k_head_stride, p.v_batch_stride, p.v_row_stride,
-                             p.v_head_stride,  p.o_batch_stride, p.o_row_stride, p.o_head_stride};
-  for (int64_t s : strides)
-    if (s % kAlignElems != 0) return false;
-  return true;
+  using flash::aligned16;
+  if (!aligned16(p.q) || !aligned16(p.k) || !aligned16(p.v) || !aligned16(p.out)) return false;
+  return flash::strides_multiple_of({p.q_batch_stride, p.q_row_stride, p.q_head_stride, p.k_batch_stride,
+                                     p.k_row_stride, p.k_head_stride, p.v_batch_stride, p.v_row_stride,
+                                     p.v_head_stride, p.o_batch_stride, p.o_row_stride, p.o_head_stride},
+                                    kAlignElems);
 }
 
 const char* flash_fwd_path() { return use_sm90(device_major()) ? "sm90-wgmma" : "sm80-mma"; }

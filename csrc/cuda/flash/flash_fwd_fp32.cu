@@ -36,6 +36,7 @@
 #include "cuda/flash/flash_fwd_fp32_kernel.cuh"
 #include "cuda/flash/flash_fwd_fp32_traits.h"
 #include "cuda/flash/head_dims.h"
+#include "cuda/flash/launch_checks.h"
 #include "cuda/flash/static_switch.h"
 
 namespace fa::cuda {
@@ -45,7 +46,6 @@ constexpr int kFp32Warps = 4;
 constexpr int kFp32BlockM = 64;               // kFp32Warps x 16 query rows, in every configuration
 constexpr int kMinComputeMajor = 8;           // mma.sync tf32 and cp.async: sm_80
 constexpr int64_t kAlignElems = 4;            // 16 bytes of fp32: the cp.async granule
-constexpr uintptr_t kAlignBytes = 16;
 constexpr int64_t kMaxBlocks = INT32_MAX;     // the flat grid's gridDim.x (2^31 - 1)
 constexpr int kHeadDimMultiple = 8;           // one mma k-step / n8 tile: the padding granule
 
@@ -126,8 +126,6 @@ cudaError_t launch_flash_fwd_fp32(const AttentionFwdParams& p, cudaStream_t stre
   return cudaGetLastError();
 }
 
-bool aligned(const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % kAlignBytes == 0; }
-
 }  // namespace
 
 const char* flash_fwd_fp32_unsupported_reason(const AttentionFwdParams& p) {
@@ -159,14 +157,15 @@ const char* flash_fwd_fp32_unsupported_reason(const AttentionFwdParams& p) {
   if (grid_blocks(p, shape.block_m) > kMaxBlocks) {
     return "batch * headsQ * ceil(seqlenQ / 64) must be below 2^31 (one thread block per 64 query rows of a head)";
   }
-  if (!aligned(p.q) || !aligned(p.k) || !aligned(p.v) || !aligned(p.out)) {
+  using flash::aligned16;
+  if (!aligned16(p.q) || !aligned16(p.k) || !aligned16(p.v) || !aligned16(p.out)) {
     return "q, k, v and out must be 16-byte aligned";
   }
-  const int64_t strides[] = {p.q_batch_stride, p.q_row_stride, p.q_head_stride, p.k_batch_stride,
-                             p.k_row_stride,   p.k_head_stride, p.v_batch_stride, p.v_row_stride,
-                             p.v_head_stride,  p.o_batch_stride, p.o_row_stride, p.o_head_stride};
-  for (int64_t s : strides)
-    if (s % kAlignElems != 0) return "every stride of q, k, v and out must be a multiple of 4 elements";
+  if (!flash::strides_multiple_of({p.q_batch_stride, p.q_row_stride, p.q_head_stride, p.k_batch_stride,
+                                   p.k_row_stride, p.k_head_stride, p.v_batch_stride, p.v_row_stride,
+                                   p.v_head_stride, p.o_batch_stride, p.o_row_stride, p.o_head_stride},
+                                  kAlignElems))
+    return "every stride of q, k, v and out must be a multiple of 4 elements";
   return nullptr;
 }
 

@@ -24,26 +24,9 @@
 #include "cuda/flash/flash_fwd_traits.h"
 #include "cuda/flash/fragment_softmax.cuh"
 #include "cuda/flash/ptx.cuh"
+#include "cuda/flash/tile_load.cuh"
 
 namespace fa::cuda::flash {
-
-// Copies rows [row0, row0 + kRows) of a [seq, head_dim] slice (row stride in elements) into shared
-// memory of pitch kSmemPitch; rows >= seq_limit and columns >= head_dim are zero-filled (so masked V
-// rows add exact zeros and padded head-dim columns contribute nothing).
-template <typename Traits, int kRows>
-__device__ __forceinline__ void load_tile_async(typename Traits::Elem* smem, const typename Traits::Elem* gmem,
-                                                int64_t row_stride, int row0, int seq_limit, int head_dim) {
-  constexpr int kIters = kRows * Traits::kChunksPerRow / Traits::kNThreads;
-#pragma unroll
-  for (int it = 0; it < kIters; ++it) {
-    const int c = static_cast<int>(threadIdx.x) + it * Traits::kNThreads;
-    const int r = c / Traits::kChunksPerRow;
-    const int col = (c % Traits::kChunksPerRow) * Traits::kChunk;
-    const bool valid = row0 + r < seq_limit && col < head_dim;
-    const typename Traits::Elem* src = valid ? gmem + static_cast<int64_t>(row0 + r) * row_stride + col : gmem;
-    cp_async_16(smem_u32(smem + r * Traits::kSmemPitch + col), src, valid);
-  }
-}
 
 template <typename Traits, bool kIsCausal>
 __global__ void __launch_bounds__(Traits::kNThreads) flash_fwd_kernel(const AttentionFwdParams p) {

@@ -1,0 +1,168 @@
+// Launcher of the FA2 backward (flash_bwd.h): support check, workspace, preprocess, the main kernel
+// with its dtype x head dim x causal dispatch (static_switch.h), dQ conversion.
+//
+// mma.sync configurations (query rows per step kBlockM, warps along the key tile x along the head dim):
+//   head dim <= 128: kBlockM 64, 8 x 1 warps (kBlockN 128 keys per block);
+//   192 and 256:     kBlockM 64, 4 x 2 warps (kBlockN 64; the two warps of a key tile split dK / dV's
+//                    columns, so each keeps 2 x 16 x d/2 accumulators in registers).
+#include "cuda/flash/flash_bwd.h"
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "cuda/cuda_utils.cuh"
+#include "cuda/flash/flash_bwd_aux.cuh"
+#include "cuda/flash/flash_bwd_kernel.cuh"
+#include "cuda/flash/flash_bwd_traits.h"
+#include "cuda/flash/head_dims.h"
+#include "cuda/flash/launch_checks.h"
+#include "cuda/flash/static_switch.h"
+
+namespace fa::cuda {
+namespace {
+
+constexpr int64_t kAlignElems = 8;          // 16 bytes of fp16 / bf16: the cp.async granule
+constexpr int64_t kMaxBlocks = INT32_MAX;   // the flat grid's gridDim.x (2^31 - 1)
+constexpr int kMinComputeMajor = 8;         // mma.sync m16n8k16 bf16, cp.async, ldmatrix: sm_80
+constexpr int kDqRowMultiple = 64;          // every configuration's kBlockM: the accumulator's row padding
+constexpr size_t kWorkspaceAlign = 256;
+
+template <int kHeadDim>
+struct Sm80BwdConfig {
+  static constexpr int kBlockM = kDqRowMultiple;
+  static constexpr int kKeyTiles = kHeadDim <= 128 ? 8 : 4;
+  static constexpr int kDSplit = kHeadDim <= 128 ? 1 : 2;
+};
+
+template <int kHeadDim, typename Elem>
+using Sm80BwdTraits = flash::FlashBwdTraits<kHeadDim, Sm80BwdConfig<kHeadDim>::kBlockM,
+                                            Sm80BwdConfig<kHeadDim>::kKeyTiles, Sm80BwdConfig<kHeadDim>::kDSplit, Elem>;
+
+size_t smem_bytes(int padded) {
+  switch (padded) {
+    case 32: return Sm80BwdTraits<32, __half>::kSmemBytes;
+    case 64: return Sm80BwdTraits<64, __half>::kSmemBytes;
+    case 96: return Sm80BwdTraits<96, __half>::kSmemBytes;
+    case 128: return Sm80BwdTraits<128, __half>::kSmemBytes;
+    case 192: return Sm80BwdTraits<192, __half>::kSmemBytes;
+    default: return Sm80BwdTraits<256, __half>::kSmemBytes;
+  }
+}
+int block_n(int padded) { return padded <= 128 ? 128 : 64; }
+
+size_t round_up(size_t x, size_t a) { return (x + a - 1) / a * a; }
+
+struct WorkspaceLayout {
+  int64_t dq_rows;      // seqlen_q rounded up to kDqRowMultiple
+  size_t accum_bytes;   // fp32 [B, Hq, dq_rows, padded head dim]
+  size_t d_bytes;       // fp32 [B, Hq, Sq]
+};
+WorkspaceLayout workspace_layout(const AttentionBwdParams& p) {
+  WorkspaceLayout w;
+  w.dq_rows = ceil_div<int64_t>(p.seqlen_q, kDqRowMultiple) * kDqRowMultiple;
+  const int padded = flash::padded_head_dim(p.head_dim);
+  w.accum_bytes = round_up(static_cast<size_t>(p.batch * p.heads_q * w.dq_rows * padded) * sizeof(float), kWorkspaceAlign);
+  w.d_bytes = round_up(static_cast<size_t>(p.batch * p.heads_q * p.seqlen_q) * sizeof(float), kWorkspaceAlign);
+  return w;
+}
+
+template <typename Elem, int kHeadDim, bool kIsCausal>
+cudaError_t launch(const AttentionBwdParams& p, const flash::FlashBwdWorkspace& ws, cudaStream_t stream) {
+  using Traits = Sm80BwdTraits<kHeadDim, Elem>;
+  static_assert(Traits::kBlockM == kDqRowMultiple, "the accumulator's rows are padded to kBlockM");
+  auto kernel = flash::flash_bwd_kernel<Traits, kIsCausal>;
+  FA_CUDA_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                   static_cast<int>(Traits::kSmemBytes)));
+  const int64_t blocks = ceil_div<int64_t>(p.seqlen_k, Traits::kBlockN) * p.heads_kv * p.batch;
+  kernel<<<static_cast<unsigned>(blocks), Traits::kNThreads, Traits::kSmemBytes, stream>>>(p, ws);
+  FA_CUDA_TRY(cudaGetLastError());
+  const int64_t vecs = p.batch * p.heads_q * p.seqlen_q * (p.head_dim / flash::kAuxVec);
+  flash::flash_bwd_convert_dq_kernel<Elem, kHeadDim>
+      <<<grid_size(vecs, flash::kAuxThreads), flash::kAuxThreads, 0, stream>>>(p, ws.dq_accum, ws.dq_rows);
+  return cudaGetLastError();
+}
+
+// Everything after the workspace exists: preprocess, main kernel, conversion.
+cudaError_t run(const AttentionBwdParams& p, const flash::FlashBwdWorkspace& ws, size_t accum_bytes,
+                cudaStream_t stream) {
+  FA_CUDA_TRY(cudaMemsetAsync(ws.dq_accum, 0, accum_bytes, stream));
+  const int64_t rows = p.batch * p.heads_q * p.seqlen_q;
+  constexpr int kRowsPerBlock = flash::kAuxThreads / kWarpSize;
+  if (p.dtype == DType::kFloat16) {
+    flash::flash_bwd_dot_do_o_kernel<__half><<<grid_size(rows, kRowsPerBlock), flash::kAuxThreads, 0, stream>>>(p, ws.d);
+  } else {
+    flash::flash_bwd_dot_do_o_kernel<__nv_bfloat16>
+        <<<grid_size(rows, kRowsPerBlock), flash::kAuxThreads, 0, stream>>>(p, ws.d);
+  }
+  FA_CUDA_TRY(cudaGetLastError());
+  return FA_HEADDIM_SWITCH(p.head_dim, kHeadDim, [&] {
+    return FA_BOOL_SWITCH(p.causal, kIsCausal, [&] {
+      if (p.dtype == DType::kFloat16) return launch<__half, kHeadDim, kIsCausal>(p, ws, stream);
+      return launch<__nv_bfloat16, kHeadDim, kIsCausal>(p, ws, stream);
+    });
+  });
+}
+
+}  // namespace
+
+const char* flash_bwd_unsupported_reason(const AttentionBwdParams& p) {
+  if (p.dtype != DType::kFloat16 && p.dtype != DType::kBFloat16)
+    return "the CUDA FlashAttention-2 backward takes float16 and bfloat16 inputs (float32 runs on the naive kernel)";
+  if (p.deterministic)
+    return "the CUDA FlashAttention-2 backward accumulates dq with atomic adds; deterministic: true runs on the "
+           "naive kernel for now";
+  const int padded = flash::padded_head_dim(p.head_dim);
+  if (p.head_dim % 8 != 0 || padded == 0)
+    return "this build has no FlashAttention-2 backward kernel for the head dim (FA_HEAD_DIMS left out every "
+           "specialisation at least as large)";
+  if (flash::device_major() < kMinComputeMajor)
+    return "the CUDA FlashAttention-2 backward needs a GPU of compute capability 8.0 (sm_80) or newer";
+  if (smem_bytes(padded) > static_cast<size_t>(flash::device_attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin)))
+    return "the GPU has less shared memory per block than the FlashAttention-2 backward kernel for this head dim "
+           "needs";
+  if (p.seqlen_q > INT32_MAX || p.seqlen_k > INT32_MAX || p.heads_q > INT32_MAX)
+    return "seqlens and heads must be below 2^31";  // row and head indices are int in the kernel
+  if (ceil_div<int64_t>(p.seqlen_k, block_n(padded)) * p.heads_kv * p.batch > kMaxBlocks)
+    return "batch * headsKV * ceil(seqlenK / keys per block) must be below 2^31";
+  using flash::aligned16;
+  if (!aligned16(p.q) || !aligned16(p.k) || !aligned16(p.v) || !aligned16(p.out) || !aligned16(p.dout) ||
+      !aligned16(p.dq) || !aligned16(p.dk) || !aligned16(p.dv))
+    return "q, k, v, out, dout and the gradients must be 16-byte aligned";
+  if (!flash::strides_multiple_of({p.q_batch_stride, p.q_row_stride, p.q_head_stride, p.k_batch_stride,
+                                   p.k_row_stride, p.k_head_stride, p.v_batch_stride, p.v_row_stride,
+                                   p.v_head_stride, p.o_batch_stride, p.o_row_stride, p.o_head_stride},
+                                  kAlignElems))
+    return "every stride of q, k, v, out and dout must be a multiple of 8 elements";
+  return nullptr;
+}
+
+bool flash_bwd_supported(const AttentionBwdParams& p) { return flash_bwd_unsupported_reason(p) == nullptr; }
+
+size_t flash_bwd_workspace_bytes(const AttentionBwdParams& p) {
+  const WorkspaceLayout w = workspace_layout(p);
+  return w.accum_bytes + w.d_bytes;
+}
+
+cudaError_t flash_bwd(const AttentionBwdParams& p, cudaStream_t stream) {
+  if (!flash_bwd_supported(p)) return cudaErrorNotSupported;
+  FA_CUDA_TRY(cudaGetLastError());  // report an error left pending by earlier work
+  const WorkspaceLayout w = workspace_layout(p);
+  void* workspace = nullptr;
+  FA_CUDA_TRY(cudaMallocAsync(&workspace, w.accum_bytes + w.d_bytes, stream));
+  flash::FlashBwdWorkspace ws;
+  ws.dq_accum = static_cast<float*>(workspace);
+  ws.d = reinterpret_cast<float*>(static_cast<unsigned char*>(workspace) + w.accum_bytes);
+  ws.dq_rows = w.dq_rows;
+  const cudaError_t err = run(p, ws, w.accum_bytes, stream);
+  const cudaError_t free_err = cudaFreeAsync(workspace, stream);
+  if (err != cudaSuccess) {
+    cudaGetLastError();  // the error is returned, not left pending
+    return err;
+  }
+  return free_err;
+}
+
+}  // namespace fa::cuda

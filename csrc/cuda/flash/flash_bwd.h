@@ -1,0 +1,43 @@
+// FlashAttention-2 backward on CUDA (fp16 / bf16): the single-kernel backward of FA2's Algorithm 2 with
+// dQ accumulated through fp32 atomic adds. Plain C++ header.
+//
+// Three launches on `stream`, all stream-ordered:
+//   1. preprocess  D = rowsum(dO o O) in fp32 [B, Hq, Sq], and the fp32 dQ accumulator zeroed;
+//   2. main kernel one thread block per (K/V tile, KV head, batch): K_j and V_j stay on chip, the
+//                  (Q_i, dO_i, LSE_i, D_i) tiles of every query head of the KV head's group stream
+//                  through shared memory; dK and dV accumulate in registers (GQA sums in the kernel,
+//                  no expanded buffers) and dQ_i += dS K_j goes to the accumulator by atomic adds;
+//   3. convert     dq = softmax_scale * accumulator, rounded to the input dtype.
+// Workspace (cudaMallocAsync on `stream`, released with cudaFreeAsync before the call returns):
+// flash_bwd_workspace_bytes(p), O(N d): the dQ accumulator and D; never O(N^2).
+//
+// Supported: what flash_bwd_supported says (fp16 / bf16, head_dim a multiple of 8 up to 256, the same
+// alignment rules as flash_fwd, a device of compute capability 8.0+ whose shared memory fits the
+// configuration; p.deterministic false: dQ's summation order follows the atomics, so deterministic
+// calls are refused for now). Anything else returns cudaErrorNotSupported without launching.
+// Semantics are those of common/attention_params.h (the forward's lse in natural log, +inf for rows
+// that see no key: their dq is 0 and they add nothing to dk / dv). No call synchronizes, prints or
+// aborts; the first failing CUDA call's error is returned and the workspace is released.
+#pragma once
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+
+#include "common/attention_params.h"
+
+namespace fa::cuda {
+
+// Why flash_bwd cannot run p on the current device (a sentence for an error message), or nullptr when it can.
+const char* flash_bwd_unsupported_reason(const AttentionBwdParams& p);
+
+// True when flash_bwd has a kernel for p on the current device (flash_bwd_unsupported_reason is nullptr).
+bool flash_bwd_supported(const AttentionBwdParams& p);
+
+// Bytes of workspace flash_bwd allocates for p: the fp32 dQ accumulator [B, Hq, Sq rounded up to the
+// query tile, padded head dim] and D [B, Hq, Sq], each rounded up to 256 bytes.
+size_t flash_bwd_workspace_bytes(const AttentionBwdParams& p);
+
+// dq, dk, dv (p.dtype) from dout, q, k, v, out and lse_in.
+cudaError_t flash_bwd(const AttentionBwdParams& p, cudaStream_t stream);
+
+}  // namespace fa::cuda

@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# Builds and runs the GPU check + timing of the FA2 backward (test/native/flash_bwd_check.cu with
+# csrc/cuda/flash/flash_bwd.cu; the forward csrc/cuda/flash/flash_fwd.cu and its Hopper path give the
+# backward's out and lse; csrc/cuda/naive_attention.cu is the reference).
+# Usage, from any directory:
+#     bash scripts/flash-bwd-check.sh [--build-only] [seed] [--no-bench]
+# --build-only: compile and link only (no GPU needed). seed reruns a previous run's inputs.
+# SANITIZE=1 runs the check (no bench) under compute-sanitizer memcheck. NVCC overrides the compiler.
+# Build output goes to build/flash-bwd-check/. Exit status: 0 all PASS, 1 any FAIL.
+set -euo pipefail
+
+build_only=0
+args=()
+for a in "$@"; do
+  if [[ "$a" == --build-only ]]; then build_only=1; else args+=("$a"); fi
+done
+
+source "$(dirname "${BASH_SOURCE[0]}")/native-check-build.sh"
+native_check_build "$NATIVE_CHECK_ROOT/build/flash-bwd-check" flash_bwd_check \
+  csrc/cuda/flash/flash_bwd.cu csrc/cuda/flash/flash_fwd.cu csrc/cuda/flash/hopper/flash_fwd_sm90.cu \
+  csrc/cuda/naive_attention.cu test/native/flash_bwd_check.cu
+if [[ "$build_only" == 1 ]]; then
+  echo "built $NATIVE_CHECK_BIN"
+  exit 0
+fi
+
+if [[ "${SANITIZE:-0}" == 1 ]]; then
+  exec compute-sanitizer --tool memcheck --error-exitcode 1 "$NATIVE_CHECK_BIN" --no-bench ${args[@]+"${args[@]}"}
+fi
+exec "$NATIVE_CHECK_BIN" ${args[@]+"${args[@]}"}

@@ -1,0 +1,485 @@
+// GPU check and timing of the FA2 backward (csrc/cuda/flash/flash_bwd.cu), built and run by
+// scripts/flash-bwd-check.sh:  flash_bwd_check [seed] [--no-bench]
+// Each case: fresh random q, k, v, dout (never zero, rounded to the dtype; the seed is printed), out and
+// lse from flash_fwd (the naive forward where flash_fwd has no kernel), then flash_bwd, run kRuns times
+// into dq, dk, dv poisoned with NaN (0xFF bytes) before each run, and the naive fp32 backward
+// (csrc/cuda/naive_attention.cu) on the same inputs. Reference, per tensor (dq, dk, dv):
+//   rule vs-f64 (B*Hq*Sq*Sk*D <= kHostRefMaxWork): a float64 host backward from the same rounded inputs
+//   and the forward's out and lse (P = exp(scale q k - lse), D = rowsum(dout o out), dS = P (dP - D));
+//       max |flash - ref| <= 3 * max |naive - ref| + 1e-5
+//   (the naive result is fp32 rounded once to the dtype, so its error is the dtype's rounding);
+//   rule vs-naive (larger shapes): the naive result is within half an ulp of the dtype of the exact
+//   value, so the first rule implies, by the triangle inequality,
+//       max |flash - naive| <= (3 + 1) * half_ulp(max |naive|) + 1e-5
+// plus: no NaN left (every element written, in every run), rows that see no key (causal, Sq > Sk) give
+// dq exactly 0, dk and dv bit-identical over the kRuns runs (dq goes through fp32 atomics: its max
+// run-to-run difference is printed, not checked), and flash_bwd_supported is true for every case.
+// Then (unless --no-bench) bf16 timing on the FA2 grid (B*S = 16k, H*D = 2048, S 512 / 1k / 2k / 8k,
+// D 64 / 128, causal and not): median of 20 cudaEvent-timed single calls after warm-up, and the mean of
+// 20 calls queued back to back; TFLOP/s = 2.5 * 4 B H S^2 D / t (halved when causal), FA2's count for
+// the backward. The naive backward (N^2 workspace) is timed at S 512 and 1k only.
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cinttypes>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "common/attention_params.h"
+#include "common/dtype.h"
+#include "common/half.h"
+#include "cuda/flash/flash_bwd.h"
+#include "cuda/flash/flash_fwd.h"
+#include "cuda/naive_attention.h"
+#include "check_cuda.h"
+
+
+namespace {
+
+using fa::DType;
+
+constexpr double kNaiveErrFactor = 3.0;  // flash error may be 3x the naive kernel's own (rounding) error
+constexpr double kAbsSlack = 1e-5;       // tiny: the bound is essentially 3x the naive kernel's error
+// Rule vs-naive: |flash - naive| <= |flash - exact| + |naive - exact| <= (3 + 1) half-ulps.
+constexpr double kNaiveRuleHalfUlps = kNaiveErrFactor + 1.0;
+constexpr double kHostRefMaxWork = 2e8;  // B*Hq*Sq*Sk*D up to which the float64 host reference runs
+constexpr int kFp16MantissaBits = 10;
+constexpr int kBf16MantissaBits = 7;
+constexpr int kRuns = 3;  // flash_bwd runs per case: dk and dv must be bit-identical across them
+constexpr double kMinMag = 0.1;
+constexpr double kQkMaxMag = 1.5;
+constexpr double kVMaxMag = 1.0;
+constexpr double kDoutMaxMag = 1.0;
+constexpr int kWarmup = 3;
+constexpr int kTimedIters = 20;
+constexpr int64_t kBenchTokens = 16 * 1024;  // B * S
+constexpr int64_t kBenchWidth = 2048;        // H * D
+constexpr double kBwdFlopsPerFwd = 2.5;      // FA2 counts the backward as 2.5 forwards (5 matmuls vs 2)
+constexpr int64_t kNaiveBenchMaxSeqlen = 1024;  // the naive backward materialises two fp32 N^2 buffers
+
+const char* short_name(DType t) { return t == DType::kFloat16 ? "f16" : "bf16"; }
+
+uint16_t to_bits(DType t, float x) { return t == DType::kFloat16 ? fa::f32_to_f16(x) : fa::f32_to_bf16(x); }
+float from_bits(DType t, uint16_t h) { return t == DType::kFloat16 ? fa::f16_to_f32(h) : fa::bf16_to_f32(h); }
+
+// Half an ulp of t at magnitude x (x normal in t): the largest error of one correctly rounded value.
+double half_ulp(DType t, double x) {
+  int e = 0;
+  std::frexp(x, &e);  // x = m 2^e with m in [0.5, 1): the ulp is 2^(e - 1 - mantissa bits)
+  return std::ldexp(1.0, e - 2 - (t == DType::kFloat16 ? kFp16MantissaBits : kBf16MantissaBits));
+}
+
+struct Case {
+  int64_t batch, sq, sk, hq, hkv, d;
+  bool causal;
+  DType dtype;
+};
+
+// Keys query row i sees: all, or j <= i + (sk - sq) when causal (none for the first sq - sk rows).
+int64_t visible_keys(const Case& c, int64_t i) {
+  return c.causal ? std::clamp<int64_t>(i + c.sk - c.sq + 1, 0, c.sk) : c.sk;
+}
+
+struct Dev {
+  void* ptr = nullptr;
+  explicit Dev(size_t n) { CHECK_CUDA(cudaMalloc(&ptr, n)); }
+  ~Dev() { CHECK_CUDA(cudaFree(ptr)); }
+};
+
+// Random [rows, heads, d] values (contiguous), rounded to t: magnitude in [kMinMag, max], random sign.
+std::vector<float> random_values(int64_t n, DType t, double max_mag, std::mt19937_64& rng) {
+  std::uniform_real_distribution<double> mag(kMinMag, max_mag);
+  std::bernoulli_distribution neg(0.5);
+  std::vector<float> v(static_cast<size_t>(n));
+  for (auto& x : v) x = from_bits(t, to_bits(t, static_cast<float>(neg(rng) ? -mag(rng) : mag(rng))));
+  return v;
+}
+
+void upload(const Dev& d, DType t, const std::vector<float>& v) {
+  std::vector<uint16_t> h(v.size());
+  for (size_t i = 0; i < v.size(); ++i) h[i] = to_bits(t, v[i]);
+  CHECK_CUDA(cudaMemcpy(d.ptr, h.data(), h.size() * 2, cudaMemcpyHostToDevice));
+}
+
+// The raw 16-bit values (bit-identity checks compare these).
+std::vector<uint16_t> download_bits(const Dev& d, int64_t n) {
+  std::vector<uint16_t> h(static_cast<size_t>(n));
+  CHECK_CUDA(cudaMemcpy(h.data(), d.ptr, h.size() * 2, cudaMemcpyDeviceToHost));
+  return h;
+}
+
+std::vector<float> to_floats(DType t, const std::vector<uint16_t>& h) {
+  std::vector<float> v(h.size());
+  for (size_t i = 0; i < h.size(); ++i) v[i] = from_bits(t, h[i]);
+  return v;
+}
+
+fa::AttentionFwdParams make_params(const Case& c, const Dev& q, const Dev& k, const Dev& v, const Dev& o,
+                                   const Dev& lse) {
+  fa::AttentionFwdParams p;
+  p.batch = c.batch;
+  p.seqlen_q = c.sq;
+  p.seqlen_k = c.sk;
+  p.heads_q = c.hq;
+  p.heads_kv = c.hkv;
+  p.head_dim = c.d;
+  fa::set_contiguous_strides(c.sq, c.hq, c.d, &p.q_batch_stride, &p.q_row_stride, &p.q_head_stride);
+  fa::set_contiguous_strides(c.sk, c.hkv, c.d, &p.k_batch_stride, &p.k_row_stride, &p.k_head_stride);
+  fa::set_contiguous_strides(c.sk, c.hkv, c.d, &p.v_batch_stride, &p.v_row_stride, &p.v_head_stride);
+  fa::set_contiguous_strides(c.sq, c.hq, c.d, &p.o_batch_stride, &p.o_row_stride, &p.o_head_stride);
+  p.dtype = c.dtype;
+  p.softmax_scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(c.d)));
+  p.scale_log2 = p.softmax_scale * fa::kLog2e;
+  p.causal = c.causal;
+  p.q = q.ptr;
+  p.k = k.ptr;
+  p.v = v.ptr;
+  p.out = o.ptr;
+  p.lse = static_cast<float*>(lse.ptr);
+  return p;
+}
+
+// Backward parameters on top of the forward's (same sizes, strides, q, k, v, out). The forward's lse
+// becomes lse_in; the `lse` output field is cleared, as the backward must not use it.
+fa::AttentionBwdParams make_bwd_params(const fa::AttentionFwdParams& fwd, const Dev& dout, const Dev& dq,
+                                       const Dev& dk, const Dev& dv) {
+  fa::AttentionBwdParams p;
+  static_cast<fa::AttentionFwdParams&>(p) = fwd;
+  p.lse_in = fwd.lse;
+  p.lse = nullptr;
+  p.dout = dout.ptr;
+  p.dq = dq.ptr;
+  p.dk = dk.ptr;
+  p.dv = dv.ptr;
+  p.deterministic = false;  // flash_bwd does not honour it (see flash_bwd.h)
+  return p;
+}
+
+// out and lse, the backward's inputs: flash_fwd, or the naive forward where flash_fwd has no kernel.
+// Returns which one ran.
+const char* run_forward(const fa::AttentionFwdParams& p, cudaStream_t stream) {
+  const cudaError_t err = fa::cuda::flash_fwd(p, stream);
+  if (err != cudaErrorNotSupported) {
+    CHECK_CUDA(err);
+    return "flash";
+  }
+  CHECK_CUDA(fa::cuda::naive_attention_fwd(p, stream));
+  return "naive";
+}
+
+// float64 gradients, in the layouts of q (dq) and k / v (dk, dv).
+struct RefGrads {
+  std::vector<double> dq, dk, dv;
+};
+
+// The backward in float64 from the same rounded q, k, v, dout and the forward's out and lse (so the
+// reference answers exactly the question the kernels get): for every visible (i, j),
+//     P = exp(scale q_i.k_j - lse_i), dP = dout_i.v_j, dS = P (dP - D_i) with D_i = dout_i.out_i,
+//     dq_i += scale dS k_j, dk_j += scale dS q_i, dv_j += P dout_i;
+// dk and dv of a KV head sum over the query heads of its group. Rows that see no key add nothing.
+RefGrads host_reference(const Case& c, float softmax_scale, const std::vector<float>& q, const std::vector<float>& k,
+                        const std::vector<float>& v, const std::vector<float>& dout, const std::vector<float>& out,
+                        const std::vector<float>& lse) {
+  RefGrads r;
+  r.dq.assign(q.size(), 0.0);
+  r.dk.assign(k.size(), 0.0);
+  r.dv.assign(v.size(), 0.0);
+  const int64_t group = c.hq / c.hkv;
+  const double scale = softmax_scale;  // the float the kernels get
+  for (int64_t b = 0; b < c.batch; ++b)
+    for (int64_t h = 0; h < c.hq; ++h) {
+      const int64_t kvh = h / group;
+      for (int64_t i = 0; i < c.sq; ++i) {
+        const int64_t n = visible_keys(c, i);
+        const int64_t qo = ((b * c.sq + i) * c.hq + h) * c.d;
+        const double row_lse = lse[(b * c.hq + h) * c.sq + i];
+        double delta = 0;
+        for (int64_t x = 0; x < c.d; ++x) delta += static_cast<double>(dout[qo + x]) * out[qo + x];
+        for (int64_t j = 0; j < n; ++j) {
+          const int64_t ko = ((b * c.sk + j) * c.hkv + kvh) * c.d;
+          double s = 0, dp = 0;
+          for (int64_t x = 0; x < c.d; ++x) {
+            s += static_cast<double>(q[qo + x]) * k[ko + x];
+            dp += static_cast<double>(dout[qo + x]) * v[ko + x];
+          }
+          const double p = std::exp(scale * s - row_lse);
+          const double ds = scale * p * (dp - delta);  // scale folded in: dq and dk both carry it
+          for (int64_t x = 0; x < c.d; ++x) {
+            r.dq[qo + x] += ds * k[ko + x];
+            r.dk[ko + x] += ds * q[qo + x];
+            r.dv[ko + x] += p * dout[qo + x];
+          }
+        }
+      }
+    }
+  return r;
+}
+
+// max |got - want|, NaNs left out (they are counted on their own).
+double max_err(const std::vector<float>& got, const std::vector<double>& want) {
+  double err = 0;
+  for (size_t i = 0; i < got.size(); ++i)
+    if (!std::isnan(got[i])) err = std::max(err, std::fabs(got[i] - want[i]));
+  return err;
+}
+
+double max_abs(const std::vector<double>& v) {
+  double m = 0;
+  for (double x : v) m = std::max(m, std::fabs(x));
+  return m;
+}
+
+int64_t count_nan(const std::vector<float>& v) {
+  return std::count_if(v.begin(), v.end(), [](float x) { return std::isnan(x); });
+}
+
+// One of dq, dk, dv: flash's error and the tolerance it is held to.
+struct TensorCheck {
+  const char* name;
+  double err;        // vs-f64: max |flash - ref|;  vs-naive: max |flash - naive|
+  double naive_err;  // vs-f64 only: max |naive - ref|
+  double tol;
+};
+
+// Rule vs-f64 for one tensor (every run of flash; the worst counts).
+TensorCheck check_vs_f64(const char* name, const std::vector<std::vector<float>>& flash_runs,
+                         const std::vector<float>& naive, const std::vector<double>& ref) {
+  TensorCheck t{name, 0, max_err(naive, ref), 0};
+  for (const auto& run : flash_runs) t.err = std::max(t.err, max_err(run, ref));
+  t.tol = kNaiveErrFactor * t.naive_err + kAbsSlack;
+  return t;
+}
+
+// Rule vs-naive for one tensor.
+TensorCheck check_vs_naive(const char* name, DType dtype, const std::vector<std::vector<float>>& flash_runs,
+                           const std::vector<float>& naive) {
+  const std::vector<double> ref(naive.begin(), naive.end());
+  TensorCheck t{name, 0, 0, kNaiveRuleHalfUlps * half_ulp(dtype, max_abs(ref)) + kAbsSlack};
+  for (const auto& run : flash_runs) t.err = std::max(t.err, max_err(run, ref));
+  return t;
+}
+
+void print_case_head(bool ok, const Case& c) {
+  std::printf("%s %-4s B%" PRId64 " Sq%-5" PRId64 " Sk%-5" PRId64 " Hq%" PRId64 " Hkv%" PRId64 " D%-3" PRId64
+              " %-6s",
+              ok ? "PASS" : "FAIL", short_name(c.dtype), c.batch, c.sq, c.sk, c.hq, c.hkv, c.d,
+              c.causal ? "causal" : "full");
+}
+
+// NaN in fp16 and bf16: an element the kernel leaves unwritten shows.
+void poison(const Dev& d, int64_t n, cudaStream_t stream) { CHECK_CUDA(cudaMemsetAsync(d.ptr, 0xFF, n * 2, stream)); }
+
+bool run_case(const Case& c, std::mt19937_64& rng) {
+  const int64_t nq = c.batch * c.sq * c.hq * c.d, nk = c.batch * c.sk * c.hkv * c.d;
+  const int64_t nlse = c.batch * c.hq * c.sq;
+  const auto q = random_values(nq, c.dtype, kQkMaxMag, rng);
+  const auto k = random_values(nk, c.dtype, kQkMaxMag, rng);
+  const auto v = random_values(nk, c.dtype, kVMaxMag, rng);
+  const auto dout = random_values(nq, c.dtype, kDoutMaxMag, rng);
+  Dev q_dev(nq * 2), k_dev(nk * 2), v_dev(nk * 2), dout_dev(nq * 2), out_dev(nq * 2), lse_dev(nlse * 4);
+  Dev flash_dq(nq * 2), flash_dk(nk * 2), flash_dv(nk * 2), naive_dq(nq * 2), naive_dk(nk * 2), naive_dv(nk * 2);
+  upload(q_dev, c.dtype, q);
+  upload(k_dev, c.dtype, k);
+  upload(v_dev, c.dtype, v);
+  upload(dout_dev, c.dtype, dout);
+  cudaStream_t stream;
+  CHECK_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  const auto pfwd = make_params(c, q_dev, k_dev, v_dev, out_dev, lse_dev);
+  const char* fwd_path = run_forward(pfwd, stream);
+  const auto pf = make_bwd_params(pfwd, dout_dev, flash_dq, flash_dk, flash_dv);
+  const auto pn = make_bwd_params(pfwd, dout_dev, naive_dq, naive_dk, naive_dv);
+  if (!fa::cuda::flash_bwd_supported(pf)) {
+    CHECK_CUDA(cudaStreamSynchronize(stream));
+    CHECK_CUDA(cudaStreamDestroy(stream));
+    print_case_head(false, c);
+    std::printf(" flash_bwd_supported is false\n");
+    return false;
+  }
+  poison(naive_dq, nq, stream);
+  poison(naive_dk, nk, stream);
+  poison(naive_dv, nk, stream);
+  CHECK_CUDA(fa::cuda::naive_attention_bwd(pn, stream));
+  // kRuns flash runs, each into freshly poisoned outputs; the raw bits of every run are kept.
+  std::vector<std::vector<uint16_t>> dq_bits, dk_bits, dv_bits;
+  for (int run = 0; run < kRuns; ++run) {
+    poison(flash_dq, nq, stream);
+    poison(flash_dk, nk, stream);
+    poison(flash_dv, nk, stream);
+    CHECK_CUDA(fa::cuda::flash_bwd(pf, stream));
+    CHECK_CUDA(cudaStreamSynchronize(stream));
+    dq_bits.push_back(download_bits(flash_dq, nq));
+    dk_bits.push_back(download_bits(flash_dk, nk));
+    dv_bits.push_back(download_bits(flash_dv, nk));
+  }
+  CHECK_CUDA(cudaStreamDestroy(stream));
+  std::vector<std::vector<float>> dq_runs, dk_runs, dv_runs;
+  for (int run = 0; run < kRuns; ++run) {
+    dq_runs.push_back(to_floats(c.dtype, dq_bits[run]));
+    dk_runs.push_back(to_floats(c.dtype, dk_bits[run]));
+    dv_runs.push_back(to_floats(c.dtype, dv_bits[run]));
+  }
+  const auto ndq = to_floats(c.dtype, download_bits(naive_dq, nq));
+  const auto ndk = to_floats(c.dtype, download_bits(naive_dk, nk));
+  const auto ndv = to_floats(c.dtype, download_bits(naive_dv, nk));
+
+  // Every element written, in every run; the naive result too (a NaN there would hide flash errors).
+  int64_t nan = 0;
+  for (int run = 0; run < kRuns; ++run)
+    nan += count_nan(dq_runs[run]) + count_nan(dk_runs[run]) + count_nan(dv_runs[run]);
+  const int64_t naive_nan = count_nan(ndq) + count_nan(ndk) + count_nan(ndv);
+
+  // Rows that see no key (the first sq - sk rows when causal): dq exactly 0 (either sign), in every run.
+  int64_t bad_empty = 0;
+  const int64_t row_width = c.hq * c.d;  // dq elements of one query row, all heads
+  for (const auto& run : dq_runs)
+    for (int64_t b = 0; b < c.batch; ++b)
+      for (int64_t i = 0; i < c.sq && visible_keys(c, i) == 0; ++i)
+        for (int64_t x = 0; x < row_width; ++x) bad_empty += run[(b * c.sq + i) * row_width + x] != 0.0f;
+
+  // Run to run: dk and dv bit for bit; dq only reported (fp32 atomics in varying order).
+  int64_t dkdv_diff = 0;
+  double dq_rerun = 0;
+  for (int run = 1; run < kRuns; ++run) {
+    for (int64_t x = 0; x < nk; ++x)
+      dkdv_diff += (dk_bits[run][x] != dk_bits[0][x]) + (dv_bits[run][x] != dv_bits[0][x]);
+    for (int64_t x = 0; x < nq; ++x)
+      dq_rerun = std::max(dq_rerun, static_cast<double>(std::fabs(dq_runs[run][x] - dq_runs[0][x])));
+  }
+
+  const bool host_ref = static_cast<double>(c.batch * c.hq) * c.sq * c.sk * c.d <= kHostRefMaxWork;
+  std::vector<TensorCheck> checks;
+  if (host_ref) {
+    std::vector<float> lse(nlse);
+    CHECK_CUDA(cudaMemcpy(lse.data(), lse_dev.ptr, nlse * 4, cudaMemcpyDeviceToHost));
+    const auto out = to_floats(c.dtype, download_bits(out_dev, nq));
+    const RefGrads ref = host_reference(c, pf.softmax_scale, q, k, v, dout, out, lse);
+    checks = {check_vs_f64("dq", dq_runs, ndq, ref.dq), check_vs_f64("dk", dk_runs, ndk, ref.dk),
+              check_vs_f64("dv", dv_runs, ndv, ref.dv)};
+  } else {
+    checks = {check_vs_naive("dq", c.dtype, dq_runs, ndq), check_vs_naive("dk", c.dtype, dk_runs, ndk),
+              check_vs_naive("dv", c.dtype, dv_runs, ndv)};
+  }
+  bool ok = nan == 0 && naive_nan == 0 && bad_empty == 0 && dkdv_diff == 0;
+  for (const TensorCheck& t : checks) ok = ok && t.err <= t.tol;
+  print_case_head(ok, c);
+  std::printf(" %s", host_ref ? "vs-f64  " : "vs-naive");
+  for (const TensorCheck& t : checks) {
+    if (host_ref)
+      std::printf(" %s=%.2e (naive %.2e, tol %.2e)", t.name, t.err, t.naive_err, t.tol);
+    else
+      std::printf(" %s=%.2e (tol %.2e)", t.name, t.err, t.tol);
+  }
+  std::printf(" nan=%" PRId64 " (naive %" PRId64 ") bad_empty=%" PRId64 " dkdv_rerun_diff=%" PRId64
+              " dq_rerun=%.2e fwd=%s\n",
+              nan, naive_nan, bad_empty, dkdv_diff, dq_rerun, fwd_path);
+  return ok;
+}
+
+using BwdFn = cudaError_t (*)(const fa::AttentionBwdParams&, cudaStream_t);
+
+void bench(int64_t seqlen, int64_t d, bool causal, const char* name, BwdFn bwd, std::mt19937_64& rng) {
+  Case c{kBenchTokens / seqlen, seqlen, seqlen, kBenchWidth / d, kBenchWidth / d, d, causal, DType::kBFloat16};
+  const int64_t n = c.batch * c.sq * c.hq * c.d;
+  Dev q_dev(n * 2), k_dev(n * 2), v_dev(n * 2), dout_dev(n * 2), out_dev(n * 2), lse_dev(c.batch * c.hq * c.sq * 4);
+  Dev dq(n * 2), dk(n * 2), dv(n * 2);
+  upload(q_dev, c.dtype, random_values(n, c.dtype, kQkMaxMag, rng));
+  upload(k_dev, c.dtype, random_values(n, c.dtype, kQkMaxMag, rng));
+  upload(v_dev, c.dtype, random_values(n, c.dtype, kVMaxMag, rng));
+  upload(dout_dev, c.dtype, random_values(n, c.dtype, kDoutMaxMag, rng));
+  cudaStream_t stream;
+  CHECK_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  const auto pfwd = make_params(c, q_dev, k_dev, v_dev, out_dev, lse_dev);
+  run_forward(pfwd, stream);
+  const auto p = make_bwd_params(pfwd, dout_dev, dq, dk, dv);
+  for (int w = 0; w < kWarmup; ++w) CHECK_CUDA(bwd(p, stream));
+  cudaEvent_t start, stop;
+  CHECK_CUDA(cudaEventCreate(&start));
+  CHECK_CUDA(cudaEventCreate(&stop));
+  std::vector<float> ms(kTimedIters);
+  for (int it = 0; it < kTimedIters; ++it) {
+    CHECK_CUDA(cudaEventRecord(start, stream));
+    CHECK_CUDA(bwd(p, stream));
+    CHECK_CUDA(cudaEventRecord(stop, stream));
+    CHECK_CUDA(cudaEventSynchronize(stop));
+    CHECK_CUDA(cudaEventElapsedTime(&ms[it], start, stop));
+  }
+  std::sort(ms.begin(), ms.end());
+  const double med = ms[kTimedIters / 2];
+  // Back to back: kTimedIters launches between one pair of events (host work overlaps the GPU's).
+  float queued_ms = 0.0f;
+  CHECK_CUDA(cudaEventRecord(start, stream));
+  for (int it = 0; it < kTimedIters; ++it) CHECK_CUDA(bwd(p, stream));
+  CHECK_CUDA(cudaEventRecord(stop, stream));
+  CHECK_CUDA(cudaEventSynchronize(stop));
+  CHECK_CUDA(cudaEventElapsedTime(&queued_ms, start, stop));
+  const double queued = queued_ms / kTimedIters;
+  const double flops = kBwdFlopsPerFwd * 4.0 * c.batch * c.hq * static_cast<double>(seqlen) * seqlen * d *
+                       (causal ? 0.5 : 1.0);
+  std::printf("BENCH %-9s bf16 B%" PRId64 " H%" PRId64 " S%-5" PRId64 " D%-3" PRId64
+              " %-6s median %.3f ms  %.1f TFLOP/s | back to back %.3f ms  %.1f TFLOP/s\n",
+              name, c.batch, c.hq, seqlen, d, causal ? "causal" : "full", med, flops / (med * 1e-3) / 1e12, queued,
+              flops / (queued * 1e-3) / 1e12);
+  CHECK_CUDA(cudaEventDestroy(start));
+  CHECK_CUDA(cudaEventDestroy(stop));
+  CHECK_CUDA(cudaStreamDestroy(stream));
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  uint64_t seed = std::random_device{}();
+  bool run_bench = true;
+  for (int a = 1; a < argc; ++a) {
+    if (std::strcmp(argv[a], "--no-bench") == 0)
+      run_bench = false;
+    else
+      seed = std::strtoull(argv[a], nullptr, 10);
+  }
+  int dev = 0;
+  CHECK_CUDA(cudaGetDevice(&dev));
+  cudaDeviceProp prop;
+  CHECK_CUDA(cudaGetDeviceProperties(&prop, dev));
+  std::printf("device %d: %s (sm_%d%d), seed %" PRIu64 " (rerun with: flash_bwd_check %" PRIu64 ")\n", dev,
+              prop.name, prop.major, prop.minor, seed, seed);
+  std::mt19937_64 rng(seed);
+
+  struct Shape {
+    int64_t batch, sq, sk, hq, hkv;
+  };
+  const Shape shapes[] = {
+      {2, 1, 1, 2, 2},       {2, 17, 17, 2, 2},   {2, 97, 97, 2, 2},   {1, 1023, 1023, 2, 2},
+      {1, 1025, 1025, 2, 2}, {2, 113, 203, 2, 2}, {2, 203, 113, 2, 2}, {2, 1, 239, 2, 2},
+      {2, 97, 97, 8, 2},                          // GQA 4:1
+      {1, 203, 113, 4, 1},   {1, 1025, 1025, 4, 1},  // MQA
+  };
+  int failed = 0, total = 0;
+  for (DType t : {DType::kFloat16, DType::kBFloat16})
+    for (int64_t d : {64, 128})
+      for (bool causal : {false, true})
+        for (const Shape& s : shapes) {
+          ++total;
+          failed += !run_case(Case{s.batch, s.sq, s.sk, s.hq, s.hkv, d, causal, t}, rng);
+        }
+  // Every other head dim the forward compiles and some padded ones, on two shapes with tails.
+  for (DType t : {DType::kFloat16, DType::kBFloat16})
+    for (int64_t d : {8, 32, 40, 72, 96, 136, 192, 200, 256})
+      for (bool causal : {false, true}) {
+        total += 2;
+        failed += !run_case(Case{2, 97, 203, 4, 2, d, causal, t}, rng);
+        failed += !run_case(Case{1, 1025, 1023, 2, 1, d, causal, t}, rng);
+      }
+  std::printf("%s: %d of %d cases failed\n", failed ? "FAIL" : "PASS", failed, total);
+  if (run_bench)
+    for (int64_t seqlen : {512, 1024, 2048, 8192})
+      for (int64_t d : {64, 128})
+        for (bool causal : {false, true}) {
+          bench(seqlen, d, causal, "flash-bwd", fa::cuda::flash_bwd, rng);
+          if (seqlen <= kNaiveBenchMaxSeqlen) bench(seqlen, d, causal, "naive-bwd", fa::cuda::naive_attention_bwd, rng);
+        }
+  return failed ? 1 : 0;
+}
