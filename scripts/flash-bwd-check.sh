@@ -17,7 +17,7 @@ done
 
 source "$(dirname "${BASH_SOURCE[0]}")/native-check-build.sh"
 native_check_build "$NATIVE_CHECK_ROOT/build/flash-bwd-check" flash_bwd_check \
-  csrc/cuda/flash/flash_bwd.cu csrc/cuda/flash/flash_fwd.cu csrc/cuda/flash/hopper/flash_fwd_sm90.cu \
+  csrc/cuda/flash/flash_bwd.cu csrc/cuda/flash/hopper/flash_bwd_sm90.cu csrc/cuda/flash/flash_fwd.cu csrc/cuda/flash/hopper/flash_fwd_sm90.cu \
   csrc/cuda/naive_attention.cu test/native/flash_bwd_check.cu
 if [[ "$build_only" == 1 ]]; then
   echo "built $NATIVE_CHECK_BIN"

@@ -274,7 +274,10 @@ void print_case_head(bool ok, const Case& c) {
 // NaN in fp16 and bf16: an element the kernel leaves unwritten shows.
 void poison(const Dev& d, int64_t n, cudaStream_t stream) { CHECK_CUDA(cudaMemsetAsync(d.ptr, 0xFF, n * 2, stream)); }
 
-bool run_case(const Case& c, std::mt19937_64& rng) {
+using BwdFn = cudaError_t (*)(const fa::AttentionBwdParams&, cudaStream_t);
+
+// One case through the backward `bwd` (named `path` in the output line).
+bool run_case(const Case& c, const char* path, BwdFn bwd, std::mt19937_64& rng) {
   const int64_t nq = c.batch * c.sq * c.hq * c.d, nk = c.batch * c.sk * c.hkv * c.d;
   const int64_t nlse = c.batch * c.hq * c.sq;
   const auto q = random_values(nq, c.dtype, kQkMaxMag, rng);
@@ -310,7 +313,7 @@ bool run_case(const Case& c, std::mt19937_64& rng) {
     poison(flash_dq, nq, stream);
     poison(flash_dk, nk, stream);
     poison(flash_dv, nk, stream);
-    CHECK_CUDA(fa::cuda::flash_bwd(pf, stream));
+    CHECK_CUDA(bwd(pf, stream));
     CHECK_CUDA(cudaStreamSynchronize(stream));
     dq_bits.push_back(download_bits(flash_dq, nq));
     dk_bits.push_back(download_bits(flash_dk, nk));
@@ -375,12 +378,10 @@ bool run_case(const Case& c, std::mt19937_64& rng) {
       std::printf(" %s=%.2e (tol %.2e)", t.name, t.err, t.tol);
   }
   std::printf(" nan=%" PRId64 " (naive %" PRId64 ") bad_empty=%" PRId64 " dkdv_rerun_diff=%" PRId64
-              " dq_rerun=%.2e fwd=%s\n",
-              nan, naive_nan, bad_empty, dkdv_diff, dq_rerun, fwd_path);
+              " dq_rerun=%.2e fwd=%s bwd=%s\n",
+              nan, naive_nan, bad_empty, dkdv_diff, dq_rerun, fwd_path, path);
   return ok;
 }
-
-using BwdFn = cudaError_t (*)(const fa::AttentionBwdParams&, cudaStream_t);
 
 void bench(int64_t seqlen, int64_t d, bool causal, const char* name, BwdFn bwd, std::mt19937_64& rng) {
   Case c{kBenchTokens / seqlen, seqlen, seqlen, kBenchWidth / d, kBenchWidth / d, d, causal, DType::kBFloat16};
@@ -457,28 +458,38 @@ int main(int argc, char** argv) {
       {2, 97, 97, 8, 2},                          // GQA 4:1
       {1, 203, 113, 4, 1},   {1, 1025, 1025, 4, 1},  // MQA
   };
+  // The dispatcher's choice (the wgmma kernel on Hopper for head dims 32 / 64 / 128), and on Hopper the
+  // mma.sync kernel beside it.
+  struct Path {
+    const char* name;
+    BwdFn fn;
+  };
+  std::vector<Path> paths = {{"flash_bwd", fa::cuda::flash_bwd}};
+  if (prop.major == 9) paths.push_back({"sm80-mma", fa::cuda::flash_bwd_sm80});
   int failed = 0, total = 0;
-  for (DType t : {DType::kFloat16, DType::kBFloat16})
-    for (int64_t d : {64, 128})
-      for (bool causal : {false, true})
-        for (const Shape& s : shapes) {
-          ++total;
-          failed += !run_case(Case{s.batch, s.sq, s.sk, s.hq, s.hkv, d, causal, t}, rng);
+  for (const Path& path : paths) {
+    for (DType t : {DType::kFloat16, DType::kBFloat16})
+      for (int64_t d : {64, 128})
+        for (bool causal : {false, true})
+          for (const Shape& s : shapes) {
+            ++total;
+            failed += !run_case(Case{s.batch, s.sq, s.sk, s.hq, s.hkv, d, causal, t}, path.name, path.fn, rng);
+          }
+    // Every other head dim the forward compiles and some padded ones, on two shapes with tails.
+    for (DType t : {DType::kFloat16, DType::kBFloat16})
+      for (int64_t d : {8, 32, 40, 72, 96, 136, 192, 200, 256})
+        for (bool causal : {false, true}) {
+          total += 2;
+          failed += !run_case(Case{2, 97, 203, 4, 2, d, causal, t}, path.name, path.fn, rng);
+          failed += !run_case(Case{1, 1025, 1023, 2, 1, d, causal, t}, path.name, path.fn, rng);
         }
-  // Every other head dim the forward compiles and some padded ones, on two shapes with tails.
-  for (DType t : {DType::kFloat16, DType::kBFloat16})
-    for (int64_t d : {8, 32, 40, 72, 96, 136, 192, 200, 256})
-      for (bool causal : {false, true}) {
-        total += 2;
-        failed += !run_case(Case{2, 97, 203, 4, 2, d, causal, t}, rng);
-        failed += !run_case(Case{1, 1025, 1023, 2, 1, d, causal, t}, rng);
-      }
+  }
   std::printf("%s: %d of %d cases failed\n", failed ? "FAIL" : "PASS", failed, total);
   if (run_bench)
     for (int64_t seqlen : {512, 1024, 2048, 8192})
       for (int64_t d : {64, 128})
         for (bool causal : {false, true}) {
-          bench(seqlen, d, causal, "flash-bwd", fa::cuda::flash_bwd, rng);
+          for (const Path& path : paths) bench(seqlen, d, causal, path.name, path.fn, rng);
           if (seqlen <= kNaiveBenchMaxSeqlen) bench(seqlen, d, causal, "naive-bwd", fa::cuda::naive_attention_bwd, rng);
         }
   return failed ? 1 : 0;

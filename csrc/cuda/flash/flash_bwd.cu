@@ -1,5 +1,7 @@
 // Launcher of the FA2 backward (flash_bwd.h): support check, workspace, preprocess, the main kernel
-// with its dtype x head dim x causal dispatch (static_switch.h), dQ conversion.
+// (the Hopper wgmma kernel for head dims 32, 64 and 128 on compute capability 9.0 when the build has
+// sm_90a code, else the mma.sync kernel) with its dtype x head dim x causal dispatch
+// (static_switch.h), dQ conversion.
 //
 // mma.sync configurations (query rows per step kBlockM, warps along the key tile x along the head dim):
 //   head dim <= 128: kBlockM 64, 8 x 1 warps (kBlockN 128 keys per block);
@@ -18,6 +20,7 @@
 #include "cuda/flash/flash_bwd_kernel.cuh"
 #include "cuda/flash/flash_bwd_traits.h"
 #include "cuda/flash/head_dims.h"
+#include "cuda/flash/hopper/flash_bwd_sm90.h"
 #include "cuda/flash/launch_checks.h"
 #include "cuda/flash/static_switch.h"
 
@@ -27,12 +30,12 @@ namespace {
 constexpr int64_t kAlignElems = 8;          // 16 bytes of fp16 / bf16: the cp.async granule
 constexpr int64_t kMaxBlocks = INT32_MAX;   // the flat grid's gridDim.x (2^31 - 1)
 constexpr int kMinComputeMajor = 8;         // mma.sync m16n8k16 bf16, cp.async, ldmatrix: sm_80
-constexpr int kDqRowMultiple = 64;          // every configuration's kBlockM: the accumulator's row padding
+constexpr int kDqRowMultiple = 128;         // a multiple of every kernel's kBlockM: the accumulator's row padding
 constexpr size_t kWorkspaceAlign = 256;
 
 template <int kHeadDim>
 struct Sm80BwdConfig {
-  static constexpr int kBlockM = kDqRowMultiple;
+  static constexpr int kBlockM = 64;
   static constexpr int kKeyTiles = kHeadDim <= 128 ? 8 : 4;
   static constexpr int kDSplit = kHeadDim <= 128 ? 1 : 2;
 };
@@ -69,16 +72,25 @@ WorkspaceLayout workspace_layout(const AttentionBwdParams& p) {
   return w;
 }
 
+bool use_sm90(const AttentionBwdParams& p) {
+  return flash::device_major() == 9 && flash_bwd_sm90_built() &&
+         flash_bwd_sm90_head_dim(flash::padded_head_dim(p.head_dim));
+}
+
 template <typename Elem, int kHeadDim, bool kIsCausal>
-cudaError_t launch(const AttentionBwdParams& p, const flash::FlashBwdWorkspace& ws, cudaStream_t stream) {
-  using Traits = Sm80BwdTraits<kHeadDim, Elem>;
-  static_assert(Traits::kBlockM == kDqRowMultiple, "the accumulator's rows are padded to kBlockM");
-  auto kernel = flash::flash_bwd_kernel<Traits, kIsCausal>;
-  FA_CUDA_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                   static_cast<int>(Traits::kSmemBytes)));
-  const int64_t blocks = ceil_div<int64_t>(p.seqlen_k, Traits::kBlockN) * p.heads_kv * p.batch;
-  kernel<<<static_cast<unsigned>(blocks), Traits::kNThreads, Traits::kSmemBytes, stream>>>(p, ws);
-  FA_CUDA_TRY(cudaGetLastError());
+cudaError_t launch(const AttentionBwdParams& p, const flash::FlashBwdWorkspace& ws, bool sm90, cudaStream_t stream) {
+  if (sm90) {
+    FA_CUDA_TRY(flash_bwd_sm90(p, ws, stream));
+  } else {
+    using Traits = Sm80BwdTraits<kHeadDim, Elem>;
+    static_assert(kDqRowMultiple % Traits::kBlockM == 0, "the accumulator's rows are padded to whole query tiles");
+    auto kernel = flash::flash_bwd_kernel<Traits, kIsCausal>;
+    FA_CUDA_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                     static_cast<int>(Traits::kSmemBytes)));
+    const int64_t blocks = ceil_div<int64_t>(p.seqlen_k, Traits::kBlockN) * p.heads_kv * p.batch;
+    kernel<<<static_cast<unsigned>(blocks), Traits::kNThreads, Traits::kSmemBytes, stream>>>(p, ws);
+    FA_CUDA_TRY(cudaGetLastError());
+  }
   const int64_t vecs = p.batch * p.heads_q * p.seqlen_q * (p.head_dim / flash::kAuxVec);
   flash::flash_bwd_convert_dq_kernel<Elem, kHeadDim>
       <<<grid_size(vecs, flash::kAuxThreads), flash::kAuxThreads, 0, stream>>>(p, ws.dq_accum, ws.dq_rows);
@@ -86,7 +98,7 @@ cudaError_t launch(const AttentionBwdParams& p, const flash::FlashBwdWorkspace& 
 }
 
 // Everything after the workspace exists: preprocess, main kernel, conversion.
-cudaError_t run(const AttentionBwdParams& p, const flash::FlashBwdWorkspace& ws, size_t accum_bytes,
+cudaError_t run(const AttentionBwdParams& p, const flash::FlashBwdWorkspace& ws, size_t accum_bytes, bool sm90,
                 cudaStream_t stream) {
   FA_CUDA_TRY(cudaMemsetAsync(ws.dq_accum, 0, accum_bytes, stream));
   const int64_t rows = p.batch * p.heads_q * p.seqlen_q;
@@ -100,8 +112,8 @@ cudaError_t run(const AttentionBwdParams& p, const flash::FlashBwdWorkspace& ws,
   FA_CUDA_TRY(cudaGetLastError());
   return FA_HEADDIM_SWITCH(p.head_dim, kHeadDim, [&] {
     return FA_BOOL_SWITCH(p.causal, kIsCausal, [&] {
-      if (p.dtype == DType::kFloat16) return launch<__half, kHeadDim, kIsCausal>(p, ws, stream);
-      return launch<__nv_bfloat16, kHeadDim, kIsCausal>(p, ws, stream);
+      if (p.dtype == DType::kFloat16) return launch<__half, kHeadDim, kIsCausal>(p, ws, sm90, stream);
+      return launch<__nv_bfloat16, kHeadDim, kIsCausal>(p, ws, sm90, stream);
     });
   });
 }
@@ -146,7 +158,9 @@ size_t flash_bwd_workspace_bytes(const AttentionBwdParams& p) {
   return w.accum_bytes + w.d_bytes;
 }
 
-cudaError_t flash_bwd(const AttentionBwdParams& p, cudaStream_t stream) {
+namespace {
+
+cudaError_t run_with_workspace(const AttentionBwdParams& p, bool sm90, cudaStream_t stream) {
   if (!flash_bwd_supported(p)) return cudaErrorNotSupported;
   FA_CUDA_TRY(cudaGetLastError());  // report an error left pending by earlier work
   const WorkspaceLayout w = workspace_layout(p);
@@ -156,13 +170,25 @@ cudaError_t flash_bwd(const AttentionBwdParams& p, cudaStream_t stream) {
   ws.dq_accum = static_cast<float*>(workspace);
   ws.d = reinterpret_cast<float*>(static_cast<unsigned char*>(workspace) + w.accum_bytes);
   ws.dq_rows = w.dq_rows;
-  const cudaError_t err = run(p, ws, w.accum_bytes, stream);
+  const cudaError_t err = run(p, ws, w.accum_bytes, sm90, stream);
   const cudaError_t free_err = cudaFreeAsync(workspace, stream);
   if (err != cudaSuccess) {
     cudaGetLastError();  // the error is returned, not left pending
     return err;
   }
   return free_err;
+}
+
+}  // namespace
+
+const char* flash_bwd_path(const AttentionBwdParams& p) { return use_sm90(p) ? "sm90-wgmma" : "sm80-mma"; }
+
+cudaError_t flash_bwd(const AttentionBwdParams& p, cudaStream_t stream) {
+  return run_with_workspace(p, use_sm90(p), stream);
+}
+
+cudaError_t flash_bwd_sm80(const AttentionBwdParams& p, cudaStream_t stream) {
+  return run_with_workspace(p, false, stream);
 }
 
 }  // namespace fa::cuda

@@ -3,7 +3,8 @@
 //
 // Three launches on `stream`, all stream-ordered:
 //   1. preprocess  D = rowsum(dO o O) in fp32 [B, Hq, Sq], and the fp32 dQ accumulator zeroed;
-//   2. main kernel one thread block per (K/V tile, KV head, batch): K_j and V_j stay on chip, the
+//   2. main kernel (Hopper wgmma for head dims 32 / 64 / 128 on sm_90a builds, else mma.sync)
+//                  one thread block per (K/V tile, KV head, batch): K_j and V_j stay on chip, the
 //                  (Q_i, dO_i, LSE_i, D_i) tiles of every query head of the KV head's group stream
 //                  through shared memory; dK and dV accumulate in registers (GQA sums in the kernel,
 //                  no expanded buffers) and dQ_i += dS K_j goes to the accumulator by atomic adds;
@@ -39,5 +40,12 @@ size_t flash_bwd_workspace_bytes(const AttentionBwdParams& p);
 
 // dq, dk, dv (p.dtype) from dout, q, k, v, out and lse_in.
 cudaError_t flash_bwd(const AttentionBwdParams& p, cudaStream_t stream);
+
+// The main kernel flash_bwd runs for p on the current device: "sm90-wgmma" or "sm80-mma".
+const char* flash_bwd_path(const AttentionBwdParams& p);
+
+// flash_bwd with the mma.sync kernel on any sm_80+ device (its path elsewhere; on Hopper, for
+// side-by-side checks).
+cudaError_t flash_bwd_sm80(const AttentionBwdParams& p, cudaStream_t stream);
 
 }  // namespace fa::cuda

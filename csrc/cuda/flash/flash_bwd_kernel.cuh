@@ -27,30 +27,13 @@
 #include <cstdint>
 
 #include "common/attention_params.h"
+#include "cuda/flash/dq_accum.cuh"
 #include "cuda/flash/flash_bwd_traits.h"
 #include "cuda/flash/fragment_softmax.cuh"
 #include "cuda/flash/ptx.cuh"
 #include "cuda/flash/tile_load.cuh"
 
 namespace fa::cuda::flash {
-
-// Where the main kernel finds the launcher's workspace.
-struct FlashBwdWorkspace {
-  float* dq_accum;  // [batch, heads_q, seqlen_q rounded up to kBlockM, kHeadDim], zeroed
-  float* d;         // D = rowsum(dO o O) [batch, heads_q, seqlen_q] (the preprocess writes it)
-  int64_t dq_rows;  // seqlen_q rounded up to kBlockM
-};
-
-// Adds (a, b) to two consecutive floats of global memory (8-byte aligned): one vector reduction on
-// sm_90, two scalar atomics before it.
-__device__ __forceinline__ void atomic_add_f32x2(float* addr, float a, float b) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("red.global.add.v2.f32 [%0], {%1, %2};\n" ::"l"(addr), "f"(a), "f"(b) : "memory");
-#else
-  atomicAdd(addr, a);
-  atomicAdd(addr + 1, b);
-#endif
-}
 
 template <typename Traits, bool kIsCausal>
 __global__ void __launch_bounds__(Traits::kNThreads) flash_bwd_kernel(const AttentionBwdParams p,

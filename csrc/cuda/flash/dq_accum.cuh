@@ -1,0 +1,26 @@
+// The backward's fp32 dQ accumulator, shared by the mma.sync and wgmma backward kernels: where the
+// launcher's workspace lives, and the atomic add of two neighbouring accumulator elements.
+#pragma once
+#include <cstdint>
+
+namespace fa::cuda::flash {
+
+// Where the main kernel finds the launcher's workspace.
+struct FlashBwdWorkspace {
+  float* dq_accum;  // [batch, heads_q, dq_rows, kHeadDim], zeroed
+  float* d;         // D = rowsum(dO o O) [batch, heads_q, seqlen_q] (the preprocess writes it)
+  int64_t dq_rows;  // seqlen_q rounded up to a multiple of every kernel's query tile (flash_bwd.cu)
+};
+
+// Adds (a, b) to two consecutive floats of global memory (8-byte aligned): one vector reduction on
+// sm_90, two scalar atomics before it.
+__device__ __forceinline__ void atomic_add_f32x2(float* addr, float a, float b) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("red.global.add.v2.f32 [%0], {%1, %2};\n" ::"l"(addr), "f"(a), "f"(b) : "memory");
+#else
+  atomicAdd(addr, a);
+  atomicAdd(addr + 1, b);
+#endif
+}
+
+}  // namespace fa::cuda::flash

@@ -1,0 +1,77 @@
+// Launcher of the Hopper FA2 backward's main kernel: the call's four tensor maps, the dtype x head dim x
+// causal dispatch, dynamic shared-memory attribute, launch. Compiled for every target; the kernel has a
+// body only in the sm_90a pass, and flash_bwd_sm90_built() tells the dispatcher whether that pass was
+// part of the build.
+//
+// Configuration: 64 query rows per step, 128 keys per block (2 warpgroups x 64); dQ split by 64-column
+// halves at head dim 128, warpgroup 0's at 32 and 64.
+// Other head dims run the mma.sync kernel (flash_bwd.cu).
+#include "cuda/flash/hopper/flash_bwd_sm90.h"
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include "cuda/cuda_utils.cuh"
+#include "cuda/flash/hopper/flash_bwd_sm90_kernel.cuh"
+#include "cuda/flash/hopper/tensor_map.h"
+#include "cuda/flash/static_switch.h"
+
+namespace fa::cuda {
+namespace {
+
+constexpr int kSm90BlockM = 64;
+
+template <int kHeadDim>
+constexpr bool kSm90Supported = kHeadDim == 32 || kHeadDim == 64 || kHeadDim == 128;
+
+template <typename Elem, int kHeadDim, bool kIsCausal>
+cudaError_t launch(const AttentionBwdParams& p, const flash::FlashBwdWorkspace& ws, cudaStream_t stream) {
+  if constexpr (!kSm90Supported<kHeadDim>) {
+    return cudaErrorNotSupported;
+  } else {
+    using Traits = flash::sm90::FlashBwdSm90Traits<kHeadDim, kSm90BlockM, Elem>;
+    const CUtensorMapDataType type =
+        p.dtype == DType::kFloat16 ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16;
+    flash::sm90::BwdTensorMaps maps;
+    FA_CUDA_TRY(make_map(&maps.q, type, p.q, p.head_dim, p.seqlen_q, p.heads_q, p.batch, p.q_row_stride,
+                         p.q_head_stride, p.q_batch_stride, Traits::kBlockM));
+    FA_CUDA_TRY(make_map(&maps.dout, type, p.dout, p.head_dim, p.seqlen_q, p.heads_q, p.batch, p.o_row_stride,
+                         p.o_head_stride, p.o_batch_stride, Traits::kBlockM));
+    FA_CUDA_TRY(make_map(&maps.k, type, p.k, p.head_dim, p.seqlen_k, p.heads_kv, p.batch, p.k_row_stride,
+                         p.k_head_stride, p.k_batch_stride, Traits::kBlockN));
+    FA_CUDA_TRY(make_map(&maps.v, type, p.v, p.head_dim, p.seqlen_k, p.heads_kv, p.batch, p.v_row_stride,
+                         p.v_head_stride, p.v_batch_stride, Traits::kBlockN));
+    auto kernel = flash::sm90::flash_bwd_sm90_kernel<Traits, kIsCausal>;
+    FA_CUDA_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                     static_cast<int>(Traits::kSmemBytes)));
+    const int64_t blocks = ceil_div<int64_t>(p.seqlen_k, Traits::kBlockN) * p.heads_kv * p.batch;
+    kernel<<<static_cast<unsigned>(blocks), Traits::kNThreads, Traits::kSmemBytes, stream>>>(p, maps, ws);
+    return cudaGetLastError();
+  }
+}
+
+}  // namespace
+
+bool flash_bwd_sm90_built() {
+#ifdef FA_HAS_SM90A
+  return true;
+#else
+  return false;
+#endif
+}
+
+bool flash_bwd_sm90_head_dim(int padded_head_dim) {
+  return padded_head_dim == 32 || padded_head_dim == 64 || padded_head_dim == 128;
+}
+
+cudaError_t flash_bwd_sm90(const AttentionBwdParams& p, const flash::FlashBwdWorkspace& ws, cudaStream_t stream) {
+  return FA_HEADDIM_SWITCH(p.head_dim, kHeadDim, [&] {
+    return FA_BOOL_SWITCH(p.causal, kIsCausal, [&] {
+      if (p.dtype == DType::kFloat16) return launch<__half, kHeadDim, kIsCausal>(p, ws, stream);
+      return launch<__nv_bfloat16, kHeadDim, kIsCausal>(p, ws, stream);
+    });
+  });
+}
+
+}  // namespace fa::cuda

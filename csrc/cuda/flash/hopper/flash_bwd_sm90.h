@@ -1,0 +1,20 @@
+// The Hopper (sm_90a, wgmma + TMA) path of the FA2 backward, reached through flash_bwd (flash_bwd.h),
+// which owns the support check, the workspace and the two small kernels around this one.
+#pragma once
+#include <cuda_runtime_api.h>
+
+#include "common/attention_params.h"
+#include "cuda/flash/dq_accum.cuh"
+
+namespace fa::cuda {
+
+// True when this build has the sm_90a kernels (the build's architectures include 90a).
+bool flash_bwd_sm90_built();
+
+// True when the Hopper path has a configuration for this (compiled) head dim.
+bool flash_bwd_sm90_head_dim(int padded_head_dim);
+
+// The main kernel for p (dQ into ws.dq_accum, dK and dV into p.dk, p.dv); ws.d must be written.
+cudaError_t flash_bwd_sm90(const AttentionBwdParams& p, const flash::FlashBwdWorkspace& ws, cudaStream_t stream);
+
+}  // namespace fa::cuda

@@ -1,0 +1,53 @@
+// Compile-time configuration of one Hopper (sm_90a, wgmma) FA2 backward kernel instance: tile sizes,
+// how the two warpgroups split dQ, and the shared-memory layout derived from them.
+#pragma once
+#include <cstddef>
+
+namespace fa::cuda::flash::sm90 {
+
+template <int kHeadDim_, int kBlockM_, typename Elem_>
+struct FlashBwdSm90Traits {
+  using Elem = Elem_;
+  static constexpr int kHeadDim = kHeadDim_;
+  static constexpr int kNWarpGroups = 2;
+  static constexpr int kNThreads = kNWarpGroups * 128;
+  static constexpr int kWgKeys = 64;                        // wgmma M of S^T = K Q^T: keys per warpgroup
+  static constexpr int kBlockN = kWgKeys * kNWarpGroups;    // keys per thread block (its K / V tile)
+  static constexpr int kBlockM = kBlockM_;                  // query rows per Q / dO tile (wgmma N of S^T)
+  static constexpr int kStages = 2;                         // Q / dO / lse / D double buffering
+
+  // dQ_i = dS K_j (kBlockM x kHeadDim, k = the block's keys). With whole 64-column halves (head dim
+  // 128, 256) each warpgroup computes one half (N = kHeadDim / 2); otherwise warpgroup 0 computes all of
+  // it (N = kHeadDim) while warpgroup 1 goes on: one warpgroup's wgmma keeps all four tensor cores busy.
+  static constexpr bool kDqSplitCols = (kHeadDim / 2) % 64 == 0;
+  static constexpr int kDqN = kDqSplitCols ? kHeadDim / 2 : kHeadDim;
+
+  static constexpr int kMmaK = 16;
+  static constexpr int kKSteps = kHeadDim / kMmaK;     // k-steps of S^T, dP^T (over the head dim)
+  static constexpr int kQKSteps = kBlockM / kMmaK;     // k-steps of dV, dK (over the tile's queries)
+  static constexpr int kDqKSteps = kBlockN / kMmaK;    // k-steps of dQ (over the block's keys)
+  static constexpr int kSTiles = kBlockM / 8;          // n8 tiles of a warp's S^T / dP^T
+  static constexpr int kKvTiles = kHeadDim / 8;        // n8 tiles of a warp's dK / dV
+  static constexpr int kDqTiles = kDqN / 8;            // n8 tiles of a warp's dQ piece
+
+  // SW128 tiles (wgmma.cuh): ceil(cols / 64) column blocks of 128-byte rows.
+  static constexpr int kColBlocks = (kHeadDim + 63) / 64;
+  static constexpr size_t kKvTileBytes = static_cast<size_t>(kColBlocks) * kBlockN * 128;
+  static constexpr size_t kQTileBytes = static_cast<size_t>(kColBlocks) * kBlockM * 128;
+  // dS^T [kBlockN keys][kBlockM = 64 queries]: the MN-major A operand of dQ (queries contiguous, one
+  // 128-byte row per key).
+  static constexpr size_t kDsBytes = static_cast<size_t>(kBlockN) * 128;
+  // Layout: sK | sV | sQ [kStages] | sdO [kStages] | sdS (each 1024-aligned) | lse2, D [kStages][kBlockM]
+  // floats | mbarriers: K/V, then Q/dO per stage; +1024 to align the dynamic base.
+  static constexpr size_t kFloatBytes = 2 * kStages * kBlockM * sizeof(float);
+  static constexpr size_t kBarrierBytes = 8 * (1 + kStages);
+  static constexpr size_t kSmemBytes =
+      2 * kKvTileBytes + 2 * kStages * kQTileBytes + kDsBytes + kFloatBytes + kBarrierBytes + 1024;
+
+  static_assert(sizeof(Elem) == 2, "the wgmma path takes fp16 or bf16");
+  static_assert(kHeadDim % 64 == 0 || kHeadDim == 32, "head dim: whole 64-column blocks (or 32)");
+  static_assert(kBlockM == 64, "query tile: the wgmma M of dQ");
+  static_assert(kSmemBytes <= 227 * 1024, "shared memory exceeds the sm_90 per-block limit");
+};
+
+}  // namespace fa::cuda::flash::sm90
