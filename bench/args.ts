@@ -6,7 +6,7 @@
  */
 import type { AttentionKernel, Device, DType } from '../lib';
 import { Pass, PASSES } from './flops';
-import { CompareTarget, GridSettings, headsFor } from './grid';
+import { BwdVariant, CompareTarget, GridSettings, headsFor } from './grid';
 import { deviceDefaults, PRESETS } from './presets';
 import type { TorchBackend } from './torch';
 
@@ -64,6 +64,8 @@ Implementation and timing:
   --compare T[,T...]         naive: our S-materialising CUDA kernel (shows the memory wall; OOM is reported);
                              torch: PyTorch SDPA in python3, same cells, same timing (CUDA events)
   --torch-backends B[,B...]  flash|cudnn|efficient|math; default: flash,cudnn,efficient
+  --variants V[,V...]        extra rows of our backward (bwd and fwdbwd cells): deterministic (deterministic: true),
+                             two-kernel (not implemented yet)
   --python PATH              Python with PyTorch for --compare torch; default: $FLASH_ATTN_BENCH_PYTHON, else python3
   --preset NAME              a named run (see --list-presets); flags given beside it override it
 
@@ -90,6 +92,7 @@ const DTYPE_ALIASES: Record<string, DType> = {
 const KERNELS: readonly AttentionKernel[] = ['auto', 'flash', 'naive'];
 const COMPARE: readonly CompareTarget[] = ['naive', 'torch'];
 const TORCH_BACKEND_NAMES: readonly TorchBackend[] = ['flash', 'cudnn', 'efficient', 'math'];
+const BWD_VARIANTS: readonly BwdVariant[] = ['deterministic', 'two-kernel'];
 /** Flags that take no value. */
 const SWITCHES = new Set(['--json', '--csv', '--markdown', '--quiet', '--help', '-h', '--list-presets']);
 
@@ -244,6 +247,7 @@ export function parseArgs(argv: readonly string[], defaultDevice: Device = 'cpu'
       case '--warmup': flags.warmup = nonNegativeInt(flag, value()); break;
       case '--compare': flags.compare = enumList<CompareTarget>(flag, value(), COMPARE); break;
       case '--torch-backends': flags.torchBackends = enumList<TorchBackend>(flag, value(), TORCH_BACKEND_NAMES); break;
+      case '--variants': flags.variants = enumList<BwdVariant>(flag, value(), BWD_VARIANTS); break;
       default:
         throw new BenchArgError(`unknown option ${quote(argv[i])} (see --help)`);
     }

@@ -11,7 +11,7 @@ import type { TorchBackend, TorchCell } from './torch';
 export type CompareTarget = 'naive' | 'torch';
 
 /** Backward variants that a preset can ask for beside our default backward. */
-export type BwdVariant = 'two-kernel';
+export type BwdVariant = 'deterministic' | 'two-kernel';
 
 /** Everything that decides which cells run and how they are timed. */
 export interface GridSettings {
@@ -41,7 +41,7 @@ export interface GridSettings {
   warmup: number;
   compare: CompareTarget[];
   torchBackends: TorchBackend[];
-  /** Extra backward variants reported beside ours (a preset's, not a flag). */
+  /** Extra backward variants reported beside ours (--variants, or a preset's). */
   variants: BwdVariant[];
 }
 

@@ -18,14 +18,14 @@ import { BenchCell, GridSettings, groupByInputs } from './grid';
 import type { TorchBackend, TorchResult } from './torch';
 
 /** Who computed a row. */
-export type Impl = 'ours' | 'ours-two-kernel' | 'naive' | 'torch-flash' | 'torch-cudnn' | 'torch-efficient' | 'torch-math';
+export type Impl = 'ours' | 'ours-deterministic' | 'ours-two-kernel' | 'naive' | 'torch-flash' | 'torch-cudnn' | 'torch-efficient' | 'torch-math';
 
 /** Implementations in report order (also the chart's series order). */
-export const IMPLS: readonly Impl[] = ['ours', 'ours-two-kernel', 'naive', 'torch-flash', 'torch-cudnn', 'torch-efficient', 'torch-math'];
+export const IMPLS: readonly Impl[] = ['ours', 'ours-deterministic', 'ours-two-kernel', 'naive', 'torch-flash', 'torch-cudnn', 'torch-efficient', 'torch-math'];
 
 /** Human names for tables and the chart legend. */
 export const IMPL_LABELS: Readonly<Record<Impl, string>> = {
-  ours: 'ours', 'ours-two-kernel': 'ours (two-kernel bwd)', naive: 'naive', 'torch-flash': 'torch flash',
+  ours: 'ours', 'ours-deterministic': 'ours (deterministic bwd)', 'ours-two-kernel': 'ours (two-kernel bwd)', naive: 'naive', 'torch-flash': 'torch flash',
   'torch-cudnn': 'torch cuDNN', 'torch-efficient': 'torch efficient', 'torch-math': 'torch math',
 };
 
@@ -141,7 +141,8 @@ export interface RunHooks {
 
 /** Number of rows {@link runOurs} measures (for a progress bar). */
 export function oursWork(cells: readonly BenchCell[], s: GridSettings): number {
-  return cells.length * (naiveMeasuredSeparately(s) ? 2 : 1);
+  const deterministic = s.variants.includes('deterministic') ? cells.filter((c) => c.pass !== 'fwd').length : 0;
+  return cells.length * (naiveMeasuredSeparately(s) ? 2 : 1) + deterministic;
 }
 
 /**
@@ -158,8 +159,10 @@ function naiveMeasuredSeparately(s: GridSettings): boolean {
  */
 export async function runOurs(cells: readonly BenchCell[], s: GridSettings, peak: number | null, hooks: RunHooks = {}): Promise<BenchRow[]> {
   const { device } = s;
-  const kernels: { impl: Impl; kernel: AttentionKernel }[] = [{ impl: 'ours', kernel: s.kernel }];
+  const kernels: { impl: Impl; kernel: AttentionKernel; deterministic?: boolean }[] = [{ impl: 'ours', kernel: s.kernel }];
   if (naiveMeasuredSeparately(s)) kernels.push({ impl: 'naive', kernel: 'naive' });
+  // Our backward with deterministic: true, on the cells that run a backward.
+  if (s.variants.includes('deterministic')) kernels.push({ impl: 'ours-deterministic', kernel: s.kernel, deterministic: true });
   const oursIsNaive = s.compare.includes('naive') && device === 'cuda' && !naiveMeasuredSeparately(s);
   const rows: BenchRow[] = [];
   const push = (r: BenchRow): void => {
@@ -201,11 +204,13 @@ export async function runOurs(cells: readonly BenchCell[], s: GridSettings, peak
     const forwards = new Map<string, AttentionOutput>();
     try {
       for (const cell of group) {
-        for (const { impl, kernel } of kernels) {
+        for (const { impl, kernel, deterministic } of kernels) {
+          if (deterministic && cell.pass === 'fwd') continue;  // a backward option
           const resolved = resolveKernel(device, kernel);
           // What really ran, from the results' `kernel` field ('auto' may pick per call).
           let ran = resolved;
           const opts = { causal: cell.causal, kernel };
+          const bwdOpts = { ...opts, deterministic: deterministic ?? false };
           try {
             let runOnce: () => void;
             if (cell.pass === 'fwd') {
@@ -224,7 +229,7 @@ export async function runOurs(cells: readonly BenchCell[], s: GridSettings, peak
               }
               const f = fwd;
               runOnce = () => {
-                const g = flashAttentionBackward(dout, q, k, v, f.out, f.lse, opts);
+                const g = flashAttentionBackward(dout, q, k, v, f.out, f.lse, bwdOpts);
                 ran = g.kernel;
                 g.dq.dispose();
                 g.dk.dispose();
@@ -233,7 +238,7 @@ export async function runOurs(cells: readonly BenchCell[], s: GridSettings, peak
             } else {
               runOnce = () => {
                 const r = flashAttention(q, k, v, opts);
-                const g = flashAttentionBackward(dout, q, k, v, r.out, r.lse, opts);
+                const g = flashAttentionBackward(dout, q, k, v, r.out, r.lse, bwdOpts);
                 ran = r.kernel === g.kernel ? r.kernel : `${r.kernel} fwd + ${g.kernel} bwd`;
                 r.out.dispose();
                 r.lse.dispose();

@@ -40,11 +40,11 @@ export interface AttentionOptions {
   /**
    * 'flash' is FlashAttention-2: the CPU backend, and on CUDA (sm_80 or newer) the tensor-core
    * kernels: the forward for float16, bfloat16 and float32, the backward (one kernel, dq through
-   * atomic adds) for float16 and bfloat16 when `deterministic` is false. 'naive' is the CUDA fp32
-   * reference that materialises the [seqlenQ, seqlenK] scores (memory grows as N²). 'auto'
-   * (default): 'flash' wherever it exists for the call, else 'naive' (on CUDA: the float32 and the
-   * deterministic backward). 'flash' where it does not exist throws a RangeError that says why. The
-   * result's `kernel` says which ran.
+   * fp32 atomic adds, or ordered adds with `deterministic`) for float16 and bfloat16. 'naive' is the
+   * CUDA fp32 reference that materialises the [seqlenQ, seqlenK] scores (memory grows as N²). 'auto'
+   * (default): 'flash' wherever it exists for the call, else 'naive' (on CUDA: the float32
+   * backward). 'flash' where it does not exist throws a RangeError that says why. The result's
+   * `kernel` says which ran.
    */
   kernel?: AttentionKernel;
   /**
@@ -73,7 +73,9 @@ export interface AttentionBackwardOptions extends AttentionOptions {
   /**
    * Bit-identical dq across runs (dk and dv always are). Default false: the CUDA FlashAttention-2
    * backward adds each query tile's dq contributions with fp32 atomics, so dq's summation order (and
-   * its last bits) can change from run to run. On CUDA `true` runs the naive kernel for now.
+   * its last bits) can change from run to run. With `true` each thread block adds into its own fp32
+   * accumulator slice in a fixed order and the slices are summed in order (up to 8 slices: that many
+   * times the accumulator's memory, 4·batch·headsQ·seqlenQ·headDim bytes each).
    */
   deterministic?: boolean;
 }

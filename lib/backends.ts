@@ -73,7 +73,7 @@ export function backends(): BackendsReport {
       available: status.available,
       reason: status.reason,
       // 'auto' takes 'flash' (the FA2 kernels on sm_80+) wherever it exists for the call, and 'naive'
-      // otherwise (the float32 and the deterministic backward): the first entry is the default.
+      // otherwise (the float32 backward): the first entry is the default.
       kernels: status.available ? ['flash', 'naive'] : [],
       compiled: b.cudaCompiled,
       device: d

@@ -210,6 +210,13 @@ describe('presets', () => {
     expect(settings(['--preset', 'seed-bwd-kernels'])).toMatchObject({ dtype: 'float32', passes: ['bwd'], variants: ['two-kernel'], batch: 4, seqlens: [8192] });
   });
 
+  test('--variants adds backward variants; an unknown one is refused', () => {
+    expect(settings(['--variants', 'deterministic'], 'cuda').variants).toEqual(['deterministic']);
+    expect(settings(['--variants', 'deterministic,two-kernel'], 'cuda').variants).toEqual(['deterministic', 'two-kernel']);
+    expect(settings([], 'cuda').variants).toEqual([]);
+    expect(errorOf(['--variants', 'atomic'])).toContain('--variants');
+  });
+
   test('flags override the preset; a CUDA preset on the CPU takes the CPU\'s timing defaults', () => {
     const s = settings(['--seqlen', '4096', '--preset', 'seed-fp32', '--compare', 'torch']);
     expect(s).toMatchObject({ seqlens: [4096], dtype: 'float32', batch: 4, compare: ['torch'] });

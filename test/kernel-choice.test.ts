@@ -6,8 +6,8 @@
  *   checked in test/validation.test.ts).
  * - CUDA (the suites run on sm_80 or newer, with the shared memory of an A100 or H100): 'auto' runs
  *   the FlashAttention-2 forward for float16, bfloat16 and float32 (TF32) at every head dim, and the
- *   FA2 backward for float16 and bfloat16; the float32 backward and the deterministic one run the
- *   naive kernel, and kernel 'flash' for them is refused with the reason. 'naive' runs on request. The
+ *   FA2 backward for float16 and bfloat16 (deterministic or not); the float32 backward runs the naive
+ *   kernel, and kernel 'flash' for it is refused with the reason. 'naive' runs on request. The
  *   forward's only refusal ("needs a GPU of compute capability 8.0 (sm_80) or newer") cannot be
  *   reached on the GPUs the suites run on.
  */
@@ -62,10 +62,9 @@ describeEachDevice('kernel choice', (device) => {
         }
       });
 
-    // Each refusal names its reason; 'naive' runs the same call.
+    // The refusal names its reason; 'auto' and 'naive' run the same call on the naive kernel.
     test.each([
       ['float32', false, 'the CUDA FlashAttention-2 backward takes float16 and bfloat16 inputs (float32 runs on the naive kernel)'],
-      ['bfloat16', true, 'the CUDA FlashAttention-2 backward accumulates dq with atomic adds; deterministic: true runs on the naive kernel for now'],
     ] as [DType, boolean, string][])("%s, deterministic %s: kernel 'flash' for the backward is refused, 'auto' and 'naive' run naive", (dtype, deterministic, reason) => {
       const [q, k, v, dout] = make(dtype, 64);
       const f = flashAttention(q, k, v);
@@ -76,6 +75,23 @@ describeEachDevice('kernel choice', (device) => {
           const g = flashAttentionBackward(dout, q, k, v, f.out, f.lse, { kernel, deterministic });
           try {
             expect(g.kernel).toBe('naive');
+          } finally {
+            for (const t of [g.dq, g.dk, g.dv]) t.dispose();
+          }
+        }
+      } finally {
+        for (const t of [q, k, v, dout, f.out, f.lse]) t.dispose();
+      }
+    });
+
+    test("float16: deterministic: true runs the FA2 backward for 'auto' and 'flash'", () => {
+      const [q, k, v, dout] = make('float16', 64);
+      const f = flashAttention(q, k, v);
+      try {
+        for (const kernel of ['auto', 'flash'] as const) {
+          const g = flashAttentionBackward(dout, q, k, v, f.out, f.lse, { kernel, deterministic: true });
+          try {
+            expect(g.kernel).toBe('flash');
           } finally {
             for (const t of [g.dq, g.dk, g.dv]) t.dispose();
           }

@@ -13,7 +13,9 @@
 //       max |flash - naive| <= (3 + 1) * half_ulp(max |naive|) + 1e-5
 // plus: no NaN left (every element written, in every run), rows that see no key (causal, Sq > Sk) give
 // dq exactly 0, dk and dv bit-identical over the kRuns runs (dq goes through fp32 atomics: its max
-// run-to-run difference is printed, not checked), and flash_bwd_supported is true for every case.
+// run-to-run difference is printed, and must be 0 in deterministic mode), and flash_bwd_supported is
+// true for every case. Paths: flash_bwd as dispatched, flash_bwd with p.deterministic, and on Hopper
+// the mma.sync kernel (flash_bwd_sm80) beside the wgmma one.
 // Then (unless --no-bench) bf16 timing on the FA2 grid (B*S = 16k, H*D = 2048, S 512 / 1k / 2k / 8k,
 // D 64 / 128, causal and not): median of 20 cudaEvent-timed single calls after warm-up, and the mean of
 // 20 calls queued back to back; TFLOP/s = 2.5 * 4 B H S^2 D / t (halved when causal), FA2's count for
@@ -276,8 +278,16 @@ void poison(const Dev& d, int64_t n, cudaStream_t stream) { CHECK_CUDA(cudaMemse
 
 using BwdFn = cudaError_t (*)(const fa::AttentionBwdParams&, cudaStream_t);
 
-// One case through the backward `bwd` (named `path` in the output line).
-bool run_case(const Case& c, const char* path, BwdFn bwd, std::mt19937_64& rng) {
+// flash_bwd in deterministic mode (ordered accumulator slices instead of atomics).
+cudaError_t flash_bwd_deterministic(const fa::AttentionBwdParams& p, cudaStream_t stream) {
+  fa::AttentionBwdParams d = p;
+  d.deterministic = true;
+  return fa::cuda::flash_bwd(d, stream);
+}
+
+// One case through the backward `bwd` (named `path` in the output line). A deterministic `bwd` must
+// also give bit-identical dq across the runs.
+bool run_case(const Case& c, const char* path, BwdFn bwd, bool deterministic, std::mt19937_64& rng) {
   const int64_t nq = c.batch * c.sq * c.hq * c.d, nk = c.batch * c.sk * c.hkv * c.d;
   const int64_t nlse = c.batch * c.hq * c.sq;
   const auto q = random_values(nq, c.dtype, kQkMaxMag, rng);
@@ -367,7 +377,7 @@ bool run_case(const Case& c, const char* path, BwdFn bwd, std::mt19937_64& rng) 
     checks = {check_vs_naive("dq", c.dtype, dq_runs, ndq), check_vs_naive("dk", c.dtype, dk_runs, ndk),
               check_vs_naive("dv", c.dtype, dv_runs, ndv)};
   }
-  bool ok = nan == 0 && naive_nan == 0 && bad_empty == 0 && dkdv_diff == 0;
+  bool ok = nan == 0 && naive_nan == 0 && bad_empty == 0 && dkdv_diff == 0 && (!deterministic || dq_rerun == 0);
   for (const TensorCheck& t : checks) ok = ok && t.err <= t.tol;
   print_case_head(ok, c);
   std::printf(" %s", host_ref ? "vs-f64  " : "vs-naive");
@@ -463,9 +473,11 @@ int main(int argc, char** argv) {
   struct Path {
     const char* name;
     BwdFn fn;
+    bool deterministic;
   };
-  std::vector<Path> paths = {{"flash_bwd", fa::cuda::flash_bwd}};
-  if (prop.major == 9) paths.push_back({"sm80-mma", fa::cuda::flash_bwd_sm80});
+  std::vector<Path> paths = {{"flash_bwd", fa::cuda::flash_bwd, false},
+                             {"flash_bwd-det", flash_bwd_deterministic, true}};
+  if (prop.major == 9) paths.push_back({"sm80-mma", fa::cuda::flash_bwd_sm80, false});
   int failed = 0, total = 0;
   for (const Path& path : paths) {
     for (DType t : {DType::kFloat16, DType::kBFloat16})
@@ -473,15 +485,15 @@ int main(int argc, char** argv) {
         for (bool causal : {false, true})
           for (const Shape& s : shapes) {
             ++total;
-            failed += !run_case(Case{s.batch, s.sq, s.sk, s.hq, s.hkv, d, causal, t}, path.name, path.fn, rng);
+            failed += !run_case(Case{s.batch, s.sq, s.sk, s.hq, s.hkv, d, causal, t}, path.name, path.fn, path.deterministic, rng);
           }
     // Every other head dim the forward compiles and some padded ones, on two shapes with tails.
     for (DType t : {DType::kFloat16, DType::kBFloat16})
       for (int64_t d : {8, 32, 40, 72, 96, 136, 192, 200, 256})
         for (bool causal : {false, true}) {
           total += 2;
-          failed += !run_case(Case{2, 97, 203, 4, 2, d, causal, t}, path.name, path.fn, rng);
-          failed += !run_case(Case{1, 1025, 1023, 2, 1, d, causal, t}, path.name, path.fn, rng);
+          failed += !run_case(Case{2, 97, 203, 4, 2, d, causal, t}, path.name, path.fn, path.deterministic, rng);
+          failed += !run_case(Case{1, 1025, 1023, 2, 1, d, causal, t}, path.name, path.fn, path.deterministic, rng);
         }
   }
   std::printf("%s: %d of %d cases failed\n", failed ? "FAIL" : "PASS", failed, total);

@@ -7,9 +7,15 @@ namespace fa::cuda::flash {
 
 // Where the main kernel finds the launcher's workspace.
 struct FlashBwdWorkspace {
-  float* dq_accum;  // [batch, heads_q, dq_rows, kHeadDim], zeroed
+  float* dq_accum;  // [splits][batch, heads_q, dq_rows, kHeadDim], zeroed
   float* d;         // D = rowsum(dO o O) [batch, heads_q, seqlen_q] (the preprocess writes it)
   int64_t dq_rows;  // seqlen_q rounded up to a multiple of every kernel's query tile (flash_bwd.cu)
+  // Deterministic mode: accumulator slices (one per block of a KV head), split_stride elements apart,
+  // summed in order by the conversion. Atomic mode: 1 slice.
+  // Each element of a slice is added to by one thread only, in its program order: the atomics then
+  // apply in that order (per-location coherence), so the slice's sums are the same in every run.
+  int splits;
+  int64_t split_stride;
 };
 
 // Adds (a, b) to two consecutive floats of global memory (8-byte aligned): one vector reduction on

@@ -12,10 +12,11 @@
 // Workspace (cudaMallocAsync on `stream`, released with cudaFreeAsync before the call returns):
 // flash_bwd_workspace_bytes(p), O(N d): the dQ accumulator and D; never O(N^2).
 //
+// p.deterministic: each block of a KV head adds into its own accumulator slice (up to 8 slices), every
+// element by one thread in a fixed order, and the conversion sums the slices in order: bit-identical dq.
 // Supported: what flash_bwd_supported says (fp16 / bf16, head_dim a multiple of 8 up to 256, the same
 // alignment rules as flash_fwd, a device of compute capability 8.0+ whose shared memory fits the
-// configuration; p.deterministic false: dQ's summation order follows the atomics, so deterministic
-// calls are refused for now). Anything else returns cudaErrorNotSupported without launching.
+// configuration). Anything else returns cudaErrorNotSupported without launching.
 // Semantics are those of common/attention_params.h (the forward's lse in natural log, +inf for rows
 // that see no key: their dq is 0 and they add nothing to dk / dv). No call synchronizes, prints or
 // aborts; the first failing CUDA call's error is returned and the workspace is released.
@@ -34,8 +35,9 @@ const char* flash_bwd_unsupported_reason(const AttentionBwdParams& p);
 // True when flash_bwd has a kernel for p on the current device (flash_bwd_unsupported_reason is nullptr).
 bool flash_bwd_supported(const AttentionBwdParams& p);
 
-// Bytes of workspace flash_bwd allocates for p: the fp32 dQ accumulator [B, Hq, Sq rounded up to the
-// query tile, padded head dim] and D [B, Hq, Sq], each rounded up to 256 bytes.
+// Bytes of workspace flash_bwd allocates for p: the fp32 dQ accumulator [B, Hq, Sq rounded up to 128,
+// padded head dim] (times the slices in deterministic mode) and D [B, Hq, Sq], each rounded up to 256
+// bytes.
 size_t flash_bwd_workspace_bytes(const AttentionBwdParams& p);
 
 // dq, dk, dv (p.dtype) from dout, q, k, v, out and lse_in.

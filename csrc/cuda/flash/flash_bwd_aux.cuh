@@ -41,11 +41,13 @@ __global__ void __launch_bounds__(kAuxThreads) flash_bwd_dot_do_o_kernel(const A
   }
 }
 
-// dq[b, i, h, c] = scale * accum[b, h, i, c] for c < head_dim; accum rows have kAccumCols columns and
-// the head has dq_rows (>= seqlen_q) of them. One thread per 8 columns of a row.
+// dq[b, i, h, c] = scale * sum over the slices s, in order, of accum[s][b, h, i, c] for c < head_dim;
+// accum rows have kAccumCols columns, the head has dq_rows (>= seqlen_q) of them and the slices are
+// split_stride elements apart. One thread per 8 columns of a row.
 template <typename Elem, int kAccumCols>
 __global__ void __launch_bounds__(kAuxThreads) flash_bwd_convert_dq_kernel(const AttentionBwdParams p,
-                                                                           const float* accum, int64_t dq_rows) {
+                                                                           const float* accum, int64_t dq_rows,
+                                                                           int splits, int64_t split_stride) {
   const int64_t vecs_per_row = p.head_dim / kAuxVec;
   const int64_t total = p.batch * p.heads_q * p.seqlen_q * vecs_per_row;
   for (int64_t x = blockIdx.x * static_cast<int64_t>(kAuxThreads) + threadIdx.x; x < total;
@@ -54,8 +56,14 @@ __global__ void __launch_bounds__(kAuxThreads) flash_bwd_convert_dq_kernel(const
     const int64_t i = row % p.seqlen_q, bh = row / p.seqlen_q;
     const int64_t h = bh % p.heads_q, b = bh / p.heads_q;
     const float* src = accum + (bh * dq_rows + i) * kAccumCols + c;
-    const float4 lo = *reinterpret_cast<const float4*>(src);
-    const float4 hi = *reinterpret_cast<const float4*>(src + 4);
+    float4 lo = *reinterpret_cast<const float4*>(src);
+    float4 hi = *reinterpret_cast<const float4*>(src + 4);
+    for (int s = 1; s < splits; ++s) {
+      const float4 l = *reinterpret_cast<const float4*>(src + s * split_stride);
+      const float4 h4 = *reinterpret_cast<const float4*>(src + s * split_stride + 4);
+      lo = make_float4(lo.x + l.x, lo.y + l.y, lo.z + l.z, lo.w + l.w);
+      hi = make_float4(hi.x + h4.x, hi.y + h4.y, hi.z + h4.z, hi.w + h4.w);
+    }
     uint4 packed;
     packed.x = pack2<Elem>(lo.x * p.softmax_scale, lo.y * p.softmax_scale);
     packed.y = pack2<Elem>(lo.z * p.softmax_scale, lo.w * p.softmax_scale);

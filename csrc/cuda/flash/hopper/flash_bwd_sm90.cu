@@ -4,7 +4,8 @@
 // part of the build.
 //
 // Configuration: 64 query rows per step, 128 keys per block (2 warpgroups x 64); dQ split by 64-column
-// halves at head dim 128, warpgroup 0's at 32 and 64.
+// halves at head dim 128, warpgroup 0's at 32 and 64. Deterministic calls launch ws.splits blocks per
+// KV head, each taking every splits-th K/V tile.
 // Other head dims run the mma.sync kernel (flash_bwd.cu).
 #include "cuda/flash/hopper/flash_bwd_sm90.h"
 
@@ -45,7 +46,8 @@ cudaError_t launch(const AttentionBwdParams& p, const flash::FlashBwdWorkspace& 
     auto kernel = flash::sm90::flash_bwd_sm90_kernel<Traits, kIsCausal>;
     FA_CUDA_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                      static_cast<int>(Traits::kSmemBytes)));
-    const int64_t blocks = ceil_div<int64_t>(p.seqlen_k, Traits::kBlockN) * p.heads_kv * p.batch;
+    const int64_t tiles = p.deterministic ? ws.splits : ceil_div<int64_t>(p.seqlen_k, Traits::kBlockN);
+    const int64_t blocks = tiles * p.heads_kv * p.batch;
     kernel<<<static_cast<unsigned>(blocks), Traits::kNThreads, Traits::kSmemBytes, stream>>>(p, maps, ws);
     return cudaGetLastError();
   }

@@ -72,29 +72,21 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
 
   const int seqlen_q = static_cast<int>(p.seqlen_q), seqlen_k = static_cast<int>(p.seqlen_k);
   const int n_blocks = (seqlen_k + kBlockN - 1) / kBlockN;
-  const int n_block = static_cast<int>(blockIdx.x % static_cast<uint32_t>(n_blocks));
-  const uint32_t bh = blockIdx.x / static_cast<uint32_t>(n_blocks);
+  // Atomic mode: one K/V tile per block. Deterministic mode: block `split` of ws.splits takes the tiles
+  // split, split + splits, ... in turn, so its dQ adds go to its own accumulator slice, in a fixed order.
+  const uint32_t tile_stride = p.deterministic ? static_cast<uint32_t>(ws.splits) : static_cast<uint32_t>(n_blocks);
+  const int first_tile = static_cast<int>(blockIdx.x % tile_stride);
+  const uint32_t bh = blockIdx.x / tile_stride;
   const int head_kv = static_cast<int>(bh % static_cast<uint32_t>(p.heads_kv));
   const int64_t batch = bh / static_cast<uint32_t>(p.heads_kv);
   const int group = static_cast<int>(p.heads_q / p.heads_kv);
-  const int n0 = n_block * kBlockN;
   const int diag = seqlen_k - seqlen_q;
+  float* const dq_accum = ws.dq_accum + (p.deterministic ? first_tile * ws.split_stride : 0);
 
   const int wg = static_cast<int>(threadIdx.x) / 128;
   const int warp = (static_cast<int>(threadIdx.x) / 32) % 4, lane = static_cast<int>(threadIdx.x) % 32;
   const int g = lane / 4, t = lane % 4;
   const int key_row0 = wg * Traits::kWgKeys + warp * 16 + g;  // this thread's keys: key_row0, +8 (in the tile)
-
-  const int m_blocks = (seqlen_q + kBlockM - 1) / kBlockM;
-  const int m_begin = kIsCausal ? min(m_blocks, max(0, n0 - diag) / kBlockM) : 0;
-  const int m_count = m_blocks - m_begin;
-  const int iters = m_count * group;
-
-  float dk[kKvTiles][4], dv[kKvTiles][4];
-#pragma unroll
-  for (int j = 0; j < kKvTiles; ++j)
-#pragma unroll
-    for (int e = 0; e < 4; ++e) dk[j][e] = dv[j][e] = 0.0f;
 
   if (threadIdx.x == 0) {
     mbarrier_init(bar_kv, 1);
@@ -104,164 +96,184 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
   }
   __syncthreads();
 
-  // Iteration it's Q and dO tiles (thread 0, TMA) and its lse2 / D rows (threads < kBlockM).
-  const auto load_iter = [&](int it, int stage) {
-    const int head = head_kv * group + it / m_count;
-    const int m0 = (m_begin + it % m_count) * kBlockM;
-    if (threadIdx.x == 0) {
-      mbarrier_arrive_expect_tx(bar_q(stage), static_cast<uint32_t>(2 * Traits::kQTileBytes));
-      const uint32_t off = static_cast<uint32_t>(stage * Traits::kQTileBytes);
-#pragma unroll
-      for (int cb = 0; cb < Traits::kColBlocks; ++cb) {
-        const uint32_t cb_off = off + static_cast<uint32_t>(cb * kBlockM * kSw128RowBytes);
-        tma_load_4d(sQ + cb_off, &maps.q, bar_q(stage), cb * kSw128BlockCols, m0, head, static_cast<int>(batch));
-        tma_load_4d(sdO + cb_off, &maps.dout, bar_q(stage), cb * kSw128BlockCols, m0, head, static_cast<int>(batch));
-      }
-    }
-    if (threadIdx.x < kBlockM) {
-      const int row = m0 + static_cast<int>(threadIdx.x);
-      const int64_t stat = (batch * p.heads_q + head) * p.seqlen_q + row;
-      sLse2[stage * kBlockM + threadIdx.x] = row < seqlen_q ? p.lse_in[stat] * kLog2e : INFINITY;
-      sD[stage * kBlockM + threadIdx.x] = row < seqlen_q ? ws.d[stat] : 0.0f;
-    }
-  };
+  // Uses of the barriers so far (their phase parities): K/V loads, and Q/dO tiles over all K/V tiles.
+  int kv_loads = 0, q_tiles = 0;
+  for (int n_block = first_tile; n_block < n_blocks; n_block += static_cast<int>(tile_stride)) {
+    const int n0 = n_block * kBlockN;
+    const int m_blocks = (seqlen_q + kBlockM - 1) / kBlockM;
+    const int m_begin = kIsCausal ? min(m_blocks, max(0, n0 - diag) / kBlockM) : 0;
+    const int m_count = m_blocks - m_begin;
+    const int iters = m_count * group;
 
-  if (iters > 0) {
-    if (threadIdx.x == 0) {
-      mbarrier_arrive_expect_tx(bar_kv, static_cast<uint32_t>(2 * Traits::kKvTileBytes));
+    float dk[kKvTiles][4], dv[kKvTiles][4];
 #pragma unroll
-      for (int cb = 0; cb < Traits::kColBlocks; ++cb) {
-        const uint32_t cb_off = static_cast<uint32_t>(cb * kBlockN * kSw128RowBytes);
-        tma_load_4d(sK + cb_off, &maps.k, bar_kv, cb * kSw128BlockCols, n0, head_kv, static_cast<int>(batch));
-        tma_load_4d(sV + cb_off, &maps.v, bar_kv, cb * kSw128BlockCols, n0, head_kv, static_cast<int>(batch));
-      }
-    }
-    load_iter(0, 0);
-    mbarrier_wait(bar_kv, 0);
-  }
+    for (int j = 0; j < kKvTiles; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) dk[j][e] = dv[j][e] = 0.0f;
 
-  // This warpgroup's 64 keys in every column block of K and V (the A operands of S^T and dP^T).
-  const uint32_t sK_wg = sK + wg * Traits::kWgKeys * kSw128RowBytes;
-  const uint32_t sV_wg = sV + wg * Traits::kWgKeys * kSw128RowBytes;
-
-  for (int it = 0; it < iters; ++it) {
-    const int stage = it % kStages;
-    const int head = head_kv * group + it / m_count;
-    const int m0 = (m_begin + it % m_count) * kBlockM;
-    mbarrier_wait(bar_q(stage), static_cast<uint32_t>((it / kStages) & 1));
-    __syncthreads();  // both warpgroups are past iteration it - 1: its stage, sdS and lse/D rows are free
-    if (it + 1 < iters) load_iter(it + 1, (it + 1) % kStages);
-    const uint32_t sQs = sQ + static_cast<uint32_t>(stage * Traits::kQTileBytes);
-    const uint32_t sdOs = sdO + static_cast<uint32_t>(stage * Traits::kQTileBytes);
-    const float* lse2 = sLse2 + stage * kBlockM;
-    const float* dvec = sD + stage * kBlockM;
-
-    // S^T = K_w Q^T and dP^T = V_w dO^T: (64 keys, kBlockM queries) per warpgroup.
-    float st[kSTiles][4], dpt[kSTiles][4];
-    wgmma_fence();
+    // Iteration it's Q and dO tiles (thread 0, TMA) and its lse2 / D rows (threads < kBlockM).
+    const auto load_iter = [&](int it, int stage) {
+      const int head = head_kv * group + it / m_count;
+      const int m0 = (m_begin + it % m_count) * kBlockM;
+      if (threadIdx.x == 0) {
+        mbarrier_arrive_expect_tx(bar_q(stage), static_cast<uint32_t>(2 * Traits::kQTileBytes));
+        const uint32_t off = static_cast<uint32_t>(stage * Traits::kQTileBytes);
 #pragma unroll
-    for (int ks = 0; ks < Traits::kKSteps; ++ks)
-      Wgmma<kBlockM, Elem>::ss(st, desc_k_major<kBlockN>(sK_wg, ks), desc_k_major<kBlockM>(sQs, ks), ks > 0);
-#pragma unroll
-    for (int ks = 0; ks < Traits::kKSteps; ++ks)
-      Wgmma<kBlockM, Elem>::ss(dpt, desc_k_major<kBlockN>(sV_wg, ks), desc_k_major<kBlockM>(sdOs, ks), ks > 0);
-    wgmma_commit();
-    wgmma_wait<0>();
-    fence_operands(st);
-    fence_operands(dpt);
-
-    // P^T and dS^T. Element (j, e): key n0 + key_row0 + 8 (e / 2), query m0 + 8 j + 2 t + e % 2.
-    const bool need_mask = n0 + kBlockN > seqlen_k || (kIsCausal && n0 + kBlockN - 1 > m0 + diag);
-#pragma unroll
-    for (int j = 0; j < kSTiles; ++j) {
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int qcol = 8 * j + 2 * t + e % 2;
-        float x = st[j][e] * p.scale_log2;
-        if (need_mask) {
-          const int key = n0 + key_row0 + 8 * (e / 2);
-          if (key >= seqlen_k || (kIsCausal && key > m0 + qcol + diag)) x = -INFINITY;
+        for (int cb = 0; cb < Traits::kColBlocks; ++cb) {
+          const uint32_t cb_off = off + static_cast<uint32_t>(cb * kBlockM * kSw128RowBytes);
+          tma_load_4d(sQ + cb_off, &maps.q, bar_q(stage), cb * kSw128BlockCols, m0, head, static_cast<int>(batch));
+          tma_load_4d(sdO + cb_off, &maps.dout, bar_q(stage), cb * kSw128BlockCols, m0, head, static_cast<int>(batch));
         }
-        const float pe = exp2_approx(x - lse2[qcol]);
-        st[j][e] = pe;
-        dpt[j][e] = pe * (dpt[j][e] - dvec[qcol]);
       }
-    }
-    uint32_t pa[Traits::kQKSteps][4], dsa[Traits::kQKSteps][4];
-#pragma unroll
-    for (int ks = 0; ks < Traits::kQKSteps; ++ks) {
-      p_to_a_operand<Elem>(st, ks, pa[ks]);
-      p_to_a_operand<Elem>(dpt, ks, dsa[ks]);
-    }
-
-    // dV += P^T dO and dK += dS^T Q (asynchronous until the wait after dQ).
-    wgmma_fence();
-#pragma unroll
-    for (int ks = 0; ks < Traits::kQKSteps; ++ks)
-      Wgmma<kHeadDim, Elem>::rs_tb(dv, pa[ks], desc_mn_major<kBlockM>(sdOs, ks), 1);
-#pragma unroll
-    for (int ks = 0; ks < Traits::kQKSteps; ++ks)
-      Wgmma<kHeadDim, Elem>::rs_tb(dk, dsa[ks], desc_mn_major<kBlockM>(sQs, ks), 1);
-    wgmma_commit();
-
-    // dS^T to shared memory: row = key (in the tile), queries along the row in 64-query column blocks
-    // of 128 bytes, 16-byte chunks swizzled with the row (wgmma.cuh's SW128 layout).
-#pragma unroll
-    for (int j = 0; j < kSTiles; ++j) {
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const int row = key_row0 + 8 * h;
-        const int q = 8 * j + 2 * t;
-        const uint32_t addr = sdS + static_cast<uint32_t>((q / 64) * kBlockN * kSw128RowBytes + row * kSw128RowBytes +
-                                                          ((((q % 64) / 8) ^ (row % 8)) * 16) + (q % 8) * 2);
-        const uint32_t packed = dsa[j / 2][(j % 2) * 2 + h];  // dS^T (row, q .. q + 1), packed above
-        asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(addr), "r"(packed) : "memory");
+      if (threadIdx.x < kBlockM) {
+        const int row = m0 + static_cast<int>(threadIdx.x);
+        const int64_t stat = (batch * p.heads_q + head) * p.seqlen_q + row;
+        sLse2[stage * kBlockM + threadIdx.x] = row < seqlen_q ? p.lse_in[stat] * kLog2e : INFINITY;
+        sD[stage * kBlockM + threadIdx.x] = row < seqlen_q ? ws.d[stat] : 0.0f;
       }
-    }
-    fence_proxy_async_smem();
-    __syncthreads();  // both warpgroups' dS^T halves are in place
+    };
 
-    // dQ_i (this warpgroup's piece) = dS K_j over the block's 128 keys.
-    if (Traits::kDqSplitCols || wg == 0) {
-      float dq[kDqTiles][4];
-      const uint32_t sK_b = sK + (Traits::kDqSplitCols ? wg * (Traits::kDqN / 64) * kBlockN * kSw128RowBytes : 0);
+    if (iters > 0) {
+      if (threadIdx.x == 0) {
+        mbarrier_arrive_expect_tx(bar_kv, static_cast<uint32_t>(2 * Traits::kKvTileBytes));
+#pragma unroll
+        for (int cb = 0; cb < Traits::kColBlocks; ++cb) {
+          const uint32_t cb_off = static_cast<uint32_t>(cb * kBlockN * kSw128RowBytes);
+          tma_load_4d(sK + cb_off, &maps.k, bar_kv, cb * kSw128BlockCols, n0, head_kv, static_cast<int>(batch));
+          tma_load_4d(sV + cb_off, &maps.v, bar_kv, cb * kSw128BlockCols, n0, head_kv, static_cast<int>(batch));
+        }
+      }
+      load_iter(0, q_tiles % kStages);
+      mbarrier_wait(bar_kv, static_cast<uint32_t>(kv_loads & 1));
+      ++kv_loads;
+    }
+
+    // This warpgroup's 64 keys in every column block of K and V (the A operands of S^T and dP^T).
+    const uint32_t sK_wg = sK + wg * Traits::kWgKeys * kSw128RowBytes;
+    const uint32_t sV_wg = sV + wg * Traits::kWgKeys * kSw128RowBytes;
+
+    for (int it = 0; it < iters; ++it) {
+      const int use = q_tiles + it;  // this Q/dO tile's index over the block's whole run
+      const int stage = use % kStages;
+      const int head = head_kv * group + it / m_count;
+      const int m0 = (m_begin + it % m_count) * kBlockM;
+      mbarrier_wait(bar_q(stage), static_cast<uint32_t>((use / kStages) & 1));
+      __syncthreads();  // both warpgroups are past iteration it - 1: its stage, sdS and lse/D rows are free
+      if (it + 1 < iters) load_iter(it + 1, (use + 1) % kStages);
+      const uint32_t sQs = sQ + static_cast<uint32_t>(stage * Traits::kQTileBytes);
+      const uint32_t sdOs = sdO + static_cast<uint32_t>(stage * Traits::kQTileBytes);
+      const float* lse2 = sLse2 + stage * kBlockM;
+      const float* dvec = sD + stage * kBlockM;
+
+      // S^T = K_w Q^T and dP^T = V_w dO^T: (64 keys, kBlockM queries) per warpgroup.
+      float st[kSTiles][4], dpt[kSTiles][4];
       wgmma_fence();
 #pragma unroll
-      for (int ks = 0; ks < Traits::kDqKSteps; ++ks)
-        Wgmma<Traits::kDqN, Elem>::ss_tt(dq, desc_mn_major<kBlockN>(sdS, ks), desc_mn_major<kBlockN>(sK_b, ks), ks > 0);
+      for (int ks = 0; ks < Traits::kKSteps; ++ks)
+        Wgmma<kBlockM, Elem>::ss(st, desc_k_major<kBlockN>(sK_wg, ks), desc_k_major<kBlockM>(sQs, ks), ks > 0);
+#pragma unroll
+      for (int ks = 0; ks < Traits::kKSteps; ++ks)
+        Wgmma<kBlockM, Elem>::ss(dpt, desc_k_major<kBlockN>(sV_wg, ks), desc_k_major<kBlockM>(sdOs, ks), ks > 0);
       wgmma_commit();
       wgmma_wait<0>();
-      fence_operands(dq);
-      const int dq_col = (Traits::kDqSplitCols ? wg * Traits::kDqN : 0) + 2 * t;
-      float* acc = ws.dq_accum + ((batch * p.heads_q + head) * ws.dq_rows + m0 + warp * 16 + g) * kHeadDim + dq_col;
+      fence_operands(st);
+      fence_operands(dpt);
+
+      // P^T and dS^T. Element (j, e): key n0 + key_row0 + 8 (e / 2), query m0 + 8 j + 2 t + e % 2.
+      const bool need_mask = n0 + kBlockN > seqlen_k || (kIsCausal && n0 + kBlockN - 1 > m0 + diag);
 #pragma unroll
-      for (int j = 0; j < kDqTiles; ++j) {
-        atomic_add_f32x2(acc + 8 * j, dq[j][0], dq[j][1]);
-        atomic_add_f32x2(acc + 8 * kHeadDim + 8 * j, dq[j][2], dq[j][3]);
+      for (int j = 0; j < kSTiles; ++j) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int qcol = 8 * j + 2 * t + e % 2;
+          float x = st[j][e] * p.scale_log2;
+          if (need_mask) {
+            const int key = n0 + key_row0 + 8 * (e / 2);
+            if (key >= seqlen_k || (kIsCausal && key > m0 + qcol + diag)) x = -INFINITY;
+          }
+          const float pe = exp2_approx(x - lse2[qcol]);
+          st[j][e] = pe;
+          dpt[j][e] = pe * (dpt[j][e] - dvec[qcol]);
+        }
+      }
+      uint32_t pa[Traits::kQKSteps][4], dsa[Traits::kQKSteps][4];
+#pragma unroll
+      for (int ks = 0; ks < Traits::kQKSteps; ++ks) {
+        p_to_a_operand<Elem>(st, ks, pa[ks]);
+        p_to_a_operand<Elem>(dpt, ks, dsa[ks]);
+      }
+
+      // dV += P^T dO and dK += dS^T Q (asynchronous until the wait after dQ).
+      wgmma_fence();
+#pragma unroll
+      for (int ks = 0; ks < Traits::kQKSteps; ++ks)
+        Wgmma<kHeadDim, Elem>::rs_tb(dv, pa[ks], desc_mn_major<kBlockM>(sdOs, ks), 1);
+#pragma unroll
+      for (int ks = 0; ks < Traits::kQKSteps; ++ks)
+        Wgmma<kHeadDim, Elem>::rs_tb(dk, dsa[ks], desc_mn_major<kBlockM>(sQs, ks), 1);
+      wgmma_commit();
+
+      // dS^T to shared memory: row = key (in the tile), queries along the row in 64-query column blocks
+      // of 128 bytes, 16-byte chunks swizzled with the row (wgmma.cuh's SW128 layout).
+#pragma unroll
+      for (int j = 0; j < kSTiles; ++j) {
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const int row = key_row0 + 8 * h;
+          const int q = 8 * j + 2 * t;
+          const uint32_t addr = sdS + static_cast<uint32_t>((q / 64) * kBlockN * kSw128RowBytes + row * kSw128RowBytes +
+                                                            ((((q % 64) / 8) ^ (row % 8)) * 16) + (q % 8) * 2);
+          const uint32_t packed = dsa[j / 2][(j % 2) * 2 + h];  // dS^T (row, q .. q + 1), packed above
+          asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(addr), "r"(packed) : "memory");
+        }
+      }
+      fence_proxy_async_smem();
+      __syncthreads();  // both warpgroups' dS^T halves are in place
+
+      // dQ_i (this warpgroup's piece) = dS K_j over the block's 128 keys.
+      if (Traits::kDqSplitCols || wg == 0) {
+        float dq[kDqTiles][4];
+        const uint32_t sK_b = sK + (Traits::kDqSplitCols ? wg * (Traits::kDqN / 64) * kBlockN * kSw128RowBytes : 0);
+        wgmma_fence();
+#pragma unroll
+        for (int ks = 0; ks < Traits::kDqKSteps; ++ks)
+          Wgmma<Traits::kDqN, Elem>::ss_tt(dq, desc_mn_major<kBlockN>(sdS, ks), desc_mn_major<kBlockN>(sK_b, ks), ks > 0);
+        wgmma_commit();
+        wgmma_wait<0>();
+        fence_operands(dq);
+        const int dq_col = (Traits::kDqSplitCols ? wg * Traits::kDqN : 0) + 2 * t;
+        float* acc = dq_accum + ((batch * p.heads_q + head) * ws.dq_rows + m0 + warp * 16 + g) * kHeadDim + dq_col;
+#pragma unroll
+        for (int j = 0; j < kDqTiles; ++j) {
+          atomic_add_f32x2(acc + 8 * j, dq[j][0], dq[j][1]);
+          atomic_add_f32x2(acc + 8 * kHeadDim + 8 * j, dq[j][2], dq[j][3]);
+        }
+      }
+      wgmma_wait<0>();  // dV and dK of this tile (their A registers are rewritten next iteration)
+      fence_operands(dk);
+      fence_operands(dv);
+    }
+
+    // Epilogue: dK * scale and dV for this thread's keys (zeros when no query saw the tile).
+    const int head_dim = static_cast<int>(p.head_dim);
+    Elem* dk_out = static_cast<Elem*>(p.dk) + batch * p.k_batch_stride + head_kv * p.k_head_stride;
+    Elem* dv_out = static_cast<Elem*>(p.dv) + batch * p.v_batch_stride + head_kv * p.v_head_stride;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int key = n0 + key_row0 + 8 * h;
+      if (key >= seqlen_k) continue;
+#pragma unroll
+      for (int j = 0; j < kKvTiles; ++j) {
+        const int col = 8 * j + 2 * t;
+        if (col >= head_dim) continue;
+        *reinterpret_cast<uint32_t*>(dk_out + static_cast<int64_t>(key) * p.k_row_stride + col) =
+            pack2<Elem>(dk[j][2 * h] * p.softmax_scale, dk[j][2 * h + 1] * p.softmax_scale);
+        *reinterpret_cast<uint32_t*>(dv_out + static_cast<int64_t>(key) * p.v_row_stride + col) =
+            pack2<Elem>(dv[j][2 * h], dv[j][2 * h + 1]);
       }
     }
-    wgmma_wait<0>();  // dV and dK of this tile (their A registers are rewritten next iteration)
-    fence_operands(dk);
-    fence_operands(dv);
-  }
-
-  // Epilogue: dK * scale and dV for this thread's keys (zeros when no query saw the tile).
-  const int head_dim = static_cast<int>(p.head_dim);
-  Elem* dk_out = static_cast<Elem*>(p.dk) + batch * p.k_batch_stride + head_kv * p.k_head_stride;
-  Elem* dv_out = static_cast<Elem*>(p.dv) + batch * p.v_batch_stride + head_kv * p.v_head_stride;
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    const int key = n0 + key_row0 + 8 * h;
-    if (key >= seqlen_k) continue;
-#pragma unroll
-    for (int j = 0; j < kKvTiles; ++j) {
-      const int col = 8 * j + 2 * t;
-      if (col >= head_dim) continue;
-      *reinterpret_cast<uint32_t*>(dk_out + static_cast<int64_t>(key) * p.k_row_stride + col) =
-          pack2<Elem>(dk[j][2 * h] * p.softmax_scale, dk[j][2 * h + 1] * p.softmax_scale);
-      *reinterpret_cast<uint32_t*>(dv_out + static_cast<int64_t>(key) * p.v_row_stride + col) =
-          pack2<Elem>(dv[j][2 * h], dv[j][2 * h + 1]);
-    }
+    q_tiles += iters;
+    __syncthreads();  // the next K/V tile's loads overwrite sK, sV (read by both warpgroups' dQ)
   }
 #else
   __trap();  // only the sm_90a build has this kernel; the launcher never selects it elsewhere
