@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Runs scripts/sanitize-cases.js (the CUDA FlashAttention-2 forward through the Node API on tail,
-# cross-length, causal and GQA shapes, every specialised head dim plus padded ones, fp16 and bf16, and
-# one naive backward) under the four compute-sanitizer tools, and fails on any finding:
+# Runs scripts/sanitize-cases.js (the CUDA FlashAttention-2 forward and backward, atomic and
+# deterministic, through the Node API on tail, cross-length, causal and GQA shapes, every specialised
+# head dim plus padded ones, fp16 and bf16) under the four compute-sanitizer tools, and fails on any
+# finding:
 #   memcheck --leak-check full  out-of-bounds / misaligned accesses, device memory leaks   full set
 #   initcheck                   reads of uninitialised device memory (outputs not poisoned) full set
 #   synccheck                   invalid barrier / synchronisation use                      full set

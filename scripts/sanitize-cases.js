@@ -1,5 +1,5 @@
-// The CUDA FlashAttention-2 forward, and one naive backward, through the Node API on a small set of
-// shapes chosen for compute-sanitizer: scripts/gpu-sanitize.sh runs this under memcheck, racecheck,
+// The CUDA FlashAttention-2 forward and backward through the Node API on a small set of shapes chosen
+// for compute-sanitizer: scripts/gpu-sanitize.sh runs this under memcheck, racecheck,
 // initcheck and synccheck. Needs the built package (dist/, like scripts/gpu-smoke.js) and a GPU.
 // Usage, from the project root:
 //     node scripts/sanitize-cases.js [--set full|race] [--no-poison] [--list]
@@ -12,8 +12,10 @@
 // --list: prints the cases and exits.
 // Each forward case runs kernel 'flash' and kernel 'naive' on the same inputs and checks loosely that
 // they agree (proof that the kernel ran and wrote its rows; the accuracy rule is in
-// test/flash-forward.test.ts), and that empty causal rows give out 0 and lse +Infinity. The backward
-// case runs the naive CUDA backward after an 'auto' (FA2) forward. Prints a line per case and
+// test/flash-forward.test.ts), and that empty causal rows give out 0 and lse +Infinity. Each backward
+// case runs, after an FA2 forward, the FA2 backward (atomic, then deterministic) and the naive one on
+// the same inputs and checks loosely that they agree (the wgmma kernel at head dims 32 / 64 / 128 on
+// Hopper, the mma.sync kernel at the others). Prints a line per case and
 // "sanitize-cases: OK (<n> cases)" last; exits 1 on any failure.
 'use strict';
 
@@ -44,13 +46,28 @@ const RACE = [
   [1, 97, 17, 2, 2, 40, true, 'float16'],
 ];
 
-// The naive CUDA backward (after an FA2 forward), one per set.
-const BACKWARD = { full: [1, 97, 113, 4, 2, 64, true, 'bfloat16'], race: [1, 33, 47, 2, 1, 64, true, 'bfloat16'] };
+// Backward cases: the FA2 backward (atomic and deterministic) against the naive one.
+const BACKWARD = {
+  full: [
+    [1, 97, 113, 4, 2, 64, true, 'bfloat16'], // GQA 2:1, tails
+    [1, 203, 113, 2, 2, 128, true, 'float16'], // 90 empty rows
+    [1, 130, 65, 2, 2, 96, false, 'bfloat16'], // mma.sync kernel
+    [1, 17, 97, 2, 1, 256, true, 'float16'], // mma.sync, head dim split between warps
+    [1, 1025, 1023, 2, 1, 40, false, 'bfloat16'], // padded head dim, 8 key tiles (deterministic: slices)
+  ],
+  race: [
+    [1, 33, 47, 2, 1, 64, true, 'bfloat16'],
+    [1, 130, 65, 1, 1, 96, true, 'float16'],
+    [1, 65, 200, 1, 1, 128, false, 'bfloat16'],
+  ],
+};
 
 // Loose agreement of the two forwards for inputs in [-1, 1) (|out| <= 1): two bfloat16 ulps at 1 for
 // out; for lse (float32, |lse| ~ 1-10) far above any rounding. Wrong rows or tiles miss by O(0.1).
 const OUT_TOL = 2 ** -6;
 const LSE_TOL = 1e-3;
+// Loose agreement of the gradients, relative to max(1, max |naive gradient|).
+const GRAD_TOL = 2 ** -5;
 
 function parseArgs(argv) {
   const opts = { set: 'full', poison: true, list: false };
@@ -137,7 +154,10 @@ async function forwardCase(c, seed) {
   }
 }
 
-/** An FA2 forward ('auto') then the naive backward; the gradients must be finite. */
+/**
+ * An FA2 forward, then the FA2 backward (atomic and deterministic) and the naive one on the same
+ * tensors; every gradient finite and the FA2 ones within GRAD_TOL of the naive ones.
+ */
 async function backwardCase(c, seed) {
   const [, , , , , , causal] = c;
   const owned = [];
@@ -146,15 +166,27 @@ async function backwardCase(c, seed) {
     owned.push(q, k, v, dout);
     const f = fa.flashAttention(q, k, v, { causal });
     owned.push(f.out, f.lse);
-    const g = fa.flashAttentionBackward(dout, q, k, v, f.out, f.lse, { causal, kernel: 'naive' });
-    owned.push(g.dq, g.dk, g.dv);
-    if (g.kernel !== 'naive') throw new Error(`kernel 'naive' ran ${g.kernel}`);
-    for (const [name, t] of [['dq', g.dq], ['dk', g.dk], ['dv', g.dv]]) {
-      const a = await t.toFloat32Array();
-      const bad = a.findIndex((x) => !Number.isFinite(x));
-      if (bad >= 0) throw new Error(`${name}[${bad}] = ${a[bad]}`);
+    const runs = [
+      fa.flashAttentionBackward(dout, q, k, v, f.out, f.lse, { causal, kernel: 'flash' }),
+      fa.flashAttentionBackward(dout, q, k, v, f.out, f.lse, { causal, kernel: 'flash', deterministic: true }),
+      fa.flashAttentionBackward(dout, q, k, v, f.out, f.lse, { causal, kernel: 'naive' }),
+    ];
+    for (const g of runs) owned.push(g.dq, g.dk, g.dv);
+    const ran = runs.map((g) => g.kernel).join(', ');
+    if (ran !== 'flash, flash, naive') throw new Error(`kernels ran: ${ran}`);
+    let worst = 0;
+    for (const name of ['dq', 'dk', 'dv']) {
+      const [a, d, n] = await Promise.all(runs.map((g) => g[name].toFloat32Array()));
+      const scale = Math.max(1, ...n.map(Math.abs));
+      for (const [which, x] of [['atomic', a], ['deterministic', d]]) {
+        for (let i = 0; i < x.length; i++) {
+          const e = Math.abs(x[i] - n[i]) / scale;
+          if (!(e <= GRAD_TOL)) throw new Error(`${name}[${i}] (${which}) = ${x[i]}, naive ${n[i]}`);
+          worst = Math.max(worst, e);
+        }
+      }
     }
-    return `forward ${f.kernel}, backward ${g.kernel}: gradients finite`;
+    return `forward ${f.kernel}, backward ${ran}: max |flash - naive| / max(1, max |naive|) ${worst.toExponential(2)}`;
   } finally {
     for (const t of owned) t.dispose();
   }
@@ -166,7 +198,7 @@ async function main() {
   const backward = BACKWARD[opts.set];
   if (opts.list) {
     for (const c of cases) console.log(`forward  ${label(c)}`);
-    console.log(`backward ${label(backward)} (naive)`);
+    for (const c of backward) console.log(`backward ${label(c)}`);
     return;
   }
   const cuda = fa.backends().cuda;
@@ -180,9 +212,11 @@ async function main() {
     console.log(`ok forward  ${label(c)}: ${what} (${Date.now() - t0} ms)`);
     n++;
   }
-  const t0 = Date.now();
-  console.log(`ok backward ${label(backward)}: ${await backwardCase(backward, 0x85ebca6b)} (${Date.now() - t0} ms)`);
-  n++;
+  for (const [i, c] of backward.entries()) {
+    const t0 = Date.now();
+    console.log(`ok backward ${label(c)}: ${await backwardCase(c, 0x85ebca6b ^ (i + 1))} (${Date.now() - t0} ms)`);
+    n++;
+  }
   await fa.synchronize('cuda');
   const live = fa.memory().cuda;
   if (live.tensors !== 0) throw new Error(`${live.tensors} CUDA tensors (${live.bytes} bytes) still live`);
