@@ -65,7 +65,7 @@ Implementation and timing:
                              torch: PyTorch SDPA in python3, same cells, same timing (CUDA events)
   --torch-backends B[,B...]  flash|cudnn|efficient|math; default: flash,cudnn,efficient
   --variants V[,V...]        extra rows of our backward (bwd and fwdbwd cells): deterministic (deterministic: true),
-                             two-kernel (not implemented yet)
+                             two-kernel (algorithm: 'two-kernel', Hopper)
   --python PATH              Python with PyTorch for --compare torch; default: $FLASH_ATTN_BENCH_PYTHON, else python3
   --preset NAME              a named run (see --list-presets); flags given beside it override it
 

@@ -187,7 +187,7 @@ class Footnotes {
   private readonly index = new Map<string, number>();
   readonly lines: string[] = [];
   mark(r: BenchRow): string {
-    if (r.error === null || r.status === 'ok' || r.status === 'not-implemented') return '';
+    if (r.error === null || r.status === 'ok') return '';
     const key = `${r.impl}\u0000${r.error}`;
     let n = this.index.get(key);
     if (n === undefined) {
@@ -201,7 +201,7 @@ class Footnotes {
 
 /** What a failed row shows in place of a time. */
 function statusText(r: BenchRow): string {
-  return r.status === 'oom' ? 'OOM' : r.status === 'not-implemented' ? 'not implemented yet' : 'error';
+  return r.status === 'oom' ? 'OOM' : 'error';
 }
 
 function alignTable(header: string[], body: string[][], rightAligned: boolean[]): string[] {

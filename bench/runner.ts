@@ -11,7 +11,7 @@
  * @packageDocumentation
  */
 import { backends, flashAttention, flashAttentionBackward, memory, resetPeakMemory, synchronize, Tensor } from '../lib';
-import type { AttentionKernel, AttentionOutput, Device, DType } from '../lib';
+import type { AttentionKernel, AttentionOutput, BackwardAlgorithm, Device, DType } from '../lib';
 import { timeRepeatsOnDevice } from '../lib/timing';
 import { tflopsPerSecond } from './flops';
 import { BenchCell, GridSettings, groupByInputs } from './grid';
@@ -31,9 +31,9 @@ export const IMPL_LABELS: Readonly<Record<Impl, string>> = {
 
 /**
  * ok: measured. oom: the device ran out of memory (the run goes on). error: the implementation
- * could not run the cell (the message says why). not-implemented: a variant that does not exist yet.
+ * could not run the cell (the message says why).
  */
-export type RowStatus = 'ok' | 'oom' | 'error' | 'not-implemented';
+export type RowStatus = 'ok' | 'oom' | 'error';
 
 /** One cell on one implementation. Measurements are null unless status is 'ok'. */
 export interface BenchRow extends BenchCell {
@@ -141,8 +141,9 @@ export interface RunHooks {
 
 /** Number of rows {@link runOurs} measures (for a progress bar). */
 export function oursWork(cells: readonly BenchCell[], s: GridSettings): number {
-  const deterministic = s.variants.includes('deterministic') ? cells.filter((c) => c.pass !== 'fwd').length : 0;
-  return cells.length * (naiveMeasuredSeparately(s) ? 2 : 1) + deterministic;
+  const bwdCells = cells.filter((c) => c.pass !== 'fwd').length;
+  const variants = s.variants.filter((v) => v === 'deterministic' || v === 'two-kernel').length;
+  return cells.length * (naiveMeasuredSeparately(s) ? 2 : 1) + variants * bwdCells;
 }
 
 /**
@@ -159,10 +160,13 @@ function naiveMeasuredSeparately(s: GridSettings): boolean {
  */
 export async function runOurs(cells: readonly BenchCell[], s: GridSettings, peak: number | null, hooks: RunHooks = {}): Promise<BenchRow[]> {
   const { device } = s;
-  const kernels: { impl: Impl; kernel: AttentionKernel; deterministic?: boolean }[] = [{ impl: 'ours', kernel: s.kernel }];
+  const kernels: { impl: Impl; kernel: AttentionKernel; deterministic?: boolean; algorithm?: BackwardAlgorithm }[] =
+    [{ impl: 'ours', kernel: s.kernel }];
   if (naiveMeasuredSeparately(s)) kernels.push({ impl: 'naive', kernel: 'naive' });
   // Our backward with deterministic: true, on the cells that run a backward.
   if (s.variants.includes('deterministic')) kernels.push({ impl: 'ours-deterministic', kernel: s.kernel, deterministic: true });
+  // Our backward as two kernels (dK/dV, then dQ without atomics), on the cells that run a backward.
+  if (s.variants.includes('two-kernel')) kernels.push({ impl: 'ours-two-kernel', kernel: s.kernel, algorithm: 'two-kernel' });
   const oursIsNaive = s.compare.includes('naive') && device === 'cuda' && !naiveMeasuredSeparately(s);
   const rows: BenchRow[] = [];
   const push = (r: BenchRow): void => {
@@ -204,13 +208,13 @@ export async function runOurs(cells: readonly BenchCell[], s: GridSettings, peak
     const forwards = new Map<string, AttentionOutput>();
     try {
       for (const cell of group) {
-        for (const { impl, kernel, deterministic } of kernels) {
-          if (deterministic && cell.pass === 'fwd') continue;  // a backward option
+        for (const { impl, kernel, deterministic, algorithm } of kernels) {
+          if ((deterministic || algorithm) && cell.pass === 'fwd') continue;  // backward options
           const resolved = resolveKernel(device, kernel);
           // What really ran, from the results' `kernel` field ('auto' may pick per call).
           let ran = resolved;
           const opts = { causal: cell.causal, kernel };
-          const bwdOpts = { ...opts, deterministic: deterministic ?? false };
+          const bwdOpts = { ...opts, deterministic: deterministic ?? false, algorithm: algorithm ?? 'auto' };
           try {
             let runOnce: () => void;
             if (cell.pass === 'fwd') {
@@ -263,10 +267,6 @@ export async function runOurs(cells: readonly BenchCell[], s: GridSettings, peak
             const msg = messageOf(err);
             push(emptyRow(cell, impl, device, resolved, isOutOfMemory(msg) ? 'oom' : 'error', msg));
           }
-        }
-        if (s.variants.includes('two-kernel') && cell.pass !== 'fwd') {
-          rows.push(emptyRow(cell, 'ours-two-kernel', device, null, 'not-implemented',
-            'two-kernel backward (a dQ pass, then a dK/dV pass): not implemented yet'));
         }
       }
     } finally {

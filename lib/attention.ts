@@ -18,7 +18,7 @@
  * @packageDocumentation
  */
 import { describeValue, formatShape, rangeError, typeError } from './errors';
-import { binding, FLOAT32_PRECISION_CODE, KERNEL_CODE, NativeBuffer } from './native';
+import { BACKWARD_ALGORITHM_CODE, binding, FLOAT32_PRECISION_CODE, KERNEL_CODE, NativeBuffer } from './native';
 import { Device, DType, handleOf, Tensor, wrapNative } from './tensor';
 
 /** Which implementation runs. */
@@ -68,14 +68,38 @@ export interface AttentionOptions {
   float32Precision?: Float32Precision;
 }
 
+/**
+ * How the CUDA FlashAttention-2 backward computes dq (see {@link AttentionBackwardOptions.algorithm}).
+ */
+export type BackwardAlgorithm = 'auto' | 'single-kernel' | 'two-kernel';
+
 /** Options of the backward. */
 export interface AttentionBackwardOptions extends AttentionOptions {
   /**
-   * Bit-identical dq across runs (dk and dv always are). Default false: the CUDA FlashAttention-2
-   * backward adds each query tile's dq contributions with fp32 atomics, so dq's summation order (and
-   * its last bits) can change from run to run. With `true` each thread block adds into its own fp32
-   * accumulator slice in a fixed order and the slices are summed in order (up to 8 slices: that many
-   * times the accumulator's memory, 4·batch·headsQ·seqlenQ·headDim bytes each).
+   * The CUDA FlashAttention-2 backward's structure:
+   *
+   * - `'single-kernel'`: FA2's Algorithm 2, one kernel per K/V tile computing dK, dV and dQ, with dQ
+   *   accumulated through float32 atomic adds (or, with `deterministic`, ordered adds) and converted
+   *   by a small kernel after it.
+   * - `'two-kernel'`: a dK/dV kernel, then a dQ kernel (one thread block per query tile, looping over
+   *   the keys) that writes dq directly: no atomics and no float32 accumulator, deterministic by
+   *   construction, for two more matrix products per tile (S and dP are recomputed). Hopper GPUs at
+   *   head dims 32, 64 and 128 (after padding); elsewhere a RangeError says why.
+   * - `'auto'` (default): `'single-kernel'` for now. On an H200 (bf16, the FlashAttention-2 grid,
+   *   bench/RESULTS.md) the two kernels took 0.97× the single kernel's time (0.93–1.03× per cell),
+   *   with no float32 dq accumulator and deterministic results: 'auto' will take them where they
+   *   exist once the whole GPU suite has run with that default.
+   *
+   * Ignored by the naive kernel and the CPU backend only when left at `'auto'`.
+   */
+  algorithm?: BackwardAlgorithm;
+  /**
+   * Bit-identical dq across runs (dk and dv always are). Default false: the single-kernel CUDA
+   * FlashAttention-2 backward adds each query tile's dq contributions with fp32 atomics, so dq's
+   * summation order (and its last bits) can change from run to run. With `true` each thread block
+   * adds into its own fp32 accumulator slice in a fixed order and the slices are summed in order (up
+   * to 8 slices: that many times the accumulator's memory, 4·batch·headsQ·seqlenQ·headDim bytes
+   * each). The two-kernel backward (see `algorithm`) is deterministic either way.
    */
   deterministic?: boolean;
 }
@@ -128,6 +152,7 @@ interface CheckedOptions {
   kernel: AttentionKernel;
   float32Precision: Float32Precision;
   deterministic: boolean;
+  algorithm: BackwardAlgorithm;
 }
 
 function checkOptions(options: unknown, backward: boolean): CheckedOptions {
@@ -157,17 +182,24 @@ function checkOptions(options: unknown, backward: boolean): CheckedOptions {
   if (backward && o.deterministic !== undefined && typeof o.deterministic !== 'boolean') {
     throw typeError('options.deterministic to be a boolean', describeValue(o.deterministic));
   }
+  if (backward && o.algorithm !== undefined && !['auto', 'single-kernel', 'two-kernel'].includes(o.algorithm as string)) {
+    throw typeError("options.algorithm to be 'auto', 'single-kernel' or 'two-kernel'", describeValue(o.algorithm));
+  }
   return {
     causal: o.causal ?? false,
     scale: o.softmaxScale,
     kernel: o.kernel ?? 'auto',
     float32Precision: o.float32Precision ?? 'tf32',
     deterministic: o.deterministic ?? false,
+    algorithm: o.algorithm ?? 'auto',
   };
 }
 
+/** A backward call's problem: the forward's, plus the backward's own options. */
+type BackwardProblem = Problem & { deterministic: boolean; algorithm: BackwardAlgorithm };
+
 /** Validates q, k, v (and the options) and derives the problem's dimensions. */
-function checkQKV(q: unknown, k: unknown, v: unknown, options: unknown, backward: boolean): Problem & { deterministic: boolean } {
+function checkQKV(q: unknown, k: unknown, v: unknown, options: unknown, backward: boolean): BackwardProblem {
   handleOf(q, 'q');
   handleOf(k, 'k');
   handleOf(v, 'v');
@@ -202,6 +234,7 @@ function checkQKV(q: unknown, k: unknown, v: unknown, options: unknown, backward
     kernel: o.kernel,
     float32Precision: o.float32Precision,
     deterministic: o.deterministic,
+    algorithm: o.algorithm,
   };
 }
 
@@ -276,10 +309,10 @@ export function flashAttentionBackward(
 
 function backwardNative(
   dout: NativeBuffer, q: NativeBuffer, k: NativeBuffer, v: NativeBuffer, out: NativeBuffer, lse: NativeBuffer,
-  p: Problem & { deterministic: boolean },
+  p: BackwardProblem,
 ): AttentionGradients {
   const [dq, dk, dv, kernel] = binding().attentionBackward(dout, q, k, v, out, lse, p.dims, p.causal, p.scale,
-    KERNEL_CODE[p.kernel], p.deterministic);
+    KERNEL_CODE[p.kernel], p.deterministic, BACKWARD_ALGORITHM_CODE[p.algorithm], FLOAT32_PRECISION_CODE[p.float32Precision]);
   const [batch, seqlenQ, seqlenK, headsQ, headsKV, headDim] = p.dims;
   return {
     dq: wrapNative(dq, [batch, seqlenQ, headsQ, headDim], p.dtype, p.device),
@@ -301,10 +334,10 @@ export class AttentionContext implements Disposable {
   /** The forward's implementation ('auto' resolved). */
   readonly kernel: Exclude<AttentionKernel, 'auto'>;
   #saved: NativeBuffer[] | null;
-  readonly #problem: Problem & { deterministic: boolean };
+  readonly #problem: BackwardProblem;
 
   /** @internal */
-  constructor(out: AttentionOutput, saved: NativeBuffer[], problem: Problem & { deterministic: boolean }) {
+  constructor(out: AttentionOutput, saved: NativeBuffer[], problem: BackwardProblem) {
     this.out = out.out;
     this.lse = out.lse;
     this.kernel = out.kernel;
@@ -318,10 +351,11 @@ export class AttentionContext implements Disposable {
   }
 
   /**
-   * Gradients with respect to q, k and v for `dout` (like out), using the forward's options
-   * (`deterministic` may be set here). Releases what the context saved: call it once.
+   * Gradients with respect to q, k and v for `dout` (like out), using the options given to
+   * {@link flashAttentionWithGrad}; `deterministic` and `algorithm` given here override those. Releases
+   * what the context saved: call it once.
    */
-  backward(dout: Tensor, options?: { deterministic?: boolean }): AttentionGradients {
+  backward(dout: Tensor, options?: { deterministic?: boolean; algorithm?: BackwardAlgorithm }): AttentionGradients {
     if (this.#saved === null) {
       throw new Error(
         'AttentionContext.backward() was already called or the context was disposed: its saved tensors are released',
@@ -330,12 +364,18 @@ export class AttentionContext implements Disposable {
     if (options !== undefined && (options === null || typeof options !== 'object' || Array.isArray(options))) {
       throw typeError('options to be an object or undefined', describeValue(options));
     }
-    const extra = Object.keys(options ?? {}).filter((key) => key !== 'deterministic');
+    const extra = Object.keys(options ?? {}).filter((key) => key !== 'deterministic' && key !== 'algorithm');
     if (extra.length > 0) {
-      throw typeError("options of backward() to hold only 'deterministic' (the rest are the forward's)", extra.join(', '));
+      throw typeError("options of backward() to hold only 'deterministic' and 'algorithm' (the rest are the forward's)", extra.join(', '));
     }
     const o = checkOptions(options, true);
-    const p = { ...this.#problem, deterministic: o.deterministic };
+    // Options given here override the ones given to flashAttentionWithGrad; the others keep theirs.
+    const given = (options ?? {}) as { deterministic?: boolean; algorithm?: BackwardAlgorithm };
+    const p = {
+      ...this.#problem,
+      deterministic: given.deterministic !== undefined ? o.deterministic : this.#problem.deterministic,
+      algorithm: given.algorithm !== undefined ? o.algorithm : this.#problem.algorithm,
+    };
     const [batch, seqlenQ, , headsQ, , headDim] = p.dims;
     const d = handleOf(dout, 'dout');
     const D = dout as Tensor;

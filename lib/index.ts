@@ -16,7 +16,7 @@ export {
   flashAttention, flashAttentionBackward, flashAttentionWithGrad, AttentionContext,
 } from './attention';
 export type {
-  AttentionKernel, AttentionOptions, AttentionBackwardOptions, AttentionOutput, AttentionGradients, Float32Precision,
+  AttentionKernel, AttentionOptions, AttentionBackwardOptions, AttentionOutput, AttentionGradients, BackwardAlgorithm, Float32Precision,
 } from './attention';
 export { backends, cudaDeviceCount } from './backends';
 export { timeOnDevice, timeRepeatsOnDevice } from './timing';

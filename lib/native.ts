@@ -70,7 +70,8 @@ export interface NativeBinding {
   ): [NativeBuffer, NativeBuffer, 'flash' | 'naive'];
   attentionBackward(
     dout: NativeBuffer, q: NativeBuffer, k: NativeBuffer, v: NativeBuffer, out: NativeBuffer, lse: NativeBuffer,
-    dims: number[], causal: boolean, softmaxScale: number, kernel: number, deterministic: boolean,
+    dims: number[], causal: boolean, softmaxScale: number, kernel: number, deterministic: boolean, algorithm: number,
+    float32Precision: number,
   ): [NativeBuffer, NativeBuffer, NativeBuffer, 'flash' | 'naive'];
 }
 
@@ -80,6 +81,8 @@ export const DEVICE_CODE = { cpu: 0, cuda: 1 } as const;
 export const KERNEL_CODE = { auto: 0, flash: 1, naive: 2 } as const;
 /** `Fp32Precision` of csrc/common/attention_params.h. */
 export const FLOAT32_PRECISION_CODE = { tf32: 0, highest: 1 } as const;
+/** The backward's algorithm (csrc/napi/attention_ops.cc BwdAlgorithm). */
+export const BACKWARD_ALGORITHM_CODE = { auto: 0, 'single-kernel': 1, 'two-kernel': 2 } as const;
 
 /** Thrown by every native call when the addon could not be loaded; the message says what to do. */
 export class NativeLoadError extends Error {

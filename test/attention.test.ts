@@ -565,7 +565,7 @@ describeEachDevice('attention vs float64 reference', (device: Device) => {
         const ctx4 = flashAttentionWithGrad(q, k, v, opts);
         owned.push(ctx4.out, ctx4.lse);
         expect(() => ctx4.backward(dout, { causal: true } as never)).toThrow(
-          new TypeError("Expected options of backward() to hold only 'deterministic' (the rest are the forward's) but received causal"),
+          new TypeError("Expected options of backward() to hold only 'deterministic' and 'algorithm' (the rest are the forward's) but received causal"),
         );
         expect(ctx4.released).toBe(false);
         ctx4.dispose();

@@ -206,8 +206,8 @@ describe('presets', () => {
     });
   });
 
-  test('seed-bwd-kernels asks for the two-kernel variant beside ours', () => {
-    expect(settings(['--preset', 'seed-bwd-kernels'])).toMatchObject({ dtype: 'float32', passes: ['bwd'], variants: ['two-kernel'], batch: 4, seqlens: [8192] });
+  test('seed-bwd-kernels asks for the deterministic and two-kernel variants beside ours', () => {
+    expect(settings(['--preset', 'seed-bwd-kernels'])).toMatchObject({ dtype: 'bfloat16', passes: ['bwd'], variants: ['deterministic', 'two-kernel'], batch: 4, seqlens: [8192] });
   });
 
   test('--variants adds backward variants; an unknown one is refused', () => {
@@ -226,7 +226,6 @@ describe('presets', () => {
   test('--list-presets describes every preset', () => {
     const text = listPresets();
     for (const name of Object.keys(PRESETS)) expect(text).toContain(name);
-    expect(text).toContain('not implemented yet');
     expect(Object.keys(PRESETS)).toEqual(['fa2-grid', 'cpu-small', 'seed-fp32', 'seed-bf16', 'seed-bwd-kernels']);
   });
 });

@@ -39,8 +39,8 @@
  * its bound.
  */
 
-import { AttentionBackwardOptions, AttentionGradients, flashAttentionWithGrad, HalfDType, Tensor } from '../lib';
-import { describeCuda, liveMemory, trackMemory, usePoisonedOutputs } from './helpers/backend';
+import { AttentionBackwardOptions, AttentionGradients, backends, flashAttentionWithGrad, HalfDType, Tensor } from '../lib';
+import { describeCuda, HAS_CUDA, liveMemory, trackMemory, usePoisonedOutputs } from './helpers/backend';
 import {
   BackwardCase, BackwardRun, batchOf, bitsOf, bwdCase, checkGradients, DeviceProblem, disposeGradients, dqAccumulatorBounds,
   dqRunToRunViolations, emptyRows, expectEmptyRowGradients, expectFinite, fdMismatches, finiteDifferences, firstDifference,
@@ -359,7 +359,7 @@ describeCuda('FlashAttention-2 backward, fp16 and bf16', () => {
         const problems: string[] = [];
         let runsWithOtherDq = 0;
         for (let run = 0; run < RACE_RUNS; run++) {
-          const g = p.backward({ kernel: 'flash' });
+          const g = p.backward({ kernel: 'flash', algorithm: 'single-kernel' });
           try {
             expect(g.kernel).toBe('flash');
             const dk = await bitsOf(g.dk);
@@ -405,7 +405,7 @@ describeCuda('FlashAttention-2 backward, fp16 and bf16', () => {
         let first: { dq: Float32Array; dk: Uint16Array | Uint32Array; dv: Uint16Array | Uint32Array } | undefined;
         const problems: string[] = [];
         for (let run = 0; run < 20 && problems.length < 8; run++) {
-          const g = p.backward({ kernel: 'flash' });
+          const g = p.backward({ kernel: 'flash', algorithm: 'single-kernel' });
           try {
             expect(g.kernel).toBe('flash');
             const cur = { dq: new Float32Array(await g.dq.toFloat32Array()), dk: await bitsOf(g.dk), dv: await bitsOf(g.dv) };
@@ -436,37 +436,102 @@ describeCuda('FlashAttention-2 backward, fp16 and bf16', () => {
       c([1, 1023, 1023, 2, 1, 64], 'float16', true),
       c([1, 1025, 777, 2, 1, 128], 'bfloat16'),
       c([2, 150, 300, 4, 2, 96], 'float16', true),
-    ])("deterministic: true, kernel 'flash': 50 runs give bit-identical dq, dk, dv within the rule ($name)", async (t) => {
+    ])("deterministic: true, kernel 'flash', single-kernel and auto algorithm: 50 runs give bit-identical dq, dk, dv within the rule ($name)", async (t) => {
       const p = DeviceProblem.create(t, randomInputs(t, `flash-bwd/deterministic/${t.name}`), t.dtype);
       try {
         const s = await p.read();
-        const atomic = p.backward({ kernel: 'flash' });
+        const atomic = p.backward({ kernel: 'flash', algorithm: 'single-kernel' });
         let atomicDq: HostGradients['dq'];
         try {
           atomicDq = (await readGradients(t, t.dtype, 'cuda', atomic, `${t.name}, atomic`)).dq;
         } finally {
           disposeGradients(atomic);
         }
-        let first: (Uint16Array | Uint32Array)[] | undefined;
-        for (let run = 0; run < 50; run++) {
-          const g = p.backward({ kernel: 'flash', deterministic: true });
-          try {
-            expect(g.kernel).toBe('flash');
-            const bits = [await bitsOf(g.dq), await bitsOf(g.dk), await bitsOf(g.dv)];
-            if (!first) {
-              const h = await readGradients(t, t.dtype, 'cuda', g, `${t.name}, deterministic`);
-              checkGradients(t, { ...s, ...h }, expectRule);
-              // The same sums as the atomic mode, in another order: within the accumulator's rounding.
-              expect(dqRunToRunViolations(h.dq, atomicDq, dqAccumulatorBounds(t, s), t.dtype, qShapeOf(t))).toEqual([]);
-              first = bits;
-              continue;
+        for (const algorithm of ['single-kernel', 'auto'] as const) {
+          let first: (Uint16Array | Uint32Array)[] | undefined;
+          for (let run = 0; run < 50; run++) {
+            const g = p.backward({ kernel: 'flash', deterministic: true, algorithm });
+            try {
+              expect(g.kernel).toBe('flash');
+              const bits = [await bitsOf(g.dq), await bitsOf(g.dk), await bitsOf(g.dv)];
+              if (!first) {
+                const h = await readGradients(t, t.dtype, 'cuda', g, `${t.name}, deterministic`);
+                checkGradients(t, { ...s, ...h }, expectRule);
+                // The same sums as the atomic mode, in another order: within the accumulator's rounding.
+                expect(dqRunToRunViolations(h.dq, atomicDq, dqAccumulatorBounds(t, s), t.dtype, qShapeOf(t))).toEqual([]);
+                first = bits;
+                continue;
+              }
+              const diffs = bits.map((b, i) => firstDifference(b, first![i]));
+              expect(`${algorithm} run ${run}: first differences of dq, dk, dv at ${diffs.join(', ')}`).toBe(`${algorithm} run ${run}: first differences of dq, dk, dv at -1, -1, -1`);
+            } finally {
+              disposeGradients(g);
             }
-            const diffs = bits.map((b, i) => firstDifference(b, first![i]));
-            expect(`run ${run}: first differences of dq, dk, dv at ${diffs.join(', ')}`).toBe(`run ${run}: first differences of dq, dk, dv at -1, -1, -1`);
-          } finally {
-            disposeGradients(g);
           }
         }
+      } finally {
+        p.dispose();
+      }
+    });
+  });
+
+  describe("algorithm 'two-kernel' (Hopper, head dims 32 / 64 / 128): a dK/dV kernel, then a dQ kernel without atomics", () => {
+    // dk, dv come from the same kernel as the single-kernel backward's (without its dQ part): bit-identical
+    // to them. dq is written directly by the dQ kernel: within the rule, and bit-identical run to run.
+    const cases = [
+      c([2, 97, 203, 4, 2, 64], 'float16', true),
+      c([1, 203, 113, 8, 1, 128], 'bfloat16', true), // 90 rows see no key; MQA
+      c([2, 1025, 1023, 2, 2, 128], 'bfloat16'),
+      c([1, 113, 203, 2, 2, 40], 'float16'), // padded to 64
+      c([2, 17, 239, 2, 1, 32], 'bfloat16', true),
+    ];
+    const cc = HAS_CUDA ? backends().cuda.device?.computeCapability ?? 'unknown' : 'none';
+    const hopperTest = cc.startsWith('9.') ? test.each(cases) : test.skip.each([cases[0]]);
+    if (!cc.startsWith('9.')) {
+      test.skip(`skipped: the two-kernel backward runs on Hopper GPUs; this one has compute capability ${cc}`, () => undefined);
+    }
+    hopperTest('$name', async (t: BackwardCase) => {
+      const p = DeviceProblem.create(t, randomInputs(t, `flash-bwd/two-kernel/${t.name}`), t.dtype);
+      const grads: AttentionGradients[] = [];
+      try {
+        const s = await p.read();
+        grads.push(p.backward({ kernel: 'flash', algorithm: 'single-kernel' }));
+        for (let run = 0; run < 3; run++) grads.push(p.backward({ kernel: 'flash', algorithm: 'two-kernel' }));
+        expect(grads.map((g) => g.kernel)).toEqual(['flash', 'flash', 'flash', 'flash']);
+        const h = await readGradients(t, t.dtype, 'cuda', grads[1], `${t.name}, two-kernel`);
+        checkGradients(t, { ...s, ...h }, expectRule);
+        if (t.sq > t.sk && t.causal) expectEmptyRowGradients(t, h.dq, s.lse);
+        for (const n of ['dk', 'dv'] as const) {
+          const at = firstDifference(await bitsOf(grads[1][n]), await bitsOf(grads[0][n]));
+          expect(`${n} vs single-kernel: first difference at ${at}`).toBe(`${n} vs single-kernel: first difference at -1`);
+        }
+        for (let run = 2; run < grads.length; run++) {
+          const diffs = [];
+          for (const n of ['dq', 'dk', 'dv'] as const) diffs.push(firstDifference(await bitsOf(grads[run][n]), await bitsOf(grads[1][n])));
+          expect(`run ${run}: first differences of dq, dk, dv at ${diffs.join(', ')}`).toBe(`run ${run}: first differences of dq, dk, dv at -1, -1, -1`);
+        }
+      } finally {
+        for (const g of grads) disposeGradients(g);
+        p.dispose();
+      }
+    });
+
+    test("where it does not exist (head dim 96 runs the mma.sync kernel) 'two-kernel' is refused with the reason", () => {
+      const t = c([1, 40, 40, 2, 2, 96], 'bfloat16', true);
+      const p = DeviceProblem.create(t, randomInputs(t, 'flash-bwd/two-kernel/refused'), t.dtype);
+      try {
+        const before = liveMemory();
+        expect(thrownBy(() => p.backward({ kernel: 'flash', algorithm: 'two-kernel' }))).toEqual({
+          name: 'RangeError',
+          message: "Expected kernel to be 'auto' or 'naive' for this call but received 'flash': the two-kernel backward exists "
+            + 'for Hopper GPUs (compute capability 9.0, sm_90a builds) at head dims 32, 64 and 128 (after padding)',
+        });
+        expect(thrownBy(() => p.backward({ algorithm: 'two-kernel' }))).toEqual({
+          name: 'RangeError',
+          message: "Expected algorithm to be 'auto' or 'single-kernel' for this call but received 'two-kernel': the two-kernel "
+            + 'backward exists for Hopper GPUs (compute capability 9.0, sm_90a builds) at head dims 32, 64 and 128 (after padding)',
+        });
+        expect(liveMemory()).toEqual(before);
       } finally {
         p.dispose();
       }

@@ -322,6 +322,20 @@ describe('flashAttentionBackward', () => {
       'Expected options.softmaxScale to be a finite number > 0 and < 2.3e38 but received -2');
   });
 
+  test("options.algorithm: one of 'auto', 'single-kernel', 'two-kernel'; the CPU backend refuses 'two-kernel', allocating nothing", () => {
+    expectThrows(() => flashAttentionBackward(dout, q, k, v, out, lse, { algorithm: 'atomic' as never }), 'TypeError',
+      'Expected options.algorithm to be \'auto\', \'single-kernel\' or \'two-kernel\' but received "atomic" of type string');
+    const before = liveMemory();
+    expectThrows(() => flashAttentionBackward(dout, q, k, v, out, lse, { algorithm: 'two-kernel' }), 'RangeError',
+      "Expected algorithm to be 'auto' or 'single-kernel' for this call but received 'two-kernel': the CPU backend has one backward algorithm");
+    expect(liveMemory()).toEqual(before);
+    for (const algorithm of ['auto', 'single-kernel'] as const) {
+      const g = flashAttentionBackward(dout, q, k, v, out, lse, { algorithm });
+      temps.push(g.dq, g.dk, g.dv);
+      expect(g.kernel).toBe('flash');
+    }
+  });
+
   test('flashAttentionWithGrad: validation, and ctx.backward(dout) with a bad dout throws without releasing the context', async () => {
     expectThrows(() => flashAttentionWithGrad(q, k, v, { deterministic: 0 as unknown as boolean }), 'TypeError',
       'Expected options.deterministic to be a boolean but received 0 of type number');
@@ -343,6 +357,8 @@ describe('flashAttentionBackward', () => {
         'Expected options.deterministic to be a boolean but received "no" of type string');
       expectThrows(() => ctx.backward(dout, 7 as unknown as object), 'TypeError',
         'Expected options to be an object or undefined but received 7 of type number');
+      expectThrows(() => ctx.backward(dout, { algorithm: 2 as never }), 'TypeError',
+        "Expected options.algorithm to be 'auto', 'single-kernel' or 'two-kernel' but received 2 of type number");
       expect(ctx.released).toBe(false);
       const g = ctx.backward(dout);
       temps.push(g.dq, g.dk, g.dv);
@@ -473,7 +489,7 @@ describe('raw native binding (lib/native.ts binding())', () => {
     return (b.attentionForward as (...a: unknown[]) => unknown)(...args);
   };
   const bwd = (...over: [number, unknown][]): (() => unknown) => () => {
-    const args: unknown[] = [ndout, nq, nk, nv, nout, nlse, dims(), false, 0.25, 0, false];
+    const args: unknown[] = [ndout, nq, nk, nv, nout, nlse, dims(), false, 0.25, 0, false, 0, 0];
     for (const [i, x] of over) args[i] = resolveArg(x);
     return (b.attentionBackward as (...a: unknown[]) => unknown)(...args);
   };
@@ -554,6 +570,9 @@ describe('raw native binding (lib/native.ts binding())', () => {
     ['backward: head dim 7', bwd([6, [2, 16, 24, 4, 2, 7]]), 'RangeError', 'Expected headDim to be an integer in [8, 256] but received 7 of type number'],
     ['backward: deterministic a string', bwd([10, 'yes']), 'TypeError', 'Expected deterministic to be a boolean but received "yes" of type string'],
     ['backward: deterministic missing', bwd([10, undefined]), 'TypeError', 'Expected deterministic to be a boolean but received undefined'],
+    ['backward: algorithm 3', bwd([11, 3]), 'RangeError', 'Expected algorithm to be an integer in [0, 2] but received 3 of type number'],
+    ['backward: algorithm missing', bwd([11, undefined]), 'TypeError', 'Expected algorithm to be an integer but received undefined'],
+    ['backward: float32Precision 2', bwd([12, 2]), 'RangeError', 'Expected float32Precision to be an integer in [0, 1] but received 2 of type number'],
   ])('%s', (_label, fn, name, message) => {
     expectThrows(fn, name, message);
   });
@@ -606,7 +625,7 @@ describe('raw native binding (lib/native.ts binding())', () => {
       ['resetPeakMemory', () => [0]],
       ['setPoison', () => [false]],
       ['attentionForward', () => [nq, nk, nv, dims(), false, 0.25, 0, 0]],
-      ['attentionBackward', () => [ndout, nq, nk, nv, nout, nlse, dims(), false, 0.25, 0, false]],
+      ['attentionBackward', () => [ndout, nq, nk, nv, nout, nlse, dims(), false, 0.25, 0, false, 0, 0]],
     ];
     const before = liveMemory();
     const failures: string[] = [];
@@ -632,8 +651,8 @@ describe('raw native binding (lib/native.ts binding())', () => {
       }
     }
     expect(failures).toEqual([]);
-    // 30 argument positions × (11 garbage values + 1 missing), less the one valid Float32Array.
-    expect(calls).toBe(30 * 12 - 1);
+    // 32 argument positions × (11 garbage values + 1 missing), less the one valid Float32Array.
+    expect(calls).toBe(32 * 12 - 1);
     expect(liveMemory()).toEqual(before);
   });
 });

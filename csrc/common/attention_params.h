@@ -77,6 +77,9 @@ struct AttentionBwdParams : AttentionFwdParams {
   void* dv = nullptr;
   // Deterministic accumulation order for dq (backends that have a choice honour it).
   bool deterministic = false;
+  // CUDA FA2 backward only: dq by a second kernel (one block per query tile, looping over the keys)
+  // instead of atomic adds from the dK/dV kernel. Deterministic by construction.
+  bool two_kernel = false;
 };
 
 // Fills contiguous [batch, seqlen, heads, head_dim] strides.

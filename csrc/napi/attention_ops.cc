@@ -24,6 +24,13 @@ enum class Kernel : int32_t {
   kNaive = 2,  // CUDA only: fp32 reference that materialises S (csrc/cuda/naive_attention.cu)
 };
 
+// How the CUDA FA2 backward computes dq. The numbers are part of the JS contract (lib/native.ts).
+enum class BwdAlgorithm : int32_t {
+  kAuto = 0,          // the single kernel, for now (bench/RESULTS.md, session 3: two kernels measured 0.97x its time)
+  kSingleKernel = 1,  // dK, dV and dQ in one kernel, dQ through atomic (or ordered) adds
+  kTwoKernel = 2,     // a dK/dV kernel, then a dQ kernel (Hopper, head dims 32 / 64 / 128)
+};
+
 constexpr int64_t kMaxDim = std::numeric_limits<int32_t>::max();
 constexpr int64_t kMaxHeadDim = 256;
 constexpr int64_t kHeadDimMultiple = 8;
@@ -103,6 +110,11 @@ Kernel kernel_arg(const Napi::Value& v) {
 }
 
 // The Fp32Precision code (common/attention_params.h; lib/native.ts FLOAT32_PRECISION_CODE).
+BwdAlgorithm algorithm_arg(const Napi::Value& v) {
+  return static_cast<BwdAlgorithm>(int_arg(v, "algorithm", static_cast<int64_t>(BwdAlgorithm::kAuto),
+                                           static_cast<int64_t>(BwdAlgorithm::kTwoKernel)));
+}
+
 Fp32Precision fp32_precision_arg(const Napi::Value& v) {
   return static_cast<Fp32Precision>(int_arg(v, "float32Precision", static_cast<int64_t>(Fp32Precision::kTf32),
                                             static_cast<int64_t>(Fp32Precision::kHighest)));
@@ -256,7 +268,8 @@ Napi::Value AttentionForward(const Napi::CallbackInfo& info) {
   return result;
 }
 
-// attentionBackward(dout, q, k, v, out, lse, dims, causal, softmaxScale, kernel, deterministic): [dq, dk, dv]
+// attentionBackward(dout, q, k, v, out, lse, dims, causal, softmaxScale, kernel, deterministic, algorithm,
+// float32Precision): [dq, dk, dv, kernel]
 Napi::Value AttentionBackward(const Napi::CallbackInfo& info) {
   Napi::Env env = info.Env();
   Runtime& rt = runtime(env);
@@ -271,6 +284,8 @@ Napi::Value AttentionBackward(const Napi::CallbackInfo& info) {
   const float scale = scale_arg(info[8]);
   const Kernel requested = kernel_arg(info[9]);
   const bool deterministic = bool_arg(info[10], "deterministic");
+  const BwdAlgorithm algorithm = algorithm_arg(info[11]);
+  const Fp32Precision fp32_precision = fp32_precision_arg(info[12]);
   const Device device = q->device();
   const DType dtype = q->dtype();
   const int64_t q_numel = checked_numel({d.batch, d.seqlen_q, d.heads_q, d.head_dim}, "q");
@@ -291,6 +306,8 @@ Napi::Value AttentionBackward(const Napi::CallbackInfo& info) {
   p.dout = dout->data();
   p.lse_in = static_cast<const float*>(lse->data());
   p.deterministic = deterministic;
+  p.two_kernel = algorithm == BwdAlgorithm::kTwoKernel;
+  p.fp32_precision = fp32_precision;
   bool flash_ok = device == Device::kCpu;
   const char* flash_unsupported =
       "the CUDA FlashAttention-2 backward needs a GPU of compute capability 8.0 (sm_80) or newer";
@@ -304,6 +321,13 @@ Napi::Value AttentionBackward(const Napi::CallbackInfo& info) {
   }
 #endif
   const Kernel kernel = resolve_kernel(requested, device, flash_ok, flash_unsupported);
+  if (algorithm == BwdAlgorithm::kTwoKernel && (device == Device::kCpu || kernel != Kernel::kFlash)) {
+    const std::string why = device == Device::kCpu ? "the CPU backend has one backward algorithm"
+                            : flash_ok             ? "kernel 'naive' has one backward algorithm"
+                                                   : flash_unsupported;
+    throw range_error("Expected algorithm to be 'auto' or 'single-kernel' for this call but received 'two-kernel': " +
+                      why);
+  }
 
   BufferPtr dq = rt.allocate(device, dtype, q_numel * dtype_size(dtype), true);
   BufferPtr dk = rt.allocate(device, dtype, kv_numel * dtype_size(dtype), true);

@@ -15,7 +15,8 @@
 // dq exactly 0, dk and dv bit-identical over the kRuns runs (dq goes through fp32 atomics: its max
 // run-to-run difference is printed, and must be 0 in deterministic mode), and flash_bwd_supported is
 // true for every case. Paths: flash_bwd as dispatched, flash_bwd with p.deterministic, and on Hopper
-// the mma.sync kernel (flash_bwd_sm80) beside the wgmma one.
+// the mma.sync kernel (flash_bwd_sm80) beside the wgmma one, and the two-kernel backward (dq must be
+// bit-identical across runs there too).
 // Then (unless --no-bench) bf16 timing on the FA2 grid (B*S = 16k, H*D = 2048, S 512 / 1k / 2k / 8k,
 // D 64 / 128, causal and not): median of 20 cudaEvent-timed single calls after warm-up, and the mean of
 // 20 calls queued back to back; TFLOP/s = 2.5 * 4 B H S^2 D / t (halved when causal), FA2's count for
@@ -285,6 +286,13 @@ cudaError_t flash_bwd_deterministic(const fa::AttentionBwdParams& p, cudaStream_
   return fa::cuda::flash_bwd(d, stream);
 }
 
+// flash_bwd as two kernels (dK/dV, then dQ without atomics; Hopper, head dims 32 / 64 / 128).
+cudaError_t flash_bwd_two_kernel(const fa::AttentionBwdParams& p, cudaStream_t stream) {
+  fa::AttentionBwdParams d = p;
+  d.two_kernel = true;
+  return fa::cuda::flash_bwd(d, stream);
+}
+
 // One case through the backward `bwd` (named `path` in the output line). A deterministic `bwd` must
 // also give bit-identical dq across the runs.
 bool run_case(const Case& c, const char* path, BwdFn bwd, bool deterministic, std::mt19937_64& rng) {
@@ -496,12 +504,30 @@ int main(int argc, char** argv) {
           failed += !run_case(Case{1, 1025, 1023, 2, 1, d, causal, t}, path.name, path.fn, path.deterministic, rng);
         }
   }
+  // The two-kernel backward (Hopper): the shapes above at head dims 64 and 128, and 32 / 40 on the tails.
+  if (prop.major == 9) {
+    for (DType t : {DType::kFloat16, DType::kBFloat16})
+      for (int64_t d : {64, 128})
+        for (bool causal : {false, true})
+          for (const Shape& s : shapes) {
+            ++total;
+            failed += !run_case(Case{s.batch, s.sq, s.sk, s.hq, s.hkv, d, causal, t}, "two-kernel", flash_bwd_two_kernel,
+                                true, rng);
+          }
+    for (int64_t d : {32, 40})
+      for (bool causal : {false, true}) {
+        total += 2;
+        failed += !run_case(Case{2, 97, 203, 4, 2, d, causal, DType::kBFloat16}, "two-kernel", flash_bwd_two_kernel, true, rng);
+        failed += !run_case(Case{1, 1025, 1023, 2, 1, d, causal, DType::kFloat16}, "two-kernel", flash_bwd_two_kernel, true, rng);
+      }
+  }
   std::printf("%s: %d of %d cases failed\n", failed ? "FAIL" : "PASS", failed, total);
   if (run_bench)
     for (int64_t seqlen : {512, 1024, 2048, 8192})
       for (int64_t d : {64, 128})
         for (bool causal : {false, true}) {
           for (const Path& path : paths) bench(seqlen, d, causal, path.name, path.fn, rng);
+          if (prop.major == 9) bench(seqlen, d, causal, "two-kernel", flash_bwd_two_kernel, rng);
           if (seqlen <= kNaiveBenchMaxSeqlen) bench(seqlen, d, causal, "naive-bwd", fa::cuda::naive_attention_bwd, rng);
         }
   return failed ? 1 : 0;

@@ -129,19 +129,29 @@ cudaError_t launch(const AttentionBwdParams& p, const flash::FlashBwdWorkspace& 
   return cudaGetLastError();
 }
 
-// Everything after the workspace exists: preprocess, main kernel, conversion.
-cudaError_t run(const AttentionBwdParams& p, const flash::FlashBwdWorkspace& ws, size_t accum_bytes, bool sm90,
-                cudaStream_t stream) {
-  FA_CUDA_TRY(cudaMemsetAsync(ws.dq_accum, 0, accum_bytes, stream));
+// The preprocess: D = rowsum(dO o O) into d.
+cudaError_t launch_dot_do_o(const AttentionBwdParams& p, float* d, cudaStream_t stream) {
   const int64_t rows = p.batch * p.heads_q * p.seqlen_q;
   constexpr int kRowsPerBlock = flash::kAuxThreads / kWarpSize;
   if (p.dtype == DType::kFloat16) {
-    flash::flash_bwd_dot_do_o_kernel<__half><<<grid_size(rows, kRowsPerBlock), flash::kAuxThreads, 0, stream>>>(p, ws.d);
+    flash::flash_bwd_dot_do_o_kernel<__half><<<grid_size(rows, kRowsPerBlock), flash::kAuxThreads, 0, stream>>>(p, d);
   } else {
-    flash::flash_bwd_dot_do_o_kernel<__nv_bfloat16>
-        <<<grid_size(rows, kRowsPerBlock), flash::kAuxThreads, 0, stream>>>(p, ws.d);
+    flash::flash_bwd_dot_do_o_kernel<__nv_bfloat16><<<grid_size(rows, kRowsPerBlock), flash::kAuxThreads, 0, stream>>>(p, d);
   }
-  FA_CUDA_TRY(cudaGetLastError());
+  return cudaGetLastError();
+}
+
+// The two-kernel backward after its workspace (D) exists: preprocess, dK/dV kernel, dQ kernel.
+cudaError_t run_two_kernel(const AttentionBwdParams& p, float* d, cudaStream_t stream) {
+  FA_CUDA_TRY(launch_dot_do_o(p, d, stream));
+  return flash_bwd_two_kernel_sm90(p, d, stream);
+}
+
+// The single-kernel backward after its workspace exists: preprocess, main kernel, conversion.
+cudaError_t run(const AttentionBwdParams& p, const flash::FlashBwdWorkspace& ws, size_t accum_bytes, bool sm90,
+                cudaStream_t stream) {
+  FA_CUDA_TRY(cudaMemsetAsync(ws.dq_accum, 0, accum_bytes, stream));
+  FA_CUDA_TRY(launch_dot_do_o(p, ws.d, stream));
   return FA_HEADDIM_SWITCH(p.head_dim, kHeadDim, [&] {
     return FA_BOOL_SWITCH(p.causal, kIsCausal, [&] {
       if (p.dtype == DType::kFloat16) return launch<__half, kHeadDim, kIsCausal>(p, ws, sm90, stream);
@@ -161,6 +171,9 @@ const char* flash_bwd_unsupported_reason(const AttentionBwdParams& p) {
            "specialisation at least as large)";
   if (flash::device_major() < kMinComputeMajor)
     return "the CUDA FlashAttention-2 backward needs a GPU of compute capability 8.0 (sm_80) or newer";
+  if (p.two_kernel && !use_sm90(p))
+    return "the two-kernel backward exists for Hopper GPUs (compute capability 9.0, sm_90a builds) at head dims "
+           "32, 64 and 128 (after padding)";
   if (smem_bytes(padded) > static_cast<size_t>(flash::device_attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin)))
     return "the GPU has less shared memory per block than the FlashAttention-2 backward kernel for this head dim "
            "needs";
@@ -184,7 +197,7 @@ bool flash_bwd_supported(const AttentionBwdParams& p) { return flash_bwd_unsuppo
 
 size_t flash_bwd_workspace_bytes(const AttentionBwdParams& p) {
   const WorkspaceLayout w = workspace_layout(p);
-  return w.accum_bytes + w.d_bytes;
+  return (p.two_kernel ? 0 : w.accum_bytes) + w.d_bytes;
 }
 
 namespace {
@@ -193,15 +206,16 @@ cudaError_t run_with_workspace(const AttentionBwdParams& p, bool sm90, cudaStrea
   if (!flash_bwd_supported(p)) return cudaErrorNotSupported;
   FA_CUDA_TRY(cudaGetLastError());  // report an error left pending by earlier work
   const WorkspaceLayout w = workspace_layout(p);
+  const size_t accum_bytes = p.two_kernel ? 0 : w.accum_bytes;  // the two-kernel backward writes dq directly
   void* workspace = nullptr;
-  FA_CUDA_TRY(cudaMallocAsync(&workspace, w.accum_bytes + w.d_bytes, stream));
+  FA_CUDA_TRY(cudaMallocAsync(&workspace, accum_bytes + w.d_bytes, stream));
   flash::FlashBwdWorkspace ws;
   ws.dq_accum = static_cast<float*>(workspace);
-  ws.d = reinterpret_cast<float*>(static_cast<unsigned char*>(workspace) + w.accum_bytes);
+  ws.d = reinterpret_cast<float*>(static_cast<unsigned char*>(workspace) + accum_bytes);
   ws.dq_rows = w.dq_rows;
   ws.splits = w.splits;
   ws.split_stride = w.split_stride;
-  const cudaError_t err = run(p, ws, w.accum_bytes, sm90, stream);
+  const cudaError_t err = p.two_kernel ? run_two_kernel(p, ws.d, stream) : run(p, ws, accum_bytes, sm90, stream);
   const cudaError_t free_err = cudaFreeAsync(workspace, stream);
   if (err != cudaSuccess) {
     cudaGetLastError();  // the error is returned, not left pending

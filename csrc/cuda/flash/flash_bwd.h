@@ -14,6 +14,9 @@
 //
 // p.deterministic: each block of a KV head adds into its own accumulator slice (up to 8 slices), every
 // element by one thread in a fixed order, and the conversion sums the slices in order: bit-identical dq.
+// p.two_kernel (Hopper, head dims 32 / 64 / 128): the dK/dV kernel without dQ, then a dQ kernel (one
+// block per query tile, looping over the keys) that writes dq directly: no atomics and no accumulator
+// (workspace D only), deterministic, for two more matrix products per tile (S and dP are recomputed).
 // Supported: what flash_bwd_supported says (fp16 / bf16, head_dim a multiple of 8 up to 256, the same
 // alignment rules as flash_fwd, a device of compute capability 8.0+ whose shared memory fits the
 // configuration). Anything else returns cudaErrorNotSupported without launching.

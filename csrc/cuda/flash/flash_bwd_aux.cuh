@@ -1,6 +1,7 @@
 // The two small kernels around the FA2 backward's main kernel: the preprocess (D = rowsum(dO o O) in
 // fp32) and the dQ conversion (dq = softmax_scale * the fp32 accumulator, rounded to the input dtype).
-// Both are memory-bound: one 16-byte vector (8 elements) per thread and step.
+// Elem is __half, __nv_bfloat16 or float. Both are memory-bound: 8 elements per thread and step, one
+// 16-byte access for fp16 / bf16, two for float.
 #pragma once
 #include <cuda_runtime.h>
 
@@ -13,10 +14,41 @@
 namespace fa::cuda::flash {
 
 inline constexpr int kAuxThreads = 256;
-inline constexpr int kAuxVec = 8;  // elements per 16-byte access (head_dim is a multiple of 8)
+inline constexpr int kAuxVec = 8;  // elements per thread and step (head_dim is a multiple of 8)
+inline constexpr int kAuxAccessBytes = 16;
+
+// kAuxVec elements at src (16-byte aligned) as fp32.
+template <typename Elem>
+__device__ __forceinline__ void load_vec_as_float(const Elem* src, float (&x)[kAuxVec]) {
+  constexpr int kPerAccess = kAuxAccessBytes / static_cast<int>(sizeof(Elem));
+#pragma unroll
+  for (int a = 0; a < kAuxVec / kPerAccess; ++a) {
+    const uint4 raw = *reinterpret_cast<const uint4*>(src + a * kPerAccess);
+    const Elem* e = reinterpret_cast<const Elem*>(&raw);
+#pragma unroll
+    for (int i = 0; i < kPerAccess; ++i) x[a * kPerAccess + i] = to_float(e[i]);
+  }
+}
+
+// kAuxVec fp32 values rounded to Elem (round to nearest even) at dst (16-byte aligned).
+template <typename Elem>
+__device__ __forceinline__ void store_vec_from_float(Elem* dst, const float (&x)[kAuxVec]) {
+  if constexpr (sizeof(Elem) == sizeof(float)) {
+    reinterpret_cast<float4*>(dst)[0] = make_float4(x[0], x[1], x[2], x[3]);
+    reinterpret_cast<float4*>(dst)[1] = make_float4(x[4], x[5], x[6], x[7]);
+  } else {
+    uint4 packed;
+    packed.x = pack2<Elem>(x[0], x[1]);
+    packed.y = pack2<Elem>(x[2], x[3]);
+    packed.z = pack2<Elem>(x[4], x[5]);
+    packed.w = pack2<Elem>(x[6], x[7]);
+    *reinterpret_cast<uint4*>(dst) = packed;
+  }
+}
 
 // D[b, h, i] = sum_c dO[b, i, h, c] * O[b, i, h, c] over c < head_dim. One warp per row (b, h, i); lane l
-// takes the 8 columns [8 l, 8 l + 8) (head_dim <= 256 = 32 lanes x 8).
+// takes the 8 columns [8 l, 8 l + 8) (head_dim <= 256 = 32 lanes x 8; 16-byte aligned for every Elem as
+// the launchers require).
 template <typename Elem>
 __global__ void __launch_bounds__(kAuxThreads) flash_bwd_dot_do_o_kernel(const AttentionBwdParams p, float* d_out) {
   const int64_t rows = p.batch * p.heads_q * p.seqlen_q;
@@ -29,12 +61,11 @@ __global__ void __launch_bounds__(kAuxThreads) flash_bwd_dot_do_o_kernel(const A
     float acc = 0.0f;
     const int col = lane * kAuxVec;
     if (col < p.head_dim) {
-      const uint4 o4 = *reinterpret_cast<const uint4*>(static_cast<const Elem*>(p.out) + off + col);
-      const uint4 g4 = *reinterpret_cast<const uint4*>(static_cast<const Elem*>(p.dout) + off + col);
-      const Elem* o = reinterpret_cast<const Elem*>(&o4);
-      const Elem* g = reinterpret_cast<const Elem*>(&g4);
+      float o[kAuxVec], g[kAuxVec];
+      load_vec_as_float(static_cast<const Elem*>(p.out) + off + col, o);
+      load_vec_as_float(static_cast<const Elem*>(p.dout) + off + col, g);
 #pragma unroll
-      for (int e = 0; e < kAuxVec; ++e) acc += to_float(o[e]) * to_float(g[e]);
+      for (int e = 0; e < kAuxVec; ++e) acc += o[e] * g[e];
     }
     acc = warp_sum(acc);
     if (lane == 0) d_out[r] = acc;  // r = (b * heads_q + h) * seqlen_q + i: the [B, Hq, Sq] layout
@@ -64,13 +95,11 @@ __global__ void __launch_bounds__(kAuxThreads) flash_bwd_convert_dq_kernel(const
       lo = make_float4(lo.x + l.x, lo.y + l.y, lo.z + l.z, lo.w + l.w);
       hi = make_float4(hi.x + h4.x, hi.y + h4.y, hi.z + h4.z, hi.w + h4.w);
     }
-    uint4 packed;
-    packed.x = pack2<Elem>(lo.x * p.softmax_scale, lo.y * p.softmax_scale);
-    packed.y = pack2<Elem>(lo.z * p.softmax_scale, lo.w * p.softmax_scale);
-    packed.z = pack2<Elem>(hi.x * p.softmax_scale, hi.y * p.softmax_scale);
-    packed.w = pack2<Elem>(hi.z * p.softmax_scale, hi.w * p.softmax_scale);
-    *reinterpret_cast<uint4*>(static_cast<Elem*>(p.dq) + b * p.q_batch_stride + i * p.q_row_stride +
-                              h * p.q_head_stride + c) = packed;
+    const float scaled[kAuxVec] = {lo.x * p.softmax_scale, lo.y * p.softmax_scale, lo.z * p.softmax_scale,
+                                   lo.w * p.softmax_scale, hi.x * p.softmax_scale, hi.y * p.softmax_scale,
+                                   hi.z * p.softmax_scale, hi.w * p.softmax_scale};
+    store_vec_from_float(static_cast<Elem*>(p.dq) + b * p.q_batch_stride + i * p.q_row_stride + h * p.q_head_stride + c,
+                         scaled);
   }
 }
 

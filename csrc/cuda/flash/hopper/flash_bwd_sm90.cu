@@ -5,7 +5,8 @@
 //
 // Configuration: 64 query rows per step, 128 keys per block (2 warpgroups x 64); dQ split by 64-column
 // halves at head dim 128, warpgroup 0's at 32 and 64. Deterministic calls launch ws.splits blocks per
-// KV head, each taking every splits-th K/V tile.
+// KV head, each taking every splits-th K/V tile. The two-kernel backward (p.two_kernel) launches the
+// same kernel without dQ, then the dQ kernel (128 query rows per block, 64-key K/V tiles).
 // Other head dims run the mma.sync kernel (flash_bwd.cu).
 #include "cuda/flash/hopper/flash_bwd_sm90.h"
 
@@ -14,6 +15,7 @@
 #include <cuda_runtime.h>
 
 #include "cuda/cuda_utils.cuh"
+#include "cuda/flash/hopper/flash_bwd_dq_sm90_kernel.cuh"
 #include "cuda/flash/hopper/flash_bwd_sm90_kernel.cuh"
 #include "cuda/flash/hopper/tensor_map.h"
 #include "cuda/flash/static_switch.h"
@@ -26,29 +28,60 @@ constexpr int kSm90BlockM = 64;
 template <int kHeadDim>
 constexpr bool kSm90Supported = kHeadDim == 32 || kHeadDim == 64 || kHeadDim == 128;
 
-template <typename Elem, int kHeadDim, bool kIsCausal>
+// The dQ kernel of the two-kernel backward: 128 query rows per block (2 warpgroups), 64-key K/V tiles.
+constexpr int kDqBlockN = 64;
+
+CUtensorMapDataType map_type(const AttentionBwdParams& p) {
+  return p.dtype == DType::kFloat16 ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16;
+}
+
+// q / dout boxes of q_rows rows, k / v boxes of kv_rows rows.
+template <typename Maps>
+cudaError_t make_bwd_maps(Maps* maps, const AttentionBwdParams& p, int q_rows, int kv_rows) {
+  const CUtensorMapDataType type = map_type(p);
+  FA_CUDA_TRY(make_map(&maps->q, type, p.q, p.head_dim, p.seqlen_q, p.heads_q, p.batch, p.q_row_stride,
+                       p.q_head_stride, p.q_batch_stride, q_rows));
+  FA_CUDA_TRY(make_map(&maps->dout, type, p.dout, p.head_dim, p.seqlen_q, p.heads_q, p.batch, p.o_row_stride,
+                       p.o_head_stride, p.o_batch_stride, q_rows));
+  FA_CUDA_TRY(make_map(&maps->k, type, p.k, p.head_dim, p.seqlen_k, p.heads_kv, p.batch, p.k_row_stride,
+                       p.k_head_stride, p.k_batch_stride, kv_rows));
+  FA_CUDA_TRY(make_map(&maps->v, type, p.v, p.head_dim, p.seqlen_k, p.heads_kv, p.batch, p.v_row_stride,
+                       p.v_head_stride, p.v_batch_stride, kv_rows));
+  return cudaSuccess;
+}
+
+// The main kernel (kComputeDq) or the dK/dV kernel of the two-kernel backward.
+template <typename Elem, int kHeadDim, bool kIsCausal, bool kComputeDq>
 cudaError_t launch(const AttentionBwdParams& p, const flash::FlashBwdWorkspace& ws, cudaStream_t stream) {
   if constexpr (!kSm90Supported<kHeadDim>) {
     return cudaErrorNotSupported;
   } else {
     using Traits = flash::sm90::FlashBwdSm90Traits<kHeadDim, kSm90BlockM, Elem>;
-    const CUtensorMapDataType type =
-        p.dtype == DType::kFloat16 ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16;
     flash::sm90::BwdTensorMaps maps;
-    FA_CUDA_TRY(make_map(&maps.q, type, p.q, p.head_dim, p.seqlen_q, p.heads_q, p.batch, p.q_row_stride,
-                         p.q_head_stride, p.q_batch_stride, Traits::kBlockM));
-    FA_CUDA_TRY(make_map(&maps.dout, type, p.dout, p.head_dim, p.seqlen_q, p.heads_q, p.batch, p.o_row_stride,
-                         p.o_head_stride, p.o_batch_stride, Traits::kBlockM));
-    FA_CUDA_TRY(make_map(&maps.k, type, p.k, p.head_dim, p.seqlen_k, p.heads_kv, p.batch, p.k_row_stride,
-                         p.k_head_stride, p.k_batch_stride, Traits::kBlockN));
-    FA_CUDA_TRY(make_map(&maps.v, type, p.v, p.head_dim, p.seqlen_k, p.heads_kv, p.batch, p.v_row_stride,
-                         p.v_head_stride, p.v_batch_stride, Traits::kBlockN));
-    auto kernel = flash::sm90::flash_bwd_sm90_kernel<Traits, kIsCausal>;
+    FA_CUDA_TRY(make_bwd_maps(&maps, p, Traits::kBlockM, Traits::kBlockN));
+    auto kernel = flash::sm90::flash_bwd_sm90_kernel<Traits, kIsCausal, kComputeDq>;
     FA_CUDA_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                      static_cast<int>(Traits::kSmemBytes)));
-    const int64_t tiles = p.deterministic ? ws.splits : ceil_div<int64_t>(p.seqlen_k, Traits::kBlockN);
+    const int64_t tiles = p.deterministic && kComputeDq ? ws.splits : ceil_div<int64_t>(p.seqlen_k, Traits::kBlockN);
     const int64_t blocks = tiles * p.heads_kv * p.batch;
     kernel<<<static_cast<unsigned>(blocks), Traits::kNThreads, Traits::kSmemBytes, stream>>>(p, maps, ws);
+    return cudaGetLastError();
+  }
+}
+
+template <typename Elem, int kHeadDim, bool kIsCausal>
+cudaError_t launch_dq(const AttentionBwdParams& p, const float* d_rows, cudaStream_t stream) {
+  if constexpr (!kSm90Supported<kHeadDim>) {
+    return cudaErrorNotSupported;
+  } else {
+    using Traits = flash::sm90::FlashBwdDqSm90Traits<kHeadDim, kDqBlockN, Elem>;
+    flash::sm90::BwdDqTensorMaps maps;
+    FA_CUDA_TRY(make_bwd_maps(&maps, p, Traits::kBlockM, Traits::kBlockN));
+    auto kernel = flash::sm90::flash_bwd_dq_sm90_kernel<Traits, kIsCausal>;
+    FA_CUDA_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                     static_cast<int>(Traits::kSmemBytes)));
+    const int64_t blocks = ceil_div<int64_t>(p.seqlen_q, Traits::kBlockM) * p.heads_q * p.batch;
+    kernel<<<static_cast<unsigned>(blocks), Traits::kNThreads, Traits::kSmemBytes, stream>>>(p, maps, d_rows);
     return cudaGetLastError();
   }
 }
@@ -70,8 +103,23 @@ bool flash_bwd_sm90_head_dim(int padded_head_dim) {
 cudaError_t flash_bwd_sm90(const AttentionBwdParams& p, const flash::FlashBwdWorkspace& ws, cudaStream_t stream) {
   return FA_HEADDIM_SWITCH(p.head_dim, kHeadDim, [&] {
     return FA_BOOL_SWITCH(p.causal, kIsCausal, [&] {
-      if (p.dtype == DType::kFloat16) return launch<__half, kHeadDim, kIsCausal>(p, ws, stream);
-      return launch<__nv_bfloat16, kHeadDim, kIsCausal>(p, ws, stream);
+      if (p.dtype == DType::kFloat16) return launch<__half, kHeadDim, kIsCausal, true>(p, ws, stream);
+      return launch<__nv_bfloat16, kHeadDim, kIsCausal, true>(p, ws, stream);
+    });
+  });
+}
+
+cudaError_t flash_bwd_two_kernel_sm90(const AttentionBwdParams& p, float* d_rows, cudaStream_t stream) {
+  flash::FlashBwdWorkspace ws{};  // the dK/dV kernel reads D only
+  ws.d = d_rows;
+  return FA_HEADDIM_SWITCH(p.head_dim, kHeadDim, [&] {
+    return FA_BOOL_SWITCH(p.causal, kIsCausal, [&] {
+      if (p.dtype == DType::kFloat16) {
+        FA_CUDA_TRY((launch<__half, kHeadDim, kIsCausal, false>(p, ws, stream)));
+        return launch_dq<__half, kHeadDim, kIsCausal>(p, d_rows, stream);
+      }
+      FA_CUDA_TRY((launch<__nv_bfloat16, kHeadDim, kIsCausal, false>(p, ws, stream)));
+      return launch_dq<__nv_bfloat16, kHeadDim, kIsCausal>(p, d_rows, stream);
     });
   });
 }

@@ -17,4 +17,8 @@ bool flash_bwd_sm90_head_dim(int padded_head_dim);
 // The main kernel for p (dQ into ws.dq_accum, dK and dV into p.dk, p.dv); ws.d must be written.
 cudaError_t flash_bwd_sm90(const AttentionBwdParams& p, const flash::FlashBwdWorkspace& ws, cudaStream_t stream);
 
+// The two-kernel backward: the dK/dV kernel (the main kernel without dQ), then the dQ kernel writing
+// p.dq directly. d_rows = D = rowsum(dO o O) [B, Hq, Sq] must be written.
+cudaError_t flash_bwd_two_kernel_sm90(const AttentionBwdParams& p, float* d_rows, cudaStream_t stream);
+
 }  // namespace fa::cuda

@@ -16,6 +16,8 @@
 //   dS^T -> shared memory as the MN-major A operand of dQ (128-byte swizzle, queries contiguous)
 //   dQ_i += dS K_j       wgmma ss, A = dS (MN-major), B = K (MN-major): split by 64-column halves
 //                        between the warpgroups (head dim 128), else warpgroup 0's; red.global.add.v2.
+// With kComputeDq = false the kernel computes dK and dV only: the dK/dV kernel of the two-kernel
+// backward (flash_bwd_dq_sm90_kernel.cuh computes dQ).
 // Epilogue: dK * softmax_scale and dV rounded to Elem. Rows past seqlen_q arrive as zeros (TMA bounds)
 // with lse = +inf and D = 0: they contribute nothing. The dQ accumulator has rows up to the next
 // multiple of 128 (flash_bwd.cu), so its atomics need no bounds checks.
@@ -46,7 +48,7 @@ __device__ __forceinline__ void fence_proxy_async_smem() {
   asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
 }
 
-template <typename Traits, bool kIsCausal>
+template <typename Traits, bool kIsCausal, bool kComputeDq = true>
 __global__ void __launch_bounds__(Traits::kNThreads, 1)
     flash_bwd_sm90_kernel(const __grid_constant__ AttentionBwdParams p, const __grid_constant__ BwdTensorMaps maps,
                           const FlashBwdWorkspace ws) {
@@ -213,40 +215,42 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
         Wgmma<kHeadDim, Elem>::rs_tb(dk, dsa[ks], desc_mn_major<kBlockM>(sQs, ks), 1);
       wgmma_commit();
 
-      // dS^T to shared memory: row = key (in the tile), queries along the row in 64-query column blocks
-      // of 128 bytes, 16-byte chunks swizzled with the row (wgmma.cuh's SW128 layout).
+      if constexpr (kComputeDq) {
+        // dS^T to shared memory: row = key (in the tile), queries along the row in 64-query column blocks
+        // of 128 bytes, 16-byte chunks swizzled with the row (wgmma.cuh's SW128 layout).
 #pragma unroll
-      for (int j = 0; j < kSTiles; ++j) {
+        for (int j = 0; j < kSTiles; ++j) {
 #pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          const int row = key_row0 + 8 * h;
-          const int q = 8 * j + 2 * t;
-          const uint32_t addr = sdS + static_cast<uint32_t>((q / 64) * kBlockN * kSw128RowBytes + row * kSw128RowBytes +
-                                                            ((((q % 64) / 8) ^ (row % 8)) * 16) + (q % 8) * 2);
-          const uint32_t packed = dsa[j / 2][(j % 2) * 2 + h];  // dS^T (row, q .. q + 1), packed above
-          asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(addr), "r"(packed) : "memory");
+          for (int h = 0; h < 2; ++h) {
+            const int row = key_row0 + 8 * h;
+            const int q = 8 * j + 2 * t;
+            const uint32_t addr = sdS + static_cast<uint32_t>((q / 64) * kBlockN * kSw128RowBytes + row * kSw128RowBytes +
+                                                              ((((q % 64) / 8) ^ (row % 8)) * 16) + (q % 8) * 2);
+            const uint32_t packed = dsa[j / 2][(j % 2) * 2 + h];  // dS^T (row, q .. q + 1), packed above
+            asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(addr), "r"(packed) : "memory");
+          }
         }
-      }
-      fence_proxy_async_smem();
-      __syncthreads();  // both warpgroups' dS^T halves are in place
+        fence_proxy_async_smem();
+        __syncthreads();  // both warpgroups' dS^T halves are in place
 
-      // dQ_i (this warpgroup's piece) = dS K_j over the block's 128 keys.
-      if (Traits::kDqSplitCols || wg == 0) {
-        float dq[kDqTiles][4];
-        const uint32_t sK_b = sK + (Traits::kDqSplitCols ? wg * (Traits::kDqN / 64) * kBlockN * kSw128RowBytes : 0);
-        wgmma_fence();
+        // dQ_i (this warpgroup's piece) = dS K_j over the block's 128 keys.
+        if (Traits::kDqSplitCols || wg == 0) {
+          float dq[kDqTiles][4];
+          const uint32_t sK_b = sK + (Traits::kDqSplitCols ? wg * (Traits::kDqN / 64) * kBlockN * kSw128RowBytes : 0);
+          wgmma_fence();
 #pragma unroll
-        for (int ks = 0; ks < Traits::kDqKSteps; ++ks)
-          Wgmma<Traits::kDqN, Elem>::ss_tt(dq, desc_mn_major<kBlockN>(sdS, ks), desc_mn_major<kBlockN>(sK_b, ks), ks > 0);
-        wgmma_commit();
-        wgmma_wait<0>();
-        fence_operands(dq);
-        const int dq_col = (Traits::kDqSplitCols ? wg * Traits::kDqN : 0) + 2 * t;
-        float* acc = dq_accum + ((batch * p.heads_q + head) * ws.dq_rows + m0 + warp * 16 + g) * kHeadDim + dq_col;
+          for (int ks = 0; ks < Traits::kDqKSteps; ++ks)
+            Wgmma<Traits::kDqN, Elem>::ss_tt(dq, desc_mn_major<kBlockN>(sdS, ks), desc_mn_major<kBlockN>(sK_b, ks), ks > 0);
+          wgmma_commit();
+          wgmma_wait<0>();
+          fence_operands(dq);
+          const int dq_col = (Traits::kDqSplitCols ? wg * Traits::kDqN : 0) + 2 * t;
+          float* acc = dq_accum + ((batch * p.heads_q + head) * ws.dq_rows + m0 + warp * 16 + g) * kHeadDim + dq_col;
 #pragma unroll
-        for (int j = 0; j < kDqTiles; ++j) {
-          atomic_add_f32x2(acc + 8 * j, dq[j][0], dq[j][1]);
-          atomic_add_f32x2(acc + 8 * kHeadDim + 8 * j, dq[j][2], dq[j][3]);
+          for (int j = 0; j < kDqTiles; ++j) {
+            atomic_add_f32x2(acc + 8 * j, dq[j][0], dq[j][1]);
+            atomic_add_f32x2(acc + 8 * kHeadDim + 8 * j, dq[j][2], dq[j][3]);
+          }
         }
       }
       wgmma_wait<0>();  // dV and dK of this tile (their A registers are rewritten next iteration)

@@ -1,0 +1,176 @@
+// Launcher of the float32 FA2 backward (flash_bwd_fp32.h): support check, workspace (flash_bwd_plan.h),
+// preprocess, the mma.sync TF32 kernel with its head dim x causal x precision dispatch (static_switch.h),
+// dQ conversion.
+//
+// CONFIGURATIONS
+#include "cuda/flash/flash_bwd_fp32.h"
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "cuda/cuda_utils.cuh"
+#include "cuda/flash/flash_bwd_aux.cuh"
+#include "cuda/flash/flash_bwd_fp32_kernel.cuh"
+#include "cuda/flash/flash_bwd_fp32_traits.h"
+#include "cuda/flash/flash_bwd_plan.h"
+#include "cuda/flash/head_dims.h"
+#include "cuda/flash/launch_checks.h"
+#include "cuda/flash/static_switch.h"
+
+namespace fa::cuda {
+namespace {
+
+constexpr int kMinComputeMajor = 8;        // mma.sync tf32 and cp.async: sm_80
+constexpr int64_t kAlignElems = 4;         // 16 bytes of fp32: the cp.async granule
+constexpr int64_t kMaxBlocks = INT32_MAX;  // the flat grid's gridDim.x (2^31 - 1)
+constexpr int kHeadDimMultiple = 8;        // one mma k-step / n8 tile: the padding granule
+constexpr int kDqRowMultiple = 64;         // a multiple of every configuration's kBlockM: the accumulator's rows
+
+// Per specialised head dim and precision: FlashBwdFp32Traits<kHeadDim, kBlockM, kKeyTiles, kDSplit,
+// kStages, kMinBlocksPerSm>; measured ptxas numbers in the header comment.
+template <int kHeadDim, Fp32Precision kPrecision>
+struct Fp32BwdConfig;
+template <Fp32Precision kPrecision>
+struct Fp32BwdConfig<32, kPrecision> {
+  using Traits = flash::FlashBwdFp32Traits<32, 32, 8, 1, 2, 2>;
+};
+template <Fp32Precision kPrecision>
+struct Fp32BwdConfig<64, kPrecision> {
+  using Traits = flash::FlashBwdFp32Traits<64, 32, 4, 1, 2, 2>;
+};
+template <Fp32Precision kPrecision>
+struct Fp32BwdConfig<96, kPrecision> {
+  using Traits = flash::FlashBwdFp32Traits<96, 32, 4, 1, 2, 2>;
+};
+template <Fp32Precision kPrecision>
+struct Fp32BwdConfig<128, kPrecision> {
+  using Traits = flash::FlashBwdFp32Traits<128, 32, 4, 1, 1, 2>;
+};
+template <Fp32Precision kPrecision>
+struct Fp32BwdConfig<192, kPrecision> {
+  using Traits = flash::FlashBwdFp32Traits<192, 32, 2, 2, 1, 2>;
+};
+template <Fp32Precision kPrecision>
+struct Fp32BwdConfig<256, kPrecision> {
+  using Traits = flash::FlashBwdFp32Traits<256, 16, 2, 2, 1, 2>;
+};
+
+// What the host needs to know of a specialisation's configuration before launching it.
+struct LaunchShape {
+  size_t smem_bytes;
+  int block_n;
+};
+
+template <int kHeadDim, Fp32Precision kPrecision>
+LaunchShape launch_shape() {
+  using Traits = typename Fp32BwdConfig<kHeadDim, kPrecision>::Traits;
+  static_assert(kDqRowMultiple % Traits::kBlockM == 0, "the accumulator's rows are padded to whole query tiles");
+  return {Traits::kSmemBytes, Traits::kBlockN};
+}
+
+template <Fp32Precision kPrecision>
+LaunchShape launch_shape_for(int padded) {
+  switch (padded) {
+    case 32: return launch_shape<32, kPrecision>();
+    case 64: return launch_shape<64, kPrecision>();
+    case 96: return launch_shape<96, kPrecision>();
+    case 128: return launch_shape<128, kPrecision>();
+    case 192: return launch_shape<192, kPrecision>();
+    case 256: return launch_shape<256, kPrecision>();
+    default: return {0, 0};
+  }
+}
+
+LaunchShape launch_shape_for(int padded, Fp32Precision precision) {
+  return precision == Fp32Precision::kHighest ? launch_shape_for<Fp32Precision::kHighest>(padded)
+                                              : launch_shape_for<Fp32Precision::kTf32>(padded);
+}
+
+flash::BwdWorkspacePlan workspace_plan(const AttentionBwdParams& p) {
+  const int padded = flash::padded_head_dim(p.head_dim);
+  return flash::bwd_workspace_plan(p, launch_shape_for(padded, p.fp32_precision).block_n, kDqRowMultiple, padded);
+}
+
+template <int kHeadDim, bool kIsCausal, Fp32Precision kPrecision>
+cudaError_t launch(const AttentionBwdParams& p, const flash::FlashBwdWorkspace& ws, cudaStream_t stream) {
+  using Traits = typename Fp32BwdConfig<kHeadDim, kPrecision>::Traits;
+  auto kernel = flash::flash_bwd_fp32_kernel<Traits, kIsCausal, kPrecision>;
+  FA_CUDA_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                   static_cast<int>(Traits::kSmemBytes)));
+  const int64_t tiles = p.deterministic ? ws.splits : ceil_div<int64_t>(p.seqlen_k, Traits::kBlockN);
+  const int64_t blocks = tiles * p.heads_kv * p.batch;
+  kernel<<<static_cast<unsigned>(blocks), Traits::kNThreads, Traits::kSmemBytes, stream>>>(p, ws);
+  FA_CUDA_TRY(cudaGetLastError());
+  const int64_t vecs = p.batch * p.heads_q * p.seqlen_q * (p.head_dim / flash::kAuxVec);
+  flash::flash_bwd_convert_dq_kernel<float, kHeadDim>
+      <<<grid_size(vecs, flash::kAuxThreads), flash::kAuxThreads, 0, stream>>>(p, ws.dq_accum, ws.dq_rows, ws.splits,
+                                                                               ws.split_stride);
+  return cudaGetLastError();
+}
+
+// Everything after the workspace exists and its accumulator is zeroed: preprocess, main kernel, conversion.
+cudaError_t run(const AttentionBwdParams& p, const flash::FlashBwdWorkspace& ws, cudaStream_t stream) {
+  const int64_t rows = p.batch * p.heads_q * p.seqlen_q;
+  constexpr int kRowsPerBlock = flash::kAuxThreads / kWarpSize;
+  flash::flash_bwd_dot_do_o_kernel<float><<<grid_size(rows, kRowsPerBlock), flash::kAuxThreads, 0, stream>>>(p, ws.d);
+  FA_CUDA_TRY(cudaGetLastError());
+  return FA_HEADDIM_SWITCH(p.head_dim, kHeadDim, [&] {
+    return FA_BOOL_SWITCH(p.causal, kIsCausal, [&] {
+      if (p.fp32_precision == Fp32Precision::kHighest)
+        return launch<kHeadDim, kIsCausal, Fp32Precision::kHighest>(p, ws, stream);
+      return launch<kHeadDim, kIsCausal, Fp32Precision::kTf32>(p, ws, stream);
+    });
+  });
+}
+
+}  // namespace
+
+const char* flash_bwd_fp32_unsupported_reason(const AttentionBwdParams& p) {
+  if (p.dtype != DType::kFloat32) return "the float32 FlashAttention-2 backward takes float32 inputs only";
+  if (p.head_dim < kHeadDimMultiple || p.head_dim % kHeadDimMultiple != 0)
+    return "the CUDA FlashAttention-2 backward needs a head dim that is a multiple of 8";
+  const int padded = flash::padded_head_dim(p.head_dim);
+  if (padded == 0)
+    return "this build has no float32 FlashAttention-2 backward kernel for the head dim (FA_HEAD_DIMS left out "
+           "every specialisation at least as large)";
+  int dev = 0, major = 0, smem_optin = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess ||
+      cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess ||
+      cudaDeviceGetAttribute(&smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) != cudaSuccess)
+    return "the CUDA device could not be queried";
+  if (major < kMinComputeMajor)
+    return "the CUDA FlashAttention-2 backward needs a GPU of compute capability 8.0 (sm_80) or newer";
+  const LaunchShape shape = launch_shape_for(padded, p.fp32_precision);
+  if (static_cast<size_t>(smem_optin) < shape.smem_bytes)
+    return "the GPU has less shared memory per block than the float32 FlashAttention-2 backward kernel for this "
+           "head dim needs";
+  if (p.seqlen_q > INT32_MAX || p.seqlen_k > INT32_MAX || p.heads_q > INT32_MAX)
+    return "seqlens and heads must be below 2^31";  // row and head indices are int in the kernel
+  if (ceil_div<int64_t>(p.seqlen_k, shape.block_n) * p.heads_kv * p.batch > kMaxBlocks)
+    return "batch * headsKV * ceil(seqlenK / keys per block) must be below 2^31";
+  using flash::aligned16;
+  if (!aligned16(p.q) || !aligned16(p.k) || !aligned16(p.v) || !aligned16(p.out) || !aligned16(p.dout) ||
+      !aligned16(p.dq) || !aligned16(p.dk) || !aligned16(p.dv))
+    return "q, k, v, out, dout and the gradients must be 16-byte aligned";
+  if (!flash::strides_multiple_of({p.q_batch_stride, p.q_row_stride, p.q_head_stride, p.k_batch_stride,
+                                   p.k_row_stride, p.k_head_stride, p.v_batch_stride, p.v_row_stride,
+                                   p.v_head_stride, p.o_batch_stride, p.o_row_stride, p.o_head_stride},
+                                  kAlignElems))
+    return "every stride of q, k, v, out and dout must be a multiple of 4 elements";
+  return nullptr;
+}
+
+size_t flash_bwd_fp32_workspace_bytes(const AttentionBwdParams& p) {
+  const flash::BwdWorkspacePlan w = workspace_plan(p);
+  return w.accum_bytes + w.d_bytes;
+}
+
+cudaError_t flash_bwd_fp32(const AttentionBwdParams& p, cudaStream_t stream) {
+  if (flash_bwd_fp32_unsupported_reason(p) != nullptr) return cudaErrorNotSupported;
+  FA_CUDA_TRY(cudaGetLastError());  // report an error left pending by earlier work
+  return flash::with_bwd_workspace(workspace_plan(p), stream,
+                                   [&](const flash::FlashBwdWorkspace& ws) { return run(p, ws, stream); });
+}
+
+}  // namespace fa::cuda

@@ -1,0 +1,327 @@
+// FlashAttention-2 backward for float32 inputs, sm_80+ mma.sync path on TF32 tensor cores (m16n8k8,
+// fp32 accumulation); Fp32Precision::kHighest runs each product as 3xTF32 for fp32-level accuracy.
+// FA2's Algorithm 2 in one kernel, dQ through fp32 atomic adds: the structure of the fp16 / bf16 kernel
+// (flash_bwd_kernel.cuh) with the operand handling of the float32 forward (flash_fwd_fp32_kernel.cuh).
+//
+// Grid: one thread block per (K/V tile of kBlockN keys, KV head, batch), flattened into blockIdx.x with
+// the key tile fastest. K_j and V_j stay in shared memory for the whole loop, which runs over every query
+// head of the KV head's group (GQA: dK and dV sum over the group in registers) and, per head, over the
+// query tiles that can see K_j (causal: from the first row whose diagonal reaches the tile). Q_i, dO_i,
+// lse_i and D_i stream through shared memory with cp.async (Traits::kStages buffers). Per query tile
+// (warp w owns keys [16 (w % kKeyTiles), +16)):
+//   S^T  = K_j Q_i^T                 (16 keys, kBlockM) per warp: A = K (ldmatrix), B = Q (ldmatrix)
+//   mask keys >= seqlen_k and (causal) keys past each query's diagonal: S^T = -inf
+//   P^T  = 2^(S^T scale log2e - lse_i log2e)   no online softmax; rows with lse = +inf give 0
+//   dP^T = V_j dO_i^T                (16 keys, kBlockM): A = V, B = dO
+//   dS^T = P^T o (dP^T - D_i)
+//   dV  += P^T dO_i                  P^T's accumulator as the A operand, B = dO (scalar loads)
+//   dK  += dS^T Q_i                  dS^T likewise, B = Q (scalar loads)
+//   dS^T -> shared memory [key][query]; dQ_i += dS K_j: warps split dQ_i's rows and columns, A = dS
+//   (scalar loads of dS^T), B = K (scalar loads); the fp32 pieces go to the accumulator by atomic adds.
+// Epilogue: dK * softmax_scale and dV staged in shared memory, stored with 16-byte writes (rows >=
+// seqlen_k and columns >= head_dim not stored).
+// Query rows past seqlen_q load as zeros with lse = +inf and D = 0, so they contribute exactly nothing;
+// the accumulator has rows up to the next multiple of kBlockM, so its atomics need no bounds checks.
+//
+// Operands (mma_tf32.cuh). ldmatrix .b16 moves 8 rows of 4 floats, lane l getting row l / 4, float l % 4:
+// that is the A fragment of a row-major, k-contiguous tile (K, V: rows = keys, k = head dim) and the B
+// fragment of an n-major, k-contiguous tile (Q, dO: n = queries), as in the forward. The three products
+// whose k index is the row index of their shared-memory tile (dV, dK: k = queries; dQ: k = keys) take
+// their operands with scalar loads and use the forward's P V permutation of k inside one mma: k column
+// t is row 2t of the 8 and column t + 4 is row 2t + 1 (the order of the 8 products of one mma is free
+// as long as A and B agree). Then an S^T accumulator n8 tile is that mma's A operand as it stands,
+// a = {c0, c2, c1, c3}, and each B element pair is (row 2t, column g), (row 2t + 1, column g).
+// Every operand is converted at its use: kTf32 rounds it to TF32 (cvt.rna), kHighest splits it into
+// big + small and runs three mma (Tf32Operand, mma_fp32_operands).
+//
+// Head dims below the specialisation (Traits::kHeadDim) are zero-padded: cp.async fills columns >=
+// head_dim with zeros, and the k-steps of S^T / dP^T and the n8 tiles of dK, dV and dQ past head_dim are
+// skipped (head_dim is a multiple of 8), so they cost no mma and no atomics.
+#pragma once
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <cstdint>
+
+#include "common/attention_params.h"
+#include "cuda/flash/dq_accum.cuh"
+#include "cuda/flash/flash_bwd_fp32_traits.h"
+#include "cuda/flash/mma_tf32.cuh"
+#include "cuda/flash/ptx.cuh"
+#include "cuda/flash/tile_load.cuh"
+
+namespace fa::cuda::flash {
+
+// N 32-bit registers (ldmatrix results, fp32 bit patterns) as the operand of the precision mode.
+template <Fp32Precision kPrecision, int N>
+__device__ __forceinline__ Tf32Operand<N> tf32_operand_from_bits(const uint32_t (&bits)[N]) {
+  float x[N];
+#pragma unroll
+  for (int i = 0; i < N; ++i) x[i] = __uint_as_float(bits[i]);
+  return to_tf32<kPrecision>(x);
+}
+
+// B operand (k = 8 rows in the permuted order, n = 8 columns) from a row-major shared-memory tile:
+// b0 = rows[0] (row 2t, column g), b1 = rows[pitch] (row 2t + 1, column g); `rows` points at that
+// thread's (row 2t, column g) of the n8 tile.
+template <Fp32Precision kPrecision, int kPitch>
+__device__ __forceinline__ Tf32Operand<2> permuted_b_operand(const float* rows) {
+  const float b[2] = {rows[0], rows[kPitch]};
+  return to_tf32<kPrecision>(b);
+}
+
+// Copies rows [0, kRows) of a shared-memory tile of pitch kSmemPitch to rows [row0, row0 + kRows) of a
+// [seq, head_dim] fp32 slice (row stride in elements), 16 bytes per store; rows >= seq_limit and columns
+// >= head_dim are not written.
+template <typename Traits, int kRows>
+__device__ __forceinline__ void store_tile(float* gmem, int64_t row_stride, const float* smem, int row0, int seq_limit,
+                                           int head_dim) {
+  constexpr int kIters = kRows * Traits::kChunksPerRow / Traits::kNThreads;
+#pragma unroll
+  for (int it = 0; it < kIters; ++it) {
+    const int c = static_cast<int>(threadIdx.x) + it * Traits::kNThreads;
+    const int r = c / Traits::kChunksPerRow;
+    const int col = (c % Traits::kChunksPerRow) * Traits::kChunk;
+    if (row0 + r < seq_limit && col < head_dim)
+      *reinterpret_cast<float4*>(gmem + static_cast<int64_t>(row0 + r) * row_stride + col) =
+          *reinterpret_cast<const float4*>(smem + r * Traits::kSmemPitch + col);
+  }
+}
+
+template <typename Traits, bool kIsCausal, Fp32Precision kPrecision>
+__global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSm)
+    flash_bwd_fp32_kernel(const AttentionBwdParams p, const FlashBwdWorkspace ws) {
+  constexpr int kBlockM = Traits::kBlockM, kBlockN = Traits::kBlockN, kPitch = Traits::kSmemPitch;
+  constexpr int kDsPitch = Traits::kDsPitch, kSTiles = Traits::kSTiles, kKSteps = Traits::kKSteps;
+  constexpr int kKvTiles = Traits::kKvTiles, kDqTiles = Traits::kDqTiles;
+  constexpr int kMmaK = Traits::kMmaK, kMmaN = Traits::kMmaN;
+
+  extern __shared__ __align__(128) unsigned char smem_raw[];
+  float* sK = reinterpret_cast<float*>(smem_raw);         // [kBlockN][kPitch]
+  float* sV = sK + Traits::kKvTileElems;                  // [kBlockN][kPitch]
+  float* sQ = sV + Traits::kKvTileElems;                  // [kStages][kBlockM][kPitch]
+  float* sdO = sQ + Traits::kStages * Traits::kQTileElems;  // [kStages][kBlockM][kPitch]
+  float* sdS = sdO + Traits::kStages * Traits::kQTileElems;  // dS^T [kBlockN][kDsPitch]
+  float* sLse2 = sdS + Traits::kDsElems;                  // [kStages][kBlockM]
+  float* sD = sLse2 + Traits::kStages * kBlockM;          // [kStages][kBlockM]
+
+  const int seqlen_q = static_cast<int>(p.seqlen_q), seqlen_k = static_cast<int>(p.seqlen_k);
+  const int head_dim = static_cast<int>(p.head_dim);
+  const int n_blocks = (seqlen_k + kBlockN - 1) / kBlockN;
+  // Atomic mode: one K/V tile per block. Deterministic mode: block `split` of ws.splits takes the tiles
+  // split, split + splits, ... in turn, so its dQ adds go to its own accumulator slice, in a fixed order.
+  const uint32_t tile_stride = p.deterministic ? static_cast<uint32_t>(ws.splits) : static_cast<uint32_t>(n_blocks);
+  const int first_tile = static_cast<int>(blockIdx.x % tile_stride);
+  // 32-bit division (the launcher keeps the grid below 2^31 blocks): a 64-bit one is a slow call.
+  const uint32_t bh = blockIdx.x / tile_stride;
+  const int head_kv = static_cast<int>(bh % static_cast<uint32_t>(p.heads_kv));
+  const int64_t batch = bh / static_cast<uint32_t>(p.heads_kv);
+  const int group = static_cast<int>(p.heads_q / p.heads_kv);
+  const int diag = seqlen_k - seqlen_q;  // causal: row i sees keys j <= i + diag
+  const int d_steps = head_dim / kMmaK;  // k-steps of S^T / dP^T and n8 column tiles inside head_dim
+  float* const dq_accum = ws.dq_accum + (p.deterministic ? first_tile * ws.split_stride : 0);
+
+  const float* k = static_cast<const float*>(p.k) + batch * p.k_batch_stride + head_kv * p.k_head_stride;
+  const float* v = static_cast<const float*>(p.v) + batch * p.v_batch_stride + head_kv * p.v_head_stride;
+
+  const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
+  const int g = lane / 4, t = lane % 4;  // mma fragment row group and thread-in-group
+  const int mi = lane / 8;               // which 8x4-float matrix of an ldmatrix x4 this lane addresses
+  const int key_tile = warp % Traits::kKeyTiles;
+  const int kv_col0 = (warp / Traits::kKeyTiles) * Traits::kDPart;  // this warp's dK / dV columns
+  const int key_row0 = key_tile * Traits::kMmaM;                    // this warp's keys, in the tile
+  const int dq_row0 = (warp % Traits::kDqRowTiles) * Traits::kMmaM;  // this warp's dQ rows, in the tile
+  const int dq_col0 = (warp / Traits::kDqRowTiles) * Traits::kDqCols;
+
+  for (int n_block = first_tile; n_block < n_blocks; n_block += static_cast<int>(tile_stride)) {
+    const int n0 = n_block * kBlockN;
+    // Query tiles that see some key of this tile: causal starts at the first row whose diagonal reaches n0.
+    const int m_blocks = (seqlen_q + kBlockM - 1) / kBlockM;
+    const int m_begin = kIsCausal ? min(m_blocks, max(0, n0 - diag) / kBlockM) : 0;
+    const int m_count = m_blocks - m_begin;
+    const int iters = m_count * group;  // (query head of the group, query tile) pairs, head-major
+
+    // dK and dV (16 keys, kDPart columns) per warp as kKvTiles n8 accumulators each.
+    float dk[kKvTiles][4], dv[kKvTiles][4];
+#pragma unroll
+    for (int j = 0; j < kKvTiles; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) dk[j][e] = dv[j][e] = 0.0f;
+
+    // Loads iteration it's Q, dO tiles (cp.async, not committed) and its lse (base 2) and D rows.
+    const auto load_iter = [&](int it, int stage) {
+      const int head = head_kv * group + it / m_count;
+      const int m0 = (m_begin + it % m_count) * kBlockM;
+      const float* q = static_cast<const float*>(p.q) + batch * p.q_batch_stride + head * p.q_head_stride;
+      const float* dout = static_cast<const float*>(p.dout) + batch * p.o_batch_stride + head * p.o_head_stride;
+      load_tile_async<Traits, kBlockM>(sQ + stage * Traits::kQTileElems, q, p.q_row_stride, m0, seqlen_q, head_dim);
+      load_tile_async<Traits, kBlockM>(sdO + stage * Traits::kQTileElems, dout, p.o_row_stride, m0, seqlen_q, head_dim);
+      if (threadIdx.x < kBlockM) {
+        const int row = m0 + static_cast<int>(threadIdx.x);
+        const int64_t stat = (batch * p.heads_q + head) * p.seqlen_q + row;
+        // Rows past seqlen_q: lse = +inf makes their P exactly 0 (and D = 0 their dS).
+        sLse2[stage * kBlockM + threadIdx.x] = row < seqlen_q ? p.lse_in[stat] * kLog2e : INFINITY;
+        sD[stage * kBlockM + threadIdx.x] = row < seqlen_q ? ws.d[stat] : 0.0f;
+      }
+    };
+
+    if (iters > 0) {
+      load_tile_async<Traits, kBlockN>(sK, k, p.k_row_stride, n0, seqlen_k, head_dim);
+      load_tile_async<Traits, kBlockN>(sV, v, p.v_row_stride, n0, seqlen_k, head_dim);
+      load_iter(0, 0);
+      cp_async_commit();
+    }
+
+    for (int it = 0; it < iters; ++it) {
+      const int stage = it % Traits::kStages;
+      const int head = head_kv * group + it / m_count;
+      const int m0 = (m_begin + it % m_count) * kBlockM;
+      cp_async_wait<0>();
+      __syncthreads();  // tile it has landed everywhere; iteration it - 1 is done with the other stage and sdS
+      if (Traits::kStages == 2 && it + 1 < iters) {
+        load_iter(it + 1, (it + 1) % Traits::kStages);
+        cp_async_commit();
+      }
+      const float* sQs = sQ + stage * Traits::kQTileElems;
+      const float* sdOs = sdO + stage * Traits::kQTileElems;
+      const float* lse2 = sLse2 + stage * kBlockM;
+      const float* dvec = sD + stage * kBlockM;
+
+      // S^T = K Q^T and dP^T = V dO^T: (16 keys, kBlockM queries) per warp as kSTiles n8 accumulators.
+      float st[kSTiles][4], dpt[kSTiles][4];
+#pragma unroll
+      for (int j = 0; j < kSTiles; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) st[j][e] = dpt[j][e] = 0.0f;
+#pragma unroll
+      for (int ks = 0; ks < kKSteps; ++ks) {
+        if (ks >= d_steps) continue;  // zero-padded head-dim columns
+        // A: this warp's 16 keys x 8 head-dim columns. Matrices (keys 0-7, d 0-3) = a0, (keys 8-15, d 0-3)
+        // = a1, (keys 0-7, d 4-7) = a2, (keys 8-15, d 4-7) = a3; lanes 8i..8i+7 address matrix i's rows.
+        uint32_t kf[4], vf[4];
+        const int a_off = (key_row0 + (mi % 2) * 8 + lane % 8) * kPitch + ks * kMmaK + (mi / 2) * 4;
+        ldmatrix_x4(kf, smem_u32(sK + a_off));
+        ldmatrix_x4(vf, smem_u32(sV + a_off));
+        const Tf32Operand<4> ka = tf32_operand_from_bits<kPrecision>(kf);
+        const Tf32Operand<4> va = tf32_operand_from_bits<kPrecision>(vf);
+#pragma unroll
+        for (int np = 0; np < kSTiles / 2; ++np) {
+          // B: matrices (queries 0-7, d 0-3), (queries 0-7, d 4-7), (queries 8-15, d 0-3), (8-15, d 4-7)
+          // = b0, b1 of n-tile 2np and b0, b1 of n-tile 2np + 1.
+          const int b_off = (np * 16 + (mi / 2) * 8 + lane % 8) * kPitch + ks * kMmaK + (mi % 2) * 4;
+          uint32_t qf[4], of[4];
+          ldmatrix_x4(qf, smem_u32(sQs + b_off));
+          ldmatrix_x4(of, smem_u32(sdOs + b_off));
+          const uint32_t q0[2] = {qf[0], qf[1]}, q1[2] = {qf[2], qf[3]};
+          const uint32_t o0[2] = {of[0], of[1]}, o1[2] = {of[2], of[3]};
+          mma_fp32_operands<kPrecision>(st[2 * np], ka, tf32_operand_from_bits<kPrecision>(q0));
+          mma_fp32_operands<kPrecision>(st[2 * np + 1], ka, tf32_operand_from_bits<kPrecision>(q1));
+          mma_fp32_operands<kPrecision>(dpt[2 * np], va, tf32_operand_from_bits<kPrecision>(o0));
+          mma_fp32_operands<kPrecision>(dpt[2 * np + 1], va, tf32_operand_from_bits<kPrecision>(o1));
+        }
+      }
+
+      // P^T and dS^T in place. Element (j, e): key n0 + key_row0 + g + 8 (e / 2), query m0 + 8 j + 2 t + e % 2.
+      const bool need_mask = n0 + kBlockN > seqlen_k || (kIsCausal && n0 + kBlockN - 1 > m0 + diag);
+#pragma unroll
+      for (int j = 0; j < kSTiles; ++j) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int qcol = kMmaN * j + 2 * t + e % 2;
+          float x = st[j][e] * p.scale_log2;
+          if (need_mask) {
+            const int key = n0 + key_row0 + g + 8 * (e / 2);
+            if (key >= seqlen_k || (kIsCausal && key > m0 + qcol + diag)) x = -INFINITY;
+          }
+          const float pe = exp2_approx(x - lse2[qcol]);
+          st[j][e] = pe;
+          dpt[j][e] = pe * (dpt[j][e] - dvec[qcol]);
+        }
+      }
+
+      // dV += P^T dO and dK += dS^T Q over this warp's columns. k-step kk = the tile's queries 8 kk ..
+      // 8 kk + 7 = S^T's n8 tile kk, in the permuted order: A = {c0, c2, c1, c3} of that tile, B = dO / Q
+      // rows 8 kk + 2t and 8 kk + 2t + 1 at column g of each n8 column tile.
+#pragma unroll
+      for (int kk = 0; kk < kSTiles; ++kk) {
+        const float pf[4] = {st[kk][0], st[kk][2], st[kk][1], st[kk][3]};
+        const float sf[4] = {dpt[kk][0], dpt[kk][2], dpt[kk][1], dpt[kk][3]};
+        const Tf32Operand<4> pa = to_tf32<kPrecision>(pf);
+        const Tf32Operand<4> dsa = to_tf32<kPrecision>(sf);
+        const int b_off = (kk * kMmaK + 2 * t) * kPitch + kv_col0 + g;
+#pragma unroll
+        for (int dt = 0; dt < kKvTiles; ++dt) {
+          if (kv_col0 + dt * kMmaN >= head_dim) continue;  // zero-padded head-dim columns
+          mma_fp32_operands<kPrecision>(dv[dt], pa, permuted_b_operand<kPrecision, kPitch>(sdOs + b_off + dt * kMmaN));
+          mma_fp32_operands<kPrecision>(dk[dt], dsa, permuted_b_operand<kPrecision, kPitch>(sQs + b_off + dt * kMmaN));
+        }
+      }
+
+      // dS^T to shared memory [key][query] in fp32 (the first warp of each key tile; the others hold copies).
+      if (warp < Traits::kKeyTiles) {
+#pragma unroll
+        for (int j = 0; j < kSTiles; ++j)
+#pragma unroll
+          for (int h = 0; h < 2; ++h)
+            *reinterpret_cast<float2*>(sdS + (key_row0 + g + 8 * h) * kDsPitch + kMmaN * j + 2 * t) =
+                make_float2(dpt[j][2 * h], dpt[j][2 * h + 1]);
+      }
+      __syncthreads();  // dS^T is complete; every warp is done with this stage's Q, dO, lse and D
+      if (Traits::kStages == 1 && it + 1 < iters) {
+        load_iter(it + 1, 0);  // lands during the dQ product, which reads only sK and sdS
+        cp_async_commit();
+      }
+
+      // dQ_i += dS K_j for this warp's (16 rows, kDqCols columns). k-step kk = the tile's keys 8 kk ..
+      // 8 kk + 7 in the permuted order: A = dS rows g, g + 8 at keys 8 kk + 2t, 8 kk + 2t + 1 (dS^T rows
+      // 8 kk + 2t and 8 kk + 2t + 1, columns dq_row0 + g and + 8), B = K rows 8 kk + 2t, 8 kk + 2t + 1.
+      float dq[kDqTiles][4];
+#pragma unroll
+      for (int j = 0; j < kDqTiles; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) dq[j][e] = 0.0f;
+#pragma unroll
+      for (int kk = 0; kk < Traits::kDqKSteps; ++kk) {
+        const float* ds_rows = sdS + (kk * kMmaK + 2 * t) * kDsPitch + dq_row0 + g;
+        // a0 = (row g, key 2t), a1 = (row g + 8, key 2t), a2 = (row g, key 2t + 1), a3 = (row g + 8, key 2t + 1).
+        const float af[4] = {ds_rows[0], ds_rows[8], ds_rows[kDsPitch], ds_rows[kDsPitch + 8]};
+        const Tf32Operand<4> a = to_tf32<kPrecision>(af);
+        const float* k_rows = sK + (kk * kMmaK + 2 * t) * kPitch + dq_col0 + g;
+#pragma unroll
+        for (int dt = 0; dt < kDqTiles; ++dt) {
+          if (dq_col0 + dt * kMmaN >= head_dim) continue;  // zero-padded head-dim columns
+          mma_fp32_operands<kPrecision>(dq[dt], a, permuted_b_operand<kPrecision, kPitch>(k_rows + dt * kMmaN));
+        }
+      }
+      // Element (dt, e): query row m0 + dq_row0 + g + 8 (e / 2), column dq_col0 + 8 dt + 2t + e % 2.
+      float* acc = dq_accum + ((batch * p.heads_q + head) * ws.dq_rows + m0 + dq_row0 + g) * Traits::kHeadDim +
+                   dq_col0 + 2 * t;
+#pragma unroll
+      for (int dt = 0; dt < kDqTiles; ++dt) {
+        if (dq_col0 + dt * kMmaN >= head_dim) continue;  // never read by the conversion
+        atomic_add_f32x2(acc + kMmaN * dt, dq[dt][0], dq[dt][1]);
+        atomic_add_f32x2(acc + 8 * Traits::kHeadDim + kMmaN * dt, dq[dt][2], dq[dt][3]);
+      }
+    }
+
+    // Epilogue: dK * scale and dV (zeros when no query saw the tile) through shared memory (sK, sV), then
+    // out with 16-byte stores of the rows < seqlen_k and columns < head_dim.
+    __syncthreads();  // every warp is done reading sK (dQ)
+#pragma unroll
+    for (int h = 0; h < 2; ++h)
+#pragma unroll
+      for (int dt = 0; dt < kKvTiles; ++dt) {
+        const int off = (key_row0 + g + 8 * h) * kPitch + kv_col0 + kMmaN * dt + 2 * t;
+        *reinterpret_cast<float2*>(sK + off) = make_float2(dk[dt][2 * h] * p.softmax_scale, dk[dt][2 * h + 1] * p.softmax_scale);
+        *reinterpret_cast<float2*>(sV + off) = make_float2(dv[dt][2 * h], dv[dt][2 * h + 1]);
+      }
+    __syncthreads();
+    store_tile<Traits, kBlockN>(static_cast<float*>(p.dk) + batch * p.k_batch_stride + head_kv * p.k_head_stride,
+                                p.k_row_stride, sK, n0, seqlen_k, head_dim);
+    store_tile<Traits, kBlockN>(static_cast<float*>(p.dv) + batch * p.v_batch_stride + head_kv * p.v_head_stride,
+                                p.v_row_stride, sV, n0, seqlen_k, head_dim);
+    __syncthreads();  // the next tile's loads overwrite sK, sV, the stages and sdS
+  }
+}
+
+}  // namespace fa::cuda::flash

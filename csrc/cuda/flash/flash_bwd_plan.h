@@ -1,0 +1,91 @@
+// Host-side workspace plan shared by the FA2 backward launchers: how many fp32 dQ accumulator slices
+// deterministic mode uses, the accumulator's and D's sizes, and the stream-ordered allocation around a
+// backward run. Include from .cu files only (CUDA runtime API, no device code).
+//
+// The fp16 / bf16 launcher (flash_bwd.cu) still carries its own copy of deterministic_splits and the
+// layout; it can switch to this header with its kBlockN, its kDqRowMultiple and the padded head dim.
+#pragma once
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+
+#include "common/attention_params.h"
+#include "cuda/cuda_utils.cuh"
+#include "cuda/flash/dq_accum.cuh"
+#include "cuda/flash/launch_checks.h"
+
+namespace fa::cuda::flash {
+
+inline constexpr size_t kBwdWorkspaceAlign = 256;
+// Deterministic mode: at most this many accumulator slices per KV head (each is a whole accumulator).
+inline constexpr int kMaxDeterministicSplits = 8;
+
+// Deterministic mode: accumulator slices per KV head (= blocks per KV head, each walking every splits-th
+// K/V tile of block_n keys). The count minimises the waves of blocks times the K/V tiles per block (a
+// block of one SM each: whole waves, equal blocks), fewer slices on ties. Measured with the fp16 / bf16
+// kernel first with ceil(SMs / (B Hkv)) slices (H200, d128 8k: 5 slices, 160 blocks on 132 SMs): 2
+// waves, the second 28 blocks, 2.9x the atomic mode's time with plain read-modify-writes.
+inline int deterministic_splits(const AttentionBwdParams& p, int block_n) {
+  const int64_t sms = std::max(1, device_attribute(cudaDevAttrMultiProcessorCount));
+  const int64_t tiles = ceil_div<int64_t>(p.seqlen_k, block_n);
+  const int64_t heads = p.batch * p.heads_kv;
+  int best = 1;
+  int64_t best_cost = INT64_MAX;
+  for (int s = 1; s <= kMaxDeterministicSplits && s <= tiles; ++s) {
+    const int64_t cost = ceil_div<int64_t>(heads * s, sms) * ceil_div<int64_t>(tiles, s);
+    if (cost < best_cost) {
+      best_cost = cost;
+      best = s;
+    }
+  }
+  return best;
+}
+
+struct BwdWorkspacePlan {
+  int64_t dq_rows;       // seqlen_q rounded up to the launcher's row multiple (whole query tiles)
+  int splits;            // accumulator slices: 1, or deterministic_splits
+  int64_t split_stride;  // elements per slice
+  size_t accum_bytes;    // fp32 [splits][B, Hq, dq_rows, accum_cols]
+  size_t d_bytes;        // fp32 [B, Hq, Sq]
+};
+
+// accum_cols: the accumulator's row width (the padded head dim); dq_row_multiple: a multiple of every
+// query tile of the launcher's kernels; block_n: keys per K/V tile (for the deterministic slice count).
+inline BwdWorkspacePlan bwd_workspace_plan(const AttentionBwdParams& p, int block_n, int dq_row_multiple,
+                                           int accum_cols) {
+  const auto round_up = [](size_t x, size_t a) { return (x + a - 1) / a * a; };
+  BwdWorkspacePlan w;
+  w.dq_rows = ceil_div<int64_t>(p.seqlen_q, dq_row_multiple) * dq_row_multiple;
+  w.splits = p.deterministic ? deterministic_splits(p, block_n) : 1;
+  w.split_stride = p.batch * p.heads_q * w.dq_rows * accum_cols;
+  w.accum_bytes = round_up(static_cast<size_t>(w.splits * w.split_stride) * sizeof(float), kBwdWorkspaceAlign);
+  w.d_bytes = round_up(static_cast<size_t>(p.batch * p.heads_q * p.seqlen_q) * sizeof(float), kBwdWorkspaceAlign);
+  return w;
+}
+
+// Allocates the plan's workspace on `stream` (cudaMallocAsync), zeroes the accumulator, calls
+// run(ws) for the preprocess, main kernel and conversion, and releases the workspace (cudaFreeAsync,
+// stream ordered) whatever run returned. The first error is returned and not left pending.
+template <typename Run>
+cudaError_t with_bwd_workspace(const BwdWorkspacePlan& plan, cudaStream_t stream, Run&& run) {
+  void* workspace = nullptr;
+  FA_CUDA_TRY(cudaMallocAsync(&workspace, plan.accum_bytes + plan.d_bytes, stream));
+  FlashBwdWorkspace ws;
+  ws.dq_accum = static_cast<float*>(workspace);
+  ws.d = reinterpret_cast<float*>(static_cast<unsigned char*>(workspace) + plan.accum_bytes);
+  ws.dq_rows = plan.dq_rows;
+  ws.splits = plan.splits;
+  ws.split_stride = plan.split_stride;
+  cudaError_t err = cudaMemsetAsync(ws.dq_accum, 0, plan.accum_bytes, stream);
+  if (err == cudaSuccess) err = run(ws);
+  const cudaError_t free_err = cudaFreeAsync(workspace, stream);
+  if (err != cudaSuccess) {
+    cudaGetLastError();  // the error is returned, not left pending
+    return err;
+  }
+  return free_err;
+}
+
+}  // namespace fa::cuda::flash

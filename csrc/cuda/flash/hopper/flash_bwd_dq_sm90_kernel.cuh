@@ -1,0 +1,194 @@
+// The dQ kernel of the two-kernel FA2 backward, Hopper path (sm_90a, wgmma): dQ without atomics. The
+// other kernel is flash_bwd_sm90_kernel with kComputeDq = false (dK and dV only).
+//
+// Grid: one thread block per (query tile of kBlockM = 128 rows, query head, batch), flattened into
+// blockIdx.x with the query tile fastest and the heaviest causal tiles first (as the forward).
+// Warpgroup w owns rows [64 w, 64 w + 64) of the tile; its dQ accumulator stays in registers for the
+// whole K/V loop. Q and dO arrive once by TMA; K/V tiles of kBlockN keys stream through two stages
+// (thread 0 issues, mbarriers complete). Per K/V tile, per warpgroup:
+//   S  = Q K^T      wgmma m64 n kBlockN, A = Q (K-major), B = K (K-major), from shared memory
+//   dP = dO V^T     likewise
+//   mask (fragment_softmax.cuh: keys >= seqlen_k and, causal, past each row's diagonal); P = 2^(S c -
+//   lse2) with lse2 and D per row (two rows per thread, in registers); dS = P o (dP - D)
+//   dQ += dS K      wgmma rs: A = dS from registers, B = K (MN-major)
+// Epilogue: dq = dQ * softmax_scale rounded to Elem (rows >= seqlen_q and columns >= head_dim skipped).
+// Rows past seqlen_q arrive as zeros with lse = +inf: P = 0. Rows that see no key get dq = 0.
+#pragma once
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <cstdint>
+
+#include "common/attention_params.h"
+#include "cuda/flash/fragment_softmax.cuh"
+#include "cuda/flash/hopper/flash_bwd_dq_sm90_traits.h"
+#include "cuda/flash/hopper/tma.cuh"
+#include "cuda/flash/hopper/wgmma.cuh"
+#include "cuda/flash/ptx.cuh"
+
+namespace fa::cuda::flash::sm90 {
+
+// The dQ kernel's tensor maps: q and dout in boxes of 64 columns x kBlockM rows, k and v in 64 x kBlockN.
+struct BwdDqTensorMaps {
+  CUtensorMap q, dout, k, v;
+};
+
+template <typename Traits, bool kIsCausal>
+__global__ void __launch_bounds__(Traits::kNThreads, 1)
+    flash_bwd_dq_sm90_kernel(const __grid_constant__ AttentionBwdParams p, const __grid_constant__ BwdDqTensorMaps maps,
+                             const float* __restrict__ d_rows) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  using Elem = typename Traits::Elem;
+  constexpr int kBlockM = Traits::kBlockM, kBlockN = Traits::kBlockN, kStages = Traits::kStages;
+  constexpr int kSTiles = Traits::kSTiles, kDqTiles = Traits::kDqTiles;
+
+  extern __shared__ unsigned char smem_raw[];
+  const uint32_t smem_base = (smem_u32(smem_raw) + kSw128AtomBytes - 1) & ~uint32_t(kSw128AtomBytes - 1);
+  const uint32_t sQ = smem_base;
+  const uint32_t sdO = sQ + static_cast<uint32_t>(Traits::kQTileBytes);
+  const uint32_t sK = sdO + static_cast<uint32_t>(Traits::kQTileBytes);
+  const uint32_t sV = sK + static_cast<uint32_t>(kStages * Traits::kKvTileBytes);
+  const uint32_t bar_q = sV + static_cast<uint32_t>(kStages * Traits::kKvTileBytes);  // then one per stage
+  const auto bar_kv = [&](int stage) { return bar_q + 8u * static_cast<uint32_t>(1 + stage); };
+
+  const int seqlen_q = static_cast<int>(p.seqlen_q), seqlen_k = static_cast<int>(p.seqlen_k);
+  const int head_dim = static_cast<int>(p.head_dim);
+  const int m_blocks = (seqlen_q + kBlockM - 1) / kBlockM;
+  const int m_block = m_blocks - 1 - static_cast<int>(blockIdx.x % m_blocks);  // heaviest causal tiles first
+  const uint32_t bh = blockIdx.x / static_cast<uint32_t>(m_blocks);
+  const int head = static_cast<int>(bh % static_cast<uint32_t>(p.heads_q));
+  const int64_t batch = bh / static_cast<uint32_t>(p.heads_q);
+  const int head_kv = head / static_cast<int>(p.heads_q / p.heads_kv);
+  const int m0 = m_block * kBlockM;
+  const int diag = seqlen_k - seqlen_q;
+
+  const int wg = static_cast<int>(threadIdx.x) / 128;
+  const int warp = (static_cast<int>(threadIdx.x) / 32) % 4, lane = static_cast<int>(threadIdx.x) % 32;
+  const int g = lane / 4, t = lane % 4;
+  const int row0 = m0 + wg * Traits::kWgRows + warp * 16 + g;  // this thread's rows: row0, row0 + 8
+
+  // lse (base 2) and D of this thread's two rows; rows past seqlen_q: lse = +inf, so P = 0.
+  float lse2[2], dval[2];
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int row = row0 + 8 * h;
+    const int64_t stat = (batch * p.heads_q + head) * p.seqlen_q + row;
+    lse2[h] = row < seqlen_q ? p.lse_in[stat] * kLog2e : INFINITY;
+    dval[h] = row < seqlen_q ? d_rows[stat] : 0.0f;
+  }
+
+  const int n_end = kIsCausal ? min(seqlen_k, m0 + kBlockM + diag) : seqlen_k;
+  const int n_blocks = n_end > 0 ? (n_end + kBlockN - 1) / kBlockN : 0;
+
+  float dq[kDqTiles][4];
+#pragma unroll
+  for (int j = 0; j < kDqTiles; ++j)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) dq[j][e] = 0.0f;
+
+  if (threadIdx.x == 0) {
+    mbarrier_init(bar_q, 1);
+#pragma unroll
+    for (int st = 0; st < kStages; ++st) mbarrier_init(bar_kv(st), 1);
+    fence_mbarrier_init();
+  }
+  __syncthreads();
+
+  // K/V tile j into stage j % kStages (thread 0).
+  const auto issue_kv = [&](int j) {
+    const int st = j % kStages;
+    const uint32_t off = static_cast<uint32_t>(st * Traits::kKvTileBytes);
+    mbarrier_arrive_expect_tx(bar_kv(st), static_cast<uint32_t>(2 * Traits::kKvTileBytes));
+#pragma unroll
+    for (int cb = 0; cb < Traits::kColBlocks; ++cb) {
+      const uint32_t cb_off = off + static_cast<uint32_t>(cb * kBlockN * kSw128RowBytes);
+      tma_load_4d(sK + cb_off, &maps.k, bar_kv(st), cb * kSw128BlockCols, j * kBlockN, head_kv, static_cast<int>(batch));
+      tma_load_4d(sV + cb_off, &maps.v, bar_kv(st), cb * kSw128BlockCols, j * kBlockN, head_kv, static_cast<int>(batch));
+    }
+  };
+
+  if (n_blocks > 0) {
+    if (threadIdx.x == 0) {
+      mbarrier_arrive_expect_tx(bar_q, static_cast<uint32_t>(2 * Traits::kQTileBytes));
+#pragma unroll
+      for (int cb = 0; cb < Traits::kColBlocks; ++cb) {
+        const uint32_t cb_off = static_cast<uint32_t>(cb * kBlockM * kSw128RowBytes);
+        tma_load_4d(sQ + cb_off, &maps.q, bar_q, cb * kSw128BlockCols, m0, head, static_cast<int>(batch));
+        tma_load_4d(sdO + cb_off, &maps.dout, bar_q, cb * kSw128BlockCols, m0, head, static_cast<int>(batch));
+      }
+      issue_kv(0);
+    }
+    mbarrier_wait(bar_q, 0);
+  }
+
+  const uint32_t sQ_wg = sQ + wg * Traits::kWgRows * kSw128RowBytes;
+  const uint32_t sdO_wg = sdO + wg * Traits::kWgRows * kSw128RowBytes;
+  for (int nb = 0; nb < n_blocks; ++nb) {
+    const int stage = nb % kStages;
+    mbarrier_wait(bar_kv(stage), static_cast<uint32_t>((nb / kStages) & 1));
+    __syncthreads();  // both warpgroups are done with tile nb - 1: its stage may be refilled
+    if (threadIdx.x == 0 && nb + 1 < n_blocks) issue_kv(nb + 1);
+    const uint32_t sK_tile = sK + static_cast<uint32_t>(stage * Traits::kKvTileBytes);
+    const uint32_t sV_tile = sV + static_cast<uint32_t>(stage * Traits::kKvTileBytes);
+
+    // S = Q K^T and dP = dO V^T: (64 rows, kBlockN keys) per warpgroup.
+    float s[kSTiles][4], dp[kSTiles][4];
+    wgmma_fence();
+#pragma unroll
+    for (int ks = 0; ks < Traits::kKSteps; ++ks)
+      Wgmma<kBlockN, Elem>::ss(s, desc_k_major<kBlockM>(sQ_wg, ks), desc_k_major<kBlockN>(sK_tile, ks), ks > 0);
+#pragma unroll
+    for (int ks = 0; ks < Traits::kKSteps; ++ks)
+      Wgmma<kBlockN, Elem>::ss(dp, desc_k_major<kBlockM>(sdO_wg, ks), desc_k_major<kBlockN>(sV_tile, ks), ks > 0);
+    wgmma_commit();
+    wgmma_wait<0>();
+    fence_operands(s);
+    fence_operands(dp);
+
+    const int n0 = nb * kBlockN;
+    if (n0 + kBlockN > seqlen_k || (kIsCausal && n0 + kBlockN - 1 > m0 + diag))
+      mask_scores<kSTiles, kIsCausal>(s, n0 + 2 * t, row0, seqlen_k, diag);
+    // dS = P o (dP - D), P = 2^(S c - lse2). Element (j, e): row row0 + 8 (e / 2).
+#pragma unroll
+    for (int j = 0; j < kSTiles; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int h = e / 2;
+        const float pe = exp2_approx(s[j][e] * p.scale_log2 - lse2[h]);
+        dp[j][e] = pe * (dp[j][e] - dval[h]);
+      }
+    uint32_t dsa[Traits::kDqKSteps][4];
+#pragma unroll
+    for (int ks = 0; ks < Traits::kDqKSteps; ++ks) p_to_a_operand<Elem>(dp, ks, dsa[ks]);
+
+    // dQ += dS K over this tile's keys.
+    wgmma_fence();
+#pragma unroll
+    for (int ks = 0; ks < Traits::kDqKSteps; ++ks)
+      Wgmma<Traits::kHeadDim, Elem>::rs_tb(dq, dsa[ks], desc_mn_major<kBlockN>(sK_tile, ks), 1);
+    wgmma_commit();
+    wgmma_wait<0>();
+    fence_operands(dq);
+  }
+
+  // Epilogue: dq * scale, rounded to Elem.
+  Elem* dq_out = static_cast<Elem*>(p.dq) + batch * p.q_batch_stride + head * p.q_head_stride;
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int row = row0 + 8 * h;
+    if (row >= seqlen_q) continue;
+    Elem* drow = dq_out + static_cast<int64_t>(row) * p.q_row_stride;
+#pragma unroll
+    for (int j = 0; j < kDqTiles; ++j) {
+      const int col = 8 * j + 2 * t;
+      if (col < head_dim)
+        *reinterpret_cast<uint32_t*>(drow + col) =
+            pack2<Elem>(dq[j][2 * h] * p.softmax_scale, dq[j][2 * h + 1] * p.softmax_scale);
+    }
+  }
+#else
+  __trap();  // only the sm_90a build has this kernel; the launcher never selects it elsewhere
+#endif
+}
+
+}  // namespace fa::cuda::flash::sm90
