@@ -8,22 +8,8 @@
 # Build output goes to build/flash-fwd-check/. Exit status: 0 all PASS, 1 any FAIL.
 set -euo pipefail
 
-build_only=0
-args=()
-for a in "$@"; do
-  if [[ "$a" == --build-only ]]; then build_only=1; else args+=("$a"); fi
-done
-
 source "$(dirname "${BASH_SOURCE[0]}")/native-check-build.sh"
-native_check_build "$NATIVE_CHECK_ROOT/build/flash-fwd-check" flash_fwd_check \
+native_check_main "$NATIVE_CHECK_ROOT/build/flash-fwd-check" flash_fwd_check \
   csrc/cuda/flash/flash_fwd.cu csrc/cuda/flash/hopper/flash_fwd_sm90.cu csrc/cuda/naive_attention.cu \
-  test/native/flash_fwd_check.cu
-if [[ "$build_only" == 1 ]]; then
-  echo "built $NATIVE_CHECK_BIN"
-  exit 0
-fi
-
-if [[ "${SANITIZE:-0}" == 1 ]]; then
-  exec compute-sanitizer --tool memcheck --error-exitcode 1 "$NATIVE_CHECK_BIN" --no-bench ${args[@]+"${args[@]}"}
-fi
-exec "$NATIVE_CHECK_BIN" ${args[@]+"${args[@]}"}
+  test/native/flash_fwd_check.cu \
+  -- "$@"

@@ -1,4 +1,4 @@
-# Sourced by scripts/cuda-check.sh and scripts/flash-fwd-check.sh: builds a standalone CUDA check
+# Sourced by the native check scripts (scripts/*-check.sh): builds a standalone CUDA check
 # program with the flags of the addon's CUDA build (sm_80 and sm_90a SASS, sm_80 PTX; ptxas warns
 # on spills), compiling the sources in parallel and linking once.
 #   native_check_build <output dir> <program name> <source relative to the repo root>...
@@ -27,4 +27,34 @@ native_check_build() {
   fi
   "$NVCC" "${NATIVE_CHECK_FLAGS[@]}" "${objects[@]}" -o "$out/$name"
   NATIVE_CHECK_BIN="$out/$name"
+}
+
+# The whole of a check script: native_check_main <output dir> <program name> <sources...> -- "$@"
+# Flags of the script: --build-only compiles and links only (no GPU needed) and prints the program's
+# path; every other argument goes to the program (a seed, --no-bench). SANITIZE=1 runs the program
+# (with --no-bench) under compute-sanitizer memcheck. Otherwise the program runs; its exit status is
+# the script's.
+native_check_main() {
+  local out="$1" name="$2"
+  shift 2
+  local sources=()
+  while [[ $# -gt 0 && "$1" != -- ]]; do
+    sources+=("$1")
+    shift
+  done
+  [[ $# -gt 0 ]] && shift  # the --
+  local build_only=0 a
+  local args=()
+  for a in "$@"; do
+    if [[ "$a" == --build-only ]]; then build_only=1; else args+=("$a"); fi
+  done
+  native_check_build "$out" "$name" "${sources[@]}"
+  if [[ "$build_only" == 1 ]]; then
+    echo "built $NATIVE_CHECK_BIN"
+    exit 0
+  fi
+  if [[ "${SANITIZE:-0}" == 1 ]]; then
+    exec compute-sanitizer --tool memcheck --error-exitcode 1 "$NATIVE_CHECK_BIN" --no-bench ${args[@]+"${args[@]}"}
+  fi
+  exec "$NATIVE_CHECK_BIN" ${args[@]+"${args[@]}"}
 }

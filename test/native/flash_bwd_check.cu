@@ -40,6 +40,7 @@
 #include "cuda/flash/flash_fwd.h"
 #include "cuda/naive_attention.h"
 #include "check_cuda.h"
+#include "check_timing.h"
 
 
 namespace {
@@ -58,8 +59,6 @@ constexpr double kMinMag = 0.1;
 constexpr double kQkMaxMag = 1.5;
 constexpr double kVMaxMag = 1.0;
 constexpr double kDoutMaxMag = 1.0;
-constexpr int kWarmup = 3;
-constexpr int kTimedIters = 20;
 constexpr int64_t kBenchTokens = 16 * 1024;  // B * S
 constexpr int64_t kBenchWidth = 2048;        // H * D
 constexpr double kBwdFlopsPerFwd = 2.5;      // FA2 counts the backward as 2.5 forwards (5 matmuls vs 2)
@@ -415,36 +414,13 @@ void bench(int64_t seqlen, int64_t d, bool causal, const char* name, BwdFn bwd, 
   const auto pfwd = make_params(c, q_dev, k_dev, v_dev, out_dev, lse_dev);
   run_forward(pfwd, stream);
   const auto p = make_bwd_params(pfwd, dout_dev, dq, dk, dv);
-  for (int w = 0; w < kWarmup; ++w) CHECK_CUDA(bwd(p, stream));
-  cudaEvent_t start, stop;
-  CHECK_CUDA(cudaEventCreate(&start));
-  CHECK_CUDA(cudaEventCreate(&stop));
-  std::vector<float> ms(kTimedIters);
-  for (int it = 0; it < kTimedIters; ++it) {
-    CHECK_CUDA(cudaEventRecord(start, stream));
-    CHECK_CUDA(bwd(p, stream));
-    CHECK_CUDA(cudaEventRecord(stop, stream));
-    CHECK_CUDA(cudaEventSynchronize(stop));
-    CHECK_CUDA(cudaEventElapsedTime(&ms[it], start, stop));
-  }
-  std::sort(ms.begin(), ms.end());
-  const double med = ms[kTimedIters / 2];
-  // Back to back: kTimedIters launches between one pair of events (host work overlaps the GPU's).
-  float queued_ms = 0.0f;
-  CHECK_CUDA(cudaEventRecord(start, stream));
-  for (int it = 0; it < kTimedIters; ++it) CHECK_CUDA(bwd(p, stream));
-  CHECK_CUDA(cudaEventRecord(stop, stream));
-  CHECK_CUDA(cudaEventSynchronize(stop));
-  CHECK_CUDA(cudaEventElapsedTime(&queued_ms, start, stop));
-  const double queued = queued_ms / kTimedIters;
+  const LaunchTimes tm = time_launches([&] { return bwd(p, stream); }, stream);
   const double flops = kBwdFlopsPerFwd * 4.0 * c.batch * c.hq * static_cast<double>(seqlen) * seqlen * d *
                        (causal ? 0.5 : 1.0);
   std::printf("BENCH %-9s bf16 B%" PRId64 " H%" PRId64 " S%-5" PRId64 " D%-3" PRId64
               " %-6s median %.3f ms  %.1f TFLOP/s | back to back %.3f ms  %.1f TFLOP/s\n",
-              name, c.batch, c.hq, seqlen, d, causal ? "causal" : "full", med, flops / (med * 1e-3) / 1e12, queued,
-              flops / (queued * 1e-3) / 1e12);
-  CHECK_CUDA(cudaEventDestroy(start));
-  CHECK_CUDA(cudaEventDestroy(stop));
+              name, c.batch, c.hq, seqlen, d, causal ? "causal" : "full", tm.median_ms, tflops_per_s(flops, tm.median_ms),
+              tm.queued_ms, tflops_per_s(flops, tm.queued_ms));
   CHECK_CUDA(cudaStreamDestroy(stream));
 }
 

@@ -27,6 +27,7 @@
 #include <vector>
 
 #include "check_cuda.h"
+#include "check_timing.h"
 #include "common/attention_params.h"
 #include "cuda/flash/flash_fwd_fp32.h"
 #include "cuda/naive_attention.h"
@@ -41,8 +42,6 @@ constexpr double kLseUlps = 8 * 0x1p-24;  // 4 float32 ulps of |lse| (the base-2
 constexpr double kMinMag = 0.1;
 constexpr double kQkMaxMag = 1.5;
 constexpr double kVMaxMag = 1.0;
-constexpr int kWarmup = 3;
-constexpr int kTimedIters = 20;
 constexpr size_t kNaiveBenchMaxBytes = size_t{4} << 30;  // the naive kernel's N^2 workspace, for timing
 constexpr uint32_t kTf32HalfUlp = 0x1000;  // bit 12: the highest of the 13 mantissa bits TF32 drops
 constexpr uint32_t kTf32Mask = 0xffffe000;
@@ -232,26 +231,12 @@ void bench(const Case& c, const char* name, Fp32Precision precision, FwdFn fwd, 
   const auto p = make_params(c, precision, dq, dk, dv, dout, dlse);
   cudaStream_t stream;
   CHECK_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-  for (int w = 0; w < kWarmup; ++w) CHECK_CUDA(fwd(p, stream));
-  cudaEvent_t start, stop;
-  CHECK_CUDA(cudaEventCreate(&start));
-  CHECK_CUDA(cudaEventCreate(&stop));
-  std::vector<float> ms(kTimedIters);
-  for (int it = 0; it < kTimedIters; ++it) {
-    CHECK_CUDA(cudaEventRecord(start, stream));
-    CHECK_CUDA(fwd(p, stream));
-    CHECK_CUDA(cudaEventRecord(stop, stream));
-    CHECK_CUDA(cudaEventSynchronize(stop));
-    CHECK_CUDA(cudaEventElapsedTime(&ms[it], start, stop));
-  }
-  std::sort(ms.begin(), ms.end());
-  const double med = ms[kTimedIters / 2];
+  const LaunchTimes tm = time_launches([&] { return fwd(p, stream); }, stream);
   const double flops = 4.0 * c.batch * c.hq * static_cast<double>(c.sq) * c.sk * c.d * (c.causal ? 0.5 : 1.0);
   std::printf("BENCH %-13s fp32 B%" PRId64 " H%-3" PRId64 " S%-5" PRId64 " D%-3" PRId64
               " %-6s median %.3f ms (min %.3f)  %.1f TFLOP/s\n",
-              name, c.batch, c.hq, c.sq, c.d, c.causal ? "causal" : "full", med, ms[0], flops / (med * 1e-3) / 1e12);
-  CHECK_CUDA(cudaEventDestroy(start));
-  CHECK_CUDA(cudaEventDestroy(stop));
+              name, c.batch, c.hq, c.sq, c.d, c.causal ? "causal" : "full", tm.median_ms, tm.min_ms,
+              tflops_per_s(flops, tm.median_ms));
   CHECK_CUDA(cudaStreamDestroy(stream));
 }
 
