@@ -17,12 +17,12 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
-#include <algorithm>
 #include <cstdint>
 
 #include "cuda/cuda_utils.cuh"
 #include "cuda/flash/flash_bwd_aux.cuh"
 #include "cuda/flash/flash_bwd_kernel.cuh"
+#include "cuda/flash/flash_bwd_plan.h"
 #include "cuda/flash/flash_bwd_traits.h"
 #include "cuda/flash/head_dims.h"
 #include "cuda/flash/hopper/flash_bwd_sm90.h"
@@ -36,7 +36,6 @@ constexpr int64_t kAlignElems = 8;          // 16 bytes of fp16 / bf16: the cp.a
 constexpr int64_t kMaxBlocks = INT32_MAX;   // the flat grid's gridDim.x (2^31 - 1)
 constexpr int kMinComputeMajor = 8;         // mma.sync m16n8k16 bf16, cp.async, ldmatrix: sm_80
 constexpr int kDqRowMultiple = 128;         // a multiple of every kernel's kBlockM: the accumulator's row padding
-constexpr size_t kWorkspaceAlign = 256;
 
 template <int kHeadDim>
 struct Sm80BwdConfig {
@@ -61,45 +60,12 @@ size_t smem_bytes(int padded) {
 }
 int block_n(int padded) { return padded <= 128 ? 128 : 64; }
 
-size_t round_up(size_t x, size_t a) { return (x + a - 1) / a * a; }
-
-// Deterministic mode: accumulator slices per KV head (blocks per KV head, each walking every splits-th
-// K/V tile), at most kMaxSplits (each slice is a whole accumulator). The count minimises the waves of
-// blocks times the K/V tiles per block (a block of one SM each: whole waves, equal blocks), fewer
-// slices on ties. Measured first with ceil(SMs / (B Hkv)) slices (H200, d128 8k: 5 slices, 160 blocks
-// on 132 SMs): 2 waves, the second 28 blocks, 2.9x the atomic mode's time with plain read-modify-writes.
-constexpr int kMaxSplits = 8;
-int deterministic_splits(const AttentionBwdParams& p) {
-  const int64_t sms = std::max(1, flash::device_attribute(cudaDevAttrMultiProcessorCount));
-  const int64_t tiles = ceil_div<int64_t>(p.seqlen_k, block_n(flash::padded_head_dim(p.head_dim)));
-  const int64_t heads = p.batch * p.heads_kv;
-  int best = 1;
-  int64_t best_cost = INT64_MAX;
-  for (int s = 1; s <= kMaxSplits && s <= tiles; ++s) {
-    const int64_t cost = ceil_div<int64_t>(heads * s, sms) * ceil_div<int64_t>(tiles, s);
-    if (cost < best_cost) {
-      best_cost = cost;
-      best = s;
-    }
-  }
-  return best;
-}
-
-struct WorkspaceLayout {
-  int64_t dq_rows;      // seqlen_q rounded up to kDqRowMultiple
-  int splits;           // accumulator slices: 1, or deterministic_splits
-  int64_t split_stride; // elements per slice
-  size_t accum_bytes;   // fp32 [splits][B, Hq, dq_rows, padded head dim]
-  size_t d_bytes;       // fp32 [B, Hq, Sq]
-};
-WorkspaceLayout workspace_layout(const AttentionBwdParams& p) {
-  WorkspaceLayout w;
-  w.dq_rows = ceil_div<int64_t>(p.seqlen_q, kDqRowMultiple) * kDqRowMultiple;
-  w.splits = p.deterministic ? deterministic_splits(p) : 1;
-  w.split_stride = p.batch * p.heads_q * w.dq_rows * flash::padded_head_dim(p.head_dim);
-  w.accum_bytes = round_up(static_cast<size_t>(w.splits * w.split_stride) * sizeof(float), kWorkspaceAlign);
-  w.d_bytes = round_up(static_cast<size_t>(p.batch * p.heads_q * p.seqlen_q) * sizeof(float), kWorkspaceAlign);
-  return w;
+// The workspace of p (flash_bwd_plan.h): the two-kernel backward has no dQ accumulator.
+flash::BwdWorkspacePlan workspace_plan(const AttentionBwdParams& p) {
+  const int padded = flash::padded_head_dim(p.head_dim);
+  flash::BwdWorkspacePlan plan = flash::bwd_workspace_plan(p, block_n(padded), kDqRowMultiple, padded);
+  if (p.two_kernel) plan.accum_bytes = 0;
+  return plan;
 }
 
 bool use_sm90(const AttentionBwdParams& p) {
@@ -147,10 +113,9 @@ cudaError_t run_two_kernel(const AttentionBwdParams& p, float* d, cudaStream_t s
   return flash_bwd_two_kernel_sm90(p, d, stream);
 }
 
-// The single-kernel backward after its workspace exists: preprocess, main kernel, conversion.
-cudaError_t run(const AttentionBwdParams& p, const flash::FlashBwdWorkspace& ws, size_t accum_bytes, bool sm90,
-                cudaStream_t stream) {
-  FA_CUDA_TRY(cudaMemsetAsync(ws.dq_accum, 0, accum_bytes, stream));
+// The single-kernel backward after its workspace exists (the accumulator zeroed): preprocess, main kernel,
+// conversion.
+cudaError_t run(const AttentionBwdParams& p, const flash::FlashBwdWorkspace& ws, bool sm90, cudaStream_t stream) {
   FA_CUDA_TRY(launch_dot_do_o(p, ws.d, stream));
   return FA_HEADDIM_SWITCH(p.head_dim, kHeadDim, [&] {
     return FA_BOOL_SWITCH(p.causal, kIsCausal, [&] {
@@ -196,8 +161,8 @@ const char* flash_bwd_unsupported_reason(const AttentionBwdParams& p) {
 bool flash_bwd_supported(const AttentionBwdParams& p) { return flash_bwd_unsupported_reason(p) == nullptr; }
 
 size_t flash_bwd_workspace_bytes(const AttentionBwdParams& p) {
-  const WorkspaceLayout w = workspace_layout(p);
-  return (p.two_kernel ? 0 : w.accum_bytes) + w.d_bytes;
+  const flash::BwdWorkspacePlan plan = workspace_plan(p);
+  return plan.accum_bytes + plan.d_bytes;
 }
 
 namespace {
@@ -205,23 +170,9 @@ namespace {
 cudaError_t run_with_workspace(const AttentionBwdParams& p, bool sm90, cudaStream_t stream) {
   if (!flash_bwd_supported(p)) return cudaErrorNotSupported;
   FA_CUDA_TRY(cudaGetLastError());  // report an error left pending by earlier work
-  const WorkspaceLayout w = workspace_layout(p);
-  const size_t accum_bytes = p.two_kernel ? 0 : w.accum_bytes;  // the two-kernel backward writes dq directly
-  void* workspace = nullptr;
-  FA_CUDA_TRY(cudaMallocAsync(&workspace, accum_bytes + w.d_bytes, stream));
-  flash::FlashBwdWorkspace ws;
-  ws.dq_accum = static_cast<float*>(workspace);
-  ws.d = reinterpret_cast<float*>(static_cast<unsigned char*>(workspace) + accum_bytes);
-  ws.dq_rows = w.dq_rows;
-  ws.splits = w.splits;
-  ws.split_stride = w.split_stride;
-  const cudaError_t err = p.two_kernel ? run_two_kernel(p, ws.d, stream) : run(p, ws, accum_bytes, sm90, stream);
-  const cudaError_t free_err = cudaFreeAsync(workspace, stream);
-  if (err != cudaSuccess) {
-    cudaGetLastError();  // the error is returned, not left pending
-    return err;
-  }
-  return free_err;
+  return flash::with_bwd_workspace(workspace_plan(p), stream, [&](const flash::FlashBwdWorkspace& ws) {
+    return p.two_kernel ? run_two_kernel(p, ws.d, stream) : run(p, ws, sm90, stream);
+  });
 }
 
 }  // namespace

@@ -2,6 +2,9 @@
 // build for sm_80/86/89/90): the single-kernel backward of FA2's Algorithm 2 with dQ accumulated through
 // fp32 atomic adds, as flash_bwd (flash_bwd.h) runs it for fp16 / bf16. Plain C++ header.
 //
+// Status (2026-11-21): compiled, not yet run on a GPU, and not called by the addon: the float32
+// backward runs the naive kernel until scripts/flash-bwd-fp32-check.sh passes on the GPU machine.
+//
 // Three launches on `stream`, all stream-ordered:
 //   1. preprocess  D = rowsum(dO o O) in fp32 [B, Hq, Sq], and the fp32 dQ accumulator zeroed;
 //   2. main kernel one thread block per (K/V tile, KV head, batch) (flash_bwd_fp32_kernel.cuh): dK and

@@ -18,8 +18,7 @@
 //   dK  += dS^T Q_i                  dS^T likewise, B = Q (scalar loads)
 //   dS^T -> shared memory [key][query]; dQ_i += dS K_j: warps split dQ_i's rows and columns, A = dS
 //   (scalar loads of dS^T), B = K (scalar loads); the fp32 pieces go to the accumulator by atomic adds.
-// Epilogue: dK * softmax_scale and dV staged in shared memory, stored with 16-byte writes (rows >=
-// seqlen_k and columns >= head_dim not stored).
+// Epilogue: dK * softmax_scale and dV (rows >= seqlen_k and columns >= head_dim not stored).
 // Query rows past seqlen_q load as zeros with lse = +inf and D = 0, so they contribute exactly nothing;
 // the accumulator has rows up to the next multiple of kBlockM, so its atomics need no bounds checks.
 //
@@ -35,8 +34,9 @@
 // big + small and runs three mma (Tf32Operand, mma_fp32_operands).
 //
 // Head dims below the specialisation (Traits::kHeadDim) are zero-padded: cp.async fills columns >=
-// head_dim with zeros, and the k-steps of S^T / dP^T and the n8 tiles of dK, dV and dQ past head_dim are
-// skipped (head_dim is a multiple of 8), so they cost no mma and no atomics.
+// head_dim with zeros, which add exact zeros to S^T and dP^T and give zero dK, dV and dQ columns (never
+// stored). As in the fp16 / bf16 kernel they are computed, not skipped: a per-k-step skip (as the fp32
+// forward does) made every k-step its own basic block in SASS, each ldmatrix waiting for its mma.
 #pragma once
 #include <cuda_runtime.h>
 
@@ -70,24 +70,6 @@ __device__ __forceinline__ Tf32Operand<2> permuted_b_operand(const float* rows) 
   return to_tf32<kPrecision>(b);
 }
 
-// Copies rows [0, kRows) of a shared-memory tile of pitch kSmemPitch to rows [row0, row0 + kRows) of a
-// [seq, head_dim] fp32 slice (row stride in elements), 16 bytes per store; rows >= seq_limit and columns
-// >= head_dim are not written.
-template <typename Traits, int kRows>
-__device__ __forceinline__ void store_tile(float* gmem, int64_t row_stride, const float* smem, int row0, int seq_limit,
-                                           int head_dim) {
-  constexpr int kIters = kRows * Traits::kChunksPerRow / Traits::kNThreads;
-#pragma unroll
-  for (int it = 0; it < kIters; ++it) {
-    const int c = static_cast<int>(threadIdx.x) + it * Traits::kNThreads;
-    const int r = c / Traits::kChunksPerRow;
-    const int col = (c % Traits::kChunksPerRow) * Traits::kChunk;
-    if (row0 + r < seq_limit && col < head_dim)
-      *reinterpret_cast<float4*>(gmem + static_cast<int64_t>(row0 + r) * row_stride + col) =
-          *reinterpret_cast<const float4*>(smem + r * Traits::kSmemPitch + col);
-  }
-}
-
 template <typename Traits, bool kIsCausal, Fp32Precision kPrecision>
 __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSm)
     flash_bwd_fp32_kernel(const AttentionBwdParams p, const FlashBwdWorkspace ws) {
@@ -118,7 +100,6 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSm)
   const int64_t batch = bh / static_cast<uint32_t>(p.heads_kv);
   const int group = static_cast<int>(p.heads_q / p.heads_kv);
   const int diag = seqlen_k - seqlen_q;  // causal: row i sees keys j <= i + diag
-  const int d_steps = head_dim / kMmaK;  // k-steps of S^T / dP^T and n8 column tiles inside head_dim
   float* const dq_accum = ws.dq_accum + (p.deterministic ? first_tile * ws.split_stride : 0);
 
   const float* k = static_cast<const float*>(p.k) + batch * p.k_batch_stride + head_kv * p.k_head_stride;
@@ -193,9 +174,10 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSm)
       for (int j = 0; j < kSTiles; ++j)
 #pragma unroll
         for (int e = 0; e < 4; ++e) st[j][e] = dpt[j][e] = 0.0f;
-#pragma unroll
+      // Unrolled by 2 only (the k-steps index no register array): fully unrolled, ptxas hoists the ldmatrix
+      // of every k-step and the d64 kernel took 255 registers and spilled (now 199-251, 0 spills).
+#pragma unroll 2
       for (int ks = 0; ks < kKSteps; ++ks) {
-        if (ks >= d_steps) continue;  // zero-padded head-dim columns
         // A: this warp's 16 keys x 8 head-dim columns. Matrices (keys 0-7, d 0-3) = a0, (keys 8-15, d 0-3)
         // = a1, (keys 0-7, d 4-7) = a2, (keys 8-15, d 4-7) = a3; lanes 8i..8i+7 address matrix i's rows.
         uint32_t kf[4], vf[4];
@@ -251,7 +233,6 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSm)
         const int b_off = (kk * kMmaK + 2 * t) * kPitch + kv_col0 + g;
 #pragma unroll
         for (int dt = 0; dt < kKvTiles; ++dt) {
-          if (kv_col0 + dt * kMmaN >= head_dim) continue;  // zero-padded head-dim columns
           mma_fp32_operands<kPrecision>(dv[dt], pa, permuted_b_operand<kPrecision, kPitch>(sdOs + b_off + dt * kMmaN));
           mma_fp32_operands<kPrecision>(dk[dt], dsa, permuted_b_operand<kPrecision, kPitch>(sQs + b_off + dt * kMmaN));
         }
@@ -280,7 +261,8 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSm)
       for (int j = 0; j < kDqTiles; ++j)
 #pragma unroll
         for (int e = 0; e < 4; ++e) dq[j][e] = 0.0f;
-#pragma unroll
+      // Unrolled by 2, as the k-steps of S^T.
+#pragma unroll 2
       for (int kk = 0; kk < Traits::kDqKSteps; ++kk) {
         const float* ds_rows = sdS + (kk * kMmaK + 2 * t) * kDsPitch + dq_row0 + g;
         // a0 = (row g, key 2t), a1 = (row g + 8, key 2t), a2 = (row g, key 2t + 1), a3 = (row g + 8, key 2t + 1).
@@ -288,38 +270,36 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSm)
         const Tf32Operand<4> a = to_tf32<kPrecision>(af);
         const float* k_rows = sK + (kk * kMmaK + 2 * t) * kPitch + dq_col0 + g;
 #pragma unroll
-        for (int dt = 0; dt < kDqTiles; ++dt) {
-          if (dq_col0 + dt * kMmaN >= head_dim) continue;  // zero-padded head-dim columns
+        for (int dt = 0; dt < kDqTiles; ++dt)
           mma_fp32_operands<kPrecision>(dq[dt], a, permuted_b_operand<kPrecision, kPitch>(k_rows + dt * kMmaN));
-        }
       }
       // Element (dt, e): query row m0 + dq_row0 + g + 8 (e / 2), column dq_col0 + 8 dt + 2t + e % 2.
       float* acc = dq_accum + ((batch * p.heads_q + head) * ws.dq_rows + m0 + dq_row0 + g) * Traits::kHeadDim +
                    dq_col0 + 2 * t;
 #pragma unroll
       for (int dt = 0; dt < kDqTiles; ++dt) {
-        if (dq_col0 + dt * kMmaN >= head_dim) continue;  // never read by the conversion
         atomic_add_f32x2(acc + kMmaN * dt, dq[dt][0], dq[dt][1]);
         atomic_add_f32x2(acc + 8 * Traits::kHeadDim + kMmaN * dt, dq[dt][2], dq[dt][3]);
       }
     }
 
-    // Epilogue: dK * scale and dV (zeros when no query saw the tile) through shared memory (sK, sV), then
-    // out with 16-byte stores of the rows < seqlen_k and columns < head_dim.
-    __syncthreads();  // every warp is done reading sK (dQ)
+    // Epilogue: dK * scale and dV for this warp's keys and columns (zeros when no query saw the tile).
+    float* dk_out = static_cast<float*>(p.dk) + batch * p.k_batch_stride + head_kv * p.k_head_stride;
+    float* dv_out = static_cast<float*>(p.dv) + batch * p.v_batch_stride + head_kv * p.v_head_stride;
 #pragma unroll
-    for (int h = 0; h < 2; ++h)
+    for (int h = 0; h < 2; ++h) {
+      const int key = n0 + key_row0 + g + 8 * h;
+      if (key >= seqlen_k) continue;
 #pragma unroll
       for (int dt = 0; dt < kKvTiles; ++dt) {
-        const int off = (key_row0 + g + 8 * h) * kPitch + kv_col0 + kMmaN * dt + 2 * t;
-        *reinterpret_cast<float2*>(sK + off) = make_float2(dk[dt][2 * h] * p.softmax_scale, dk[dt][2 * h + 1] * p.softmax_scale);
-        *reinterpret_cast<float2*>(sV + off) = make_float2(dv[dt][2 * h], dv[dt][2 * h + 1]);
+        const int col = kv_col0 + kMmaN * dt + 2 * t;
+        if (col >= head_dim) continue;
+        *reinterpret_cast<float2*>(dk_out + static_cast<int64_t>(key) * p.k_row_stride + col) =
+            make_float2(dk[dt][2 * h] * p.softmax_scale, dk[dt][2 * h + 1] * p.softmax_scale);
+        *reinterpret_cast<float2*>(dv_out + static_cast<int64_t>(key) * p.v_row_stride + col) =
+            make_float2(dv[dt][2 * h], dv[dt][2 * h + 1]);
       }
-    __syncthreads();
-    store_tile<Traits, kBlockN>(static_cast<float*>(p.dk) + batch * p.k_batch_stride + head_kv * p.k_head_stride,
-                                p.k_row_stride, sK, n0, seqlen_k, head_dim);
-    store_tile<Traits, kBlockN>(static_cast<float*>(p.dv) + batch * p.v_batch_stride + head_kv * p.v_head_stride,
-                                p.v_row_stride, sV, n0, seqlen_k, head_dim);
+    }
     __syncthreads();  // the next tile's loads overwrite sK, sV, the stages and sdS
   }
 }

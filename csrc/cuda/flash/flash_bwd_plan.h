@@ -1,9 +1,6 @@
 // Host-side workspace plan shared by the FA2 backward launchers: how many fp32 dQ accumulator slices
 // deterministic mode uses, the accumulator's and D's sizes, and the stream-ordered allocation around a
 // backward run. Include from .cu files only (CUDA runtime API, no device code).
-//
-// The fp16 / bf16 launcher (flash_bwd.cu) still carries its own copy of deterministic_splits and the
-// layout; it can switch to this header with its kBlockN, its kDqRowMultiple and the padded head dim.
 #pragma once
 #include <cuda_runtime_api.h>
 
