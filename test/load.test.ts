@@ -22,8 +22,8 @@
  *   posts back its inputs and outputs, which the main thread checks against the reference. Each
  *   worker's memory() starts at zero tensors while the main thread holds one (per-instance state),
  *   and the main thread's addon still works and counts the same after the workers exit. A worker
- *   that exits with work still queued leaves the process working; one that exits while a read is
- *   pending aborts the process today (known bug D, `test.failing`, shown in a child process).
+ *   that exits with work still queued leaves the process working, and so does one that exits while a
+ *   read is pending (bug D, fixed: it aborted the process; shown in a child process).
  *
  * Workers run the TypeScript sources of lib/ through helpers/child.ts's require hook (no dist/
  * build needed), as the child-process tests do.
@@ -498,17 +498,16 @@ describe('worker_threads', () => {
   });
 
   /**
-   * Bug D: a worker environment torn down while one of its reads (toFloat32Array / toBits) or
-   * synchronize() promises is pending (process.exit() inside the worker, or worker.terminate())
-   * aborts the whole process: "terminate called after throwing an instance of 'Napi::Error'",
-   * SIGABRT. The read's Napi::AsyncWorker (ReadWorker / SyncWorker in csrc/napi/tensor_ops.cc)
-   * completes after the environment has stopped running JS, its OnOK resolves the Deferred, that
-   * N-API call fails and node-addon-api throws a C++ exception out of the completion callback.
-   * Deterministic, even for a tiny problem (process.exit() right after the read is issued; with
-   * terminate() it depends on the read still being pending). Shown in a child process (it would take
-   * the Jest worker down): the child should report the worker's exit and a working main instance.
+   * Bug D (fixed): a worker environment torn down while one of its reads (toFloat32Array / toBits)
+   * or synchronize() promises was pending (process.exit() inside the worker, or worker.terminate())
+   * aborted the whole process: "terminate called after throwing an instance of 'Napi::Error'",
+   * SIGABRT. The read's AsyncWorker completed after the environment had stopped running JS, settling
+   * its promise failed and node-addon-api threw out of the completion callback. The addon's workers
+   * now derive from PromiseWorker (csrc/napi/addon.h), which drops such a result. Deterministic before
+   * the fix, even for a tiny problem. Run in a child process (a regression would take the Jest worker
+   * down): the child must report the worker's exit and a working main instance.
    */
-  test.failing('a worker that exits while a read is pending does not take the process down (known bug D; child process)', () => {
+  test('a worker that exits while a read is pending does not take the process down (bug D; child process)', () => {
     const worker = `
       const { parentPort, workerData } = require('worker_threads');
       ${tsRequireHook()}

@@ -43,6 +43,23 @@ struct AddonData {
 AddonData& data(Napi::Env env);
 Runtime& runtime(Napi::Env env);
 
+// The base of the addon's AsyncWorkers, which settle promises. When a worker thread exits (or is
+// terminated) with one of its promises pending, the work completes after its environment stopped
+// running JavaScript: settling the promise fails, node-addon-api throws a Napi::Error out of the
+// completion callback, and the process aborted ("terminate called after throwing ..."). Here that
+// completion drops the result and releases the worker instead (test/load.test.ts, bug D).
+class PromiseWorker : public Napi::AsyncWorker {
+ protected:
+  using Napi::AsyncWorker::AsyncWorker;
+  void OnWorkComplete(Napi::Env env, napi_status status) override {
+    try {
+      Napi::AsyncWorker::OnWorkComplete(env, status);
+    } catch (const Napi::Error&) {
+      Destroy();  // the base threw before its own Destroy(): nothing can be settled any more
+    }
+  }
+};
+
 // Maps a C++ exception to the matching JS error and throws it.
 [[noreturn]] void rethrow_as_js(Napi::Env env, const std::exception& e);
 

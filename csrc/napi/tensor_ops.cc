@@ -111,10 +111,10 @@ Napi::Value CreateFromBits(const Napi::CallbackInfo& info) {
 }
 
 // Reads a buffer back to the host off the JS thread, as float32 values or as raw bits.
-class ReadWorker : public Napi::AsyncWorker {
+class ReadWorker : public PromiseWorker {
  public:
   ReadWorker(Napi::Env env, Runtime& rt, BufferPtr buf, bool as_float32)
-      : Napi::AsyncWorker(env, "flash-attn-node:read"),
+      : PromiseWorker(env, "flash-attn-node:read"),
         rt_(rt),
         buf_(std::move(buf)),
         as_f32_(as_float32),
@@ -198,10 +198,10 @@ Napi::Value ReadBits(const Napi::CallbackInfo& info) {
 
 // Resolves once everything queued on `device` so far has finished (or rejects with its error).
 // With `trim`, also returns the CUDA pool's cached memory to the driver once the work is done.
-class SyncWorker : public Napi::AsyncWorker {
+class SyncWorker : public PromiseWorker {
  public:
   SyncWorker(Napi::Env env, Runtime& rt, Device device, bool trim)
-      : Napi::AsyncWorker(env, "flash-attn-node:synchronize"),
+      : PromiseWorker(env, "flash-attn-node:synchronize"),
         rt_(rt),
         trim_(trim),
         deferred_(Napi::Promise::Deferred::New(env)) {

@@ -49,10 +49,10 @@ Napi::Value TimerStart(const Napi::CallbackInfo& info) {
   return Napi::External<Timer>::New(env, t, finalize_timer);
 }
 
-class TimerWorker : public Napi::AsyncWorker {
+class TimerWorker : public PromiseWorker {
  public:
   TimerWorker(Napi::Env env, Runtime& rt, Timer* t)
-      : Napi::AsyncWorker(env, "flash-attn-node:timer"),
+      : PromiseWorker(env, "flash-attn-node:timer"),
         rt_(rt),
         t0_(t->t0),
         deferred_(Napi::Promise::Deferred::New(env)) {
