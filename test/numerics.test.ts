@@ -39,8 +39,8 @@
  *    and for lse helpers/forward.ts lseRoundingSlack.
  *
  * Known bugs, shown by tests marked `test.failing` (they pass while the library is wrong; a fix
- * makes them fail, and the marker must go): KNOWN_BUGS (bugs A and B, NaN / ±∞ propagation) and
- * HUGE_SCORES_BUG (bug C, scores beyond ~1e9 on the CPU).
+ * makes them fail, and the marker must go): KNOWN_BUGS (bugs A and B, NaN / ±∞ propagation).
+ * HUGE_SCORES_BUG (bug C, scores beyond ~1e9 on the CPU) is fixed and now empty.
  */
 
 import { AttentionBackwardOptions, debug, Device, DType, flashAttention, flashAttentionBackward, referenceAttention, referenceAttentionBackward, Tensor } from '../lib';
@@ -592,16 +592,17 @@ function rampInputs(ramp: (j: number) => number) {
  * gradients are meaningful only while |S| ≲ 1e5). The docs promise correct results while the scaled
  * scores fit in float32 (|score| < 3.4e38).
  *
- * Bug C (CPU): the CPU forward computes P = exp2(fma(S, scale·log2e, −off)) with off = m·scale·log2e
- * rounded to float32 (csrc/cpu/tile_fwd.h). For the row max itself the exponent is then the rounding
- * error of off, up to half an ulp of |m·scale·log2e|: beyond ~2^31 (scores ≳ 1.5e9) it passes the ±127
- * clamp of exp2v, so the max key's P becomes 0 (the row looks empty: out 0, lse +Infinity) or 2^127
- * (overflow: Inf and NaN). Measured: the first wrong rows at row maxima ~2e9 (a residual of ±128 is
- * right at the clamp), most rows wrong from ~1e10, every row beyond ~1e11. The CUDA FA2
- * forward takes the max over the rounded scaled scores and computes P = 2^(x − max), exact for the
- * max, so it should pass (not run on a GPU yet); on CUDA float32 runs the naive kernel here.
+ * Bug C (CPU, fixed): the CPU forward computed P = exp2(fma(S, scale·log2e, −off)) with off =
+ * m·scale·log2e rounded to float32. For the row max itself the exponent was then the rounding error
+ * of off, up to half an ulp of |m·scale·log2e|: beyond ~2^31 (scores ≳ 1.5e9) it passed the ±127
+ * clamp of exp2v, so the max key's P became 0 (the row looked empty: out 0, lse +Infinity) or 2^127
+ * (overflow: Inf and NaN); every row was wrong beyond ~1e11. It now computes P = exp2((S − m)·scale·
+ * log2e) (csrc/cpu/tile_fwd.h), exact for the max. The CUDA FA2 forward takes the max over the
+ * rounded scaled scores and computes P = 2^(x − max), exact for the max, so it should pass too (not
+ * run on a GPU yet); on CUDA float32 runs the naive kernel here. Devices listed here run the cases
+ * as `test.failing`.
  */
-const HUGE_SCORES_BUG: readonly Device[] = ['cpu'];
+const HUGE_SCORES_BUG: readonly Device[] = [];
 
 const BIG_CASES: BigCase[] = [
   {

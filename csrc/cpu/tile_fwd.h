@@ -7,11 +7,13 @@
 // sum l, rescale alpha) is a vector along the query rows (no horizontal reductions), and K_j and V_j
 // are both GEMM A operands (read by broadcasts), so fp32 K and V are read in place, never copied.
 //
-// Numerics (as FlashAttention-2's CUDA kernels): S is the unscaled Q K^T (exact when the products
-// are, e.g. integer inputs), the row max m is taken on it, and P = exp2(S * scale_log2 - off) with
-// off = m * scale_log2 rounded once and one fma, so the exponent is rounded once, after the
-// cancellation. Folding the scale into Q instead rounded every product and lost ~1e-3 in P at
-// scores ~1e4 (test/attention.test.ts, large-magnitude cases).
+// Numerics: S is the unscaled Q K^T (exact when the products are, e.g. integer inputs), the row max m
+// is taken on it, and P = exp2((S - m) * scale_log2): the subtraction is exact near the max (Sterbenz)
+// and the exponent is rounded once, after the cancellation; the max element gets exactly 2^0 at any
+// magnitude. (An fma(S, scale_log2, -m * scale_log2) left m * scale_log2's rounding error in every
+// exponent: beyond scores of ~2e9 that error passed exp2's range and rows came out 0 or NaN,
+// test/numerics.test.ts bug C. Folding the scale into Q instead rounded every product and lost ~1e-3
+// in P at scores ~1e4.)
 
 void fwd_item(const FwdPlan& plan, int64_t item, float* ws) {
   const AttentionFwdParams& p = *plan.p;
@@ -35,7 +37,7 @@ void fwd_item(const FwdPlan& plan, int64_t item, float* ws) {
   float* st = ws + plan.off_s;       // [kBk][bq]  S^T, then P^T
   float* ot = ws + plan.off_o;       // [d][bq]    O^T, unscaled output accumulator
   float* m = ws + plan.off_m;        // [bq]       running row max of S (unscaled)
-  float* off = ws + plan.off_off;    // [bq]       m * scale_log2: the exponent offset of P, l and O
+  float* off = ws + plan.off_off;    // [bq]       m * scale_log2, for the lse
   float* l = ws + plan.off_l;        // [bq]       running row sum of exp2
   float* alpha = ws + plan.off_alpha;  // [bq]     rescale factor of this step
   float* row = ws + plan.off_row;    // [d]        conversion scratch
@@ -80,15 +82,16 @@ void fwd_item(const FwdPlan& plan, int64_t item, float* ws) {
       const Vec m_old = vload<Vec>(m + r);
       Vec m_new = m_old;
       for (int jj = 0; jj < keys; ++jj) m_new = vmax(m_new, vload<Vec>(st + jj * bq + r));
-      // A row with no visible key so far has m_new = -inf: its offset is 0, so that
-      // exp2(-inf - (-inf)) = NaN never happens (its P are exp2(-inf) = 0).
-      const Vec off_new = m_new == neg_inf ? Vec{} : m_new * scale;
-      // Rescales the earlier tiles' P, l and O from their offset to the new one: exactly 1 when the
+      // A row with no visible key so far has m_new = -inf: it subtracts 0 instead, so that
+      // -inf - (-inf) = NaN never happens (its P are exp2(-inf) = 0).
+      const Vec base = m_new == neg_inf ? Vec{} : m_new;
+      const Vec off_new = base * scale;
+      // Rescales the earlier tiles' P, l and O from the old max to the new one: exactly 1 when the
       // max did not move, 0 when there were no earlier keys.
-      const Vec a = m_old == neg_inf ? Vec{} : exp2v(vload<Vec>(off + r) - off_new);
+      const Vec a = m_old == neg_inf ? Vec{} : exp2v((m_old - base) * scale);
       Vec sum{};
       for (int jj = 0; jj < keys; ++jj) {
-        const Vec pv = exp2v(vfma(vload<Vec>(st + jj * bq + r), scale, -off_new));
+        const Vec pv = exp2v((vload<Vec>(st + jj * bq + r) - base) * scale);
         vstore<Vec>(st + jj * bq + r, pv);
         sum += pv;
       }
