@@ -26,6 +26,7 @@
 #include <random>
 #include <vector>
 
+#include "check_args.h"
 #include "check_cuda.h"
 #include "check_timing.h"
 #include "common/attention_params.h"
@@ -243,21 +244,9 @@ void bench(const Case& c, const char* name, Fp32Precision precision, FwdFn fwd, 
 }  // namespace
 
 int main(int argc, char** argv) {
-  uint64_t seed = std::random_device{}();
-  bool run_bench = true;
-  for (int a = 1; a < argc; ++a) {
-    if (std::strcmp(argv[a], "--no-bench") == 0)
-      run_bench = false;
-    else
-      seed = std::strtoull(argv[a], nullptr, 10);
-  }
-  int dev = 0;
-  CHECK_CUDA(cudaGetDevice(&dev));
-  cudaDeviceProp prop;
-  CHECK_CUDA(cudaGetDeviceProperties(&prop, dev));
-  std::printf("device %d: %s (sm_%d%d), seed %" PRIu64 " (rerun with: flash_fwd_fp32_check %" PRIu64 ")\n", dev,
-              prop.name, prop.major, prop.minor, seed, seed);
-  std::mt19937_64 rng(seed);
+  const CheckSetup setup = check_setup(argc, argv, "flash_fwd_fp32_check");
+  const bool run_bench = setup.run_bench;
+  std::mt19937_64 rng(setup.seed);
 
   struct Shape {
     int64_t batch, sq, sk, hq, hkv;
