@@ -37,7 +37,7 @@
               "rule_name": "nvcc",
               "extension": "cu",
               "message": "nvcc <(RULE_INPUT_PATH)",
-              "inputs": ["scripts/build-config.js"],
+              "inputs": ["scripts/build-config.js", "<!@(node scripts/build-config.js headers)"],
               "outputs": ["<(INTERMEDIATE_DIR)/<(RULE_INPUT_ROOT).cu.o"],
               "action": [
                 "<(fa_nvcc)",

@@ -12,6 +12,8 @@
 //   gencode                        nvcc -gencode flags for those architectures
 //   nvcc-flags                     the full nvcc flag list (without -c/-o)
 //   defines                        preprocessor definitions shared by every translation unit
+//   headers                        every header under csrc/ (.h, .cuh), repo-relative: the extra inputs
+//                                  of binding.gyp's nvcc rule, which has no per-file dependency scan
 //   summary                        a human-readable line (printed by the builds)
 //
 // Environment (all optional; narrow a development build with them):
@@ -100,6 +102,23 @@ function defines(cuda) {
   return d;
 }
 
+// Every header under csrc/, sorted, repo-relative with '/' separators. gyp's make generator scans C++
+// sources for their includes but not the outputs of a custom rule: without these as the nvcc rule's
+// inputs, an edit to a .cuh left the .cu objects that include it stale (seen: a kernel fix that the
+// addon did not contain after `node-gyp build`).
+function headers() {
+  const found = [];
+  const walk = (dir) => {
+    for (const e of fs.readdirSync(path.join(root, dir), { withFileTypes: true })) {
+      const rel = `${dir}/${e.name}`;
+      if (e.isDirectory()) walk(rel);
+      else if (/\.(h|cuh)$/.test(e.name)) found.push(rel);
+    }
+  };
+  walk('csrc');
+  return found.sort();
+}
+
 function nvccFlags() {
   return [
     '-std=c++17', '-O3', '-Xcompiler=-fPIC', '-Xcompiler=-fvisibility=hidden',
@@ -127,6 +146,7 @@ function main(argv) {
     case 'gencode': return gencode().join(' ');
     case 'nvcc-flags': return cuda ? nvccFlags().join(' ') : '';
     case 'defines': return defines(Boolean(cuda)).join(' ');
+    case 'headers': return headers().join(' ');
     case 'summary':
       return cuda
         ? `flash-attn-node: building with CUDA (${cuda.nvcc}; archs ${archs().join(',')}; head dims ${headDims().join(',')})`
