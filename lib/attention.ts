@@ -6,7 +6,7 @@
  * natural log. All contiguous. seqlenQ and seqlenK may differ; headsQ must be a multiple of headsKV
  * (grouped-query / multi-query attention, with no copies of k and v); headDim is a multiple of 8 up
  * to 256. Compute is float32 for every dtype (fp32 accumulation); float32 inputs of the CUDA
- * FlashAttention-2 forward run on TF32 tensor cores unless `float32Precision: 'highest'` (see
+ * FlashAttention-2 forward and backward run on TF32 tensor cores unless `float32Precision: 'highest'` (see
  * {@link AttentionOptions.float32Precision}).
  *
  * Causal masking is aligned to the bottom-right corner, as in FlashAttention-2: query row i sees
@@ -39,17 +39,17 @@ export interface AttentionOptions {
   softmaxScale?: number;
   /**
    * 'flash' is FlashAttention-2: the CPU backend, and on CUDA (sm_80 or newer) the tensor-core
-   * kernels: the forward for float16, bfloat16 and float32, the backward (one kernel, dq through
-   * fp32 atomic adds, or ordered adds with `deterministic`) for float16 and bfloat16. 'naive' is the
-   * CUDA fp32 reference that materialises the [seqlenQ, seqlenK] scores (memory grows as N²). 'auto'
-   * (default): 'flash' wherever it exists for the call, else 'naive' (on CUDA: the float32
-   * backward). 'flash' where it does not exist throws a RangeError that says why. The result's
-   * `kernel` says which ran.
+   * kernels: the forward and the backward for float16, bfloat16 and float32 (see `algorithm` and
+   * `deterministic` for the backward's variants). 'naive' is the CUDA fp32 reference that
+   * materialises the [seqlenQ, seqlenK] scores (memory grows as N²). 'auto' (default): 'flash'
+   * wherever it exists for the call, else 'naive'. 'flash' where it does not exist throws a
+   * RangeError that says why. The result's `kernel` says which ran.
    */
   kernel?: AttentionKernel;
   /**
-   * How the CUDA FlashAttention-2 forward computes float32 inputs (ignored for float16/bfloat16, by
-   * the CPU backend and by the naive CUDA kernel, which always compute in full fp32).
+   * How the CUDA FlashAttention-2 forward and backward compute float32 inputs (ignored for
+   * float16/bfloat16, by the CPU backend and by the naive CUDA kernel, which always compute in full
+   * fp32).
    *
    * - `'tf32'` (default): TF32 tensor cores, as PyTorch with TF32 allowed. q, k, v and the softmax
    *   probabilities are rounded to TF32 (10-bit mantissa, the precision of float16 with float32's
@@ -62,8 +62,8 @@ export interface AttentionOptions {
    *   each, float32 accumulation), about 1.5× the error of a plain float32 implementation (same
    *   emulation: out ≈ 1-2e-6 · max|out|, lse ≈ 1e-6), for about 3× the tensor-core work.
    *
-   * The backward accepts the option (one options object serves both passes, as with
-   * {@link flashAttentionWithGrad}); it has no effect there yet: every backward computes in full fp32.
+   * The backward rounds the operands of its five products (q, k, v, dout, P and dS) the same way;
+   * softmax, D = rowsum(dout∘out), dS and every accumulation stay float32.
    */
   float32Precision?: Float32Precision;
 }
@@ -85,12 +85,13 @@ export interface AttentionBackwardOptions extends AttentionOptions {
    *   the keys) that writes dq directly: no atomics and no float32 accumulator, deterministic by
    *   construction, for two more matrix products per tile (S and dP are recomputed). Hopper GPUs at
    *   head dims 32, 64 and 128 (after padding); elsewhere a RangeError says why.
-   * - `'auto'` (default): `'single-kernel'` for now. On an H200 (bf16, the FlashAttention-2 grid,
-   *   bench/RESULTS.md) the two kernels took 0.97× the single kernel's time (0.93–1.03× per cell),
-   *   with no float32 dq accumulator and deterministic results: 'auto' will take them where they
-   *   exist once the whole GPU suite has run with that default.
+   * - `'auto'` (default): `'two-kernel'` where it exists (float16 and bfloat16 on Hopper at head
+   *   dims 32, 64 and 128 after padding), else `'single-kernel'`. On an H200 (bf16, the
+   *   FlashAttention-2 grid, bench/RESULTS.md) the two kernels took 0.97× the single kernel's time
+   *   (0.93–1.03× per cell), with no float32 dq accumulator and deterministic results.
    *
-   * Ignored by the naive kernel and the CPU backend only when left at `'auto'`.
+   * The result's `algorithm` says which ran. The naive kernel and the CPU backend have one structure
+   * each: they accept `'auto'` and `'single-kernel'`.
    */
   algorithm?: BackwardAlgorithm;
   /**
@@ -121,6 +122,12 @@ export interface AttentionGradients {
   dv: Tensor;
   /** The implementation that ran ('auto' resolved): 'flash' (FlashAttention-2) or 'naive'. */
   kernel: Exclude<AttentionKernel, 'auto'>;
+  /**
+   * The backward's structure that ran ({@link AttentionBackwardOptions.algorithm}, 'auto' resolved):
+   * 'two-kernel' or 'single-kernel'. The CPU backend and the naive kernel have one structure each and
+   * report 'single-kernel'.
+   */
+  algorithm: Exclude<BackwardAlgorithm, 'auto'>;
 }
 
 interface Problem {
@@ -311,7 +318,7 @@ function backwardNative(
   dout: NativeBuffer, q: NativeBuffer, k: NativeBuffer, v: NativeBuffer, out: NativeBuffer, lse: NativeBuffer,
   p: BackwardProblem,
 ): AttentionGradients {
-  const [dq, dk, dv, kernel] = binding().attentionBackward(dout, q, k, v, out, lse, p.dims, p.causal, p.scale,
+  const [dq, dk, dv, kernel, algorithm] = binding().attentionBackward(dout, q, k, v, out, lse, p.dims, p.causal, p.scale,
     KERNEL_CODE[p.kernel], p.deterministic, BACKWARD_ALGORITHM_CODE[p.algorithm], FLOAT32_PRECISION_CODE[p.float32Precision]);
   const [batch, seqlenQ, seqlenK, headsQ, headsKV, headDim] = p.dims;
   return {
@@ -319,6 +326,7 @@ function backwardNative(
     dk: wrapNative(dk, [batch, seqlenK, headsKV, headDim], p.dtype, p.device),
     dv: wrapNative(dv, [batch, seqlenK, headsKV, headDim], p.dtype, p.device),
     kernel,
+    algorithm,
   };
 }
 

@@ -72,7 +72,7 @@ export interface NativeBinding {
     dout: NativeBuffer, q: NativeBuffer, k: NativeBuffer, v: NativeBuffer, out: NativeBuffer, lse: NativeBuffer,
     dims: number[], causal: boolean, softmaxScale: number, kernel: number, deterministic: boolean, algorithm: number,
     float32Precision: number,
-  ): [NativeBuffer, NativeBuffer, NativeBuffer, 'flash' | 'naive'];
+  ): [NativeBuffer, NativeBuffer, NativeBuffer, 'flash' | 'naive', 'single-kernel' | 'two-kernel'];
 }
 
 /** Numeric codes shared with csrc/common/dtype.h and csrc/runtime/runtime.h. */

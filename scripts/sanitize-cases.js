@@ -13,9 +13,10 @@
 // Each forward case runs kernel 'flash' and kernel 'naive' on the same inputs and checks loosely that
 // they agree (proof that the kernel ran and wrote its rows; the accuracy rule is in
 // test/flash-forward.test.ts), and that empty causal rows give out 0 and lse +Infinity. Each backward
-// case runs, after an FA2 forward, the FA2 backward (atomic, then deterministic) and the naive one on
-// the same inputs and checks loosely that they agree (the wgmma kernel at head dims 32 / 64 / 128 on
-// Hopper, the mma.sync kernel at the others). Prints a line per case and
+// case runs, after an FA2 forward, the FA2 backward (algorithm 'auto': the two kernels at head dims
+// 32 / 64 / 128 on Hopper; the single kernel atomic and deterministic: wgmma at those head dims on
+// Hopper, mma.sync at the others; the float32 kernel in TF32 and 3xTF32) and the naive one on the same
+// inputs and checks loosely that they agree. Prints a line per case and
 // "sanitize-cases: OK (<n> cases)" last; exits 1 on any failure.
 'use strict';
 
@@ -54,11 +55,14 @@ const BACKWARD = {
     [1, 130, 65, 2, 2, 96, false, 'bfloat16'], // mma.sync kernel
     [1, 17, 97, 2, 1, 256, true, 'float16'], // mma.sync, head dim split between warps
     [1, 1025, 1023, 2, 1, 40, false, 'bfloat16'], // padded head dim, 8 key tiles (deterministic: slices)
+    [1, 203, 113, 4, 2, 64, true, 'float32'], // float32 kernel (TF32 and 3xTF32), 90 empty rows, GQA 2:1
+    [1, 97, 130, 2, 2, 200, false, 'float32'], // float32, padded head dim 200 (runs as 256)
   ],
   race: [
     [1, 33, 47, 2, 1, 64, true, 'bfloat16'],
     [1, 130, 65, 1, 1, 96, true, 'float16'],
     [1, 65, 200, 1, 1, 128, false, 'bfloat16'],
+    [1, 97, 70, 2, 1, 96, true, 'float32'],
   ],
 };
 
@@ -155,8 +159,9 @@ async function forwardCase(c, seed) {
 }
 
 /**
- * An FA2 forward, then the FA2 backward (atomic and deterministic) and the naive one on the same
- * tensors; every gradient finite and the FA2 ones within GRAD_TOL of the naive ones.
+ * An FA2 forward, then the FA2 backward in each of its variants (algorithm 'auto', the single kernel
+ * atomic and deterministic, float32 also 3xTF32) and the naive one on the same tensors; every
+ * gradient finite and the FA2 ones within GRAD_TOL of the naive ones.
  */
 async function backwardCase(c, seed) {
   const [, , , , , , causal] = c;
@@ -166,19 +171,26 @@ async function backwardCase(c, seed) {
     owned.push(q, k, v, dout);
     const f = fa.flashAttention(q, k, v, { causal });
     owned.push(f.out, f.lse);
-    const runs = [
-      fa.flashAttentionBackward(dout, q, k, v, f.out, f.lse, { causal, kernel: 'flash' }),
-      fa.flashAttentionBackward(dout, q, k, v, f.out, f.lse, { causal, kernel: 'flash', deterministic: true }),
-      fa.flashAttentionBackward(dout, q, k, v, f.out, f.lse, { causal, kernel: 'naive' }),
+    // [label, options]: 'auto' (two kernels where they exist), the single kernel atomic and
+    // deterministic, float32 also in 3xTF32; the naive backward last, the baseline.
+    const variants = [
+      ['auto', {}],
+      ['single-kernel', { algorithm: 'single-kernel' }],
+      ['single-kernel deterministic', { algorithm: 'single-kernel', deterministic: true }],
+      ...(c[7] === 'float32' ? [['highest', { float32Precision: 'highest' }]] : []),
     ];
+    const runs = variants.map(([, o]) => fa.flashAttentionBackward(dout, q, k, v, f.out, f.lse, { causal, kernel: 'flash', ...o }));
+    runs.push(fa.flashAttentionBackward(dout, q, k, v, f.out, f.lse, { causal, kernel: 'naive' }));
     for (const g of runs) owned.push(g.dq, g.dk, g.dv);
-    const ran = runs.map((g) => g.kernel).join(', ');
-    if (ran !== 'flash, flash, naive') throw new Error(`kernels ran: ${ran}`);
+    const ran = runs.map((g) => `${g.kernel} ${g.algorithm}`);
+    if (runs.some((g, i) => g.kernel !== (i < variants.length ? 'flash' : 'naive'))) throw new Error(`kernels ran: ${ran.join(', ')}`);
     let worst = 0;
     for (const name of ['dq', 'dk', 'dv']) {
-      const [a, d, n] = await Promise.all(runs.map((g) => g[name].toFloat32Array()));
+      const xs = await Promise.all(runs.map((g) => g[name].toFloat32Array()));
+      const n = xs[xs.length - 1];
       const scale = Math.max(1, ...n.map(Math.abs));
-      for (const [which, x] of [['atomic', a], ['deterministic', d]]) {
+      for (const [j, [which]] of variants.entries()) {
+        const x = xs[j];
         for (let i = 0; i < x.length; i++) {
           const e = Math.abs(x[i] - n[i]) / scale;
           if (!(e <= GRAD_TOL)) throw new Error(`${name}[${i}] (${which}) = ${x[i]}, naive ${n[i]}`);
@@ -186,7 +198,7 @@ async function backwardCase(c, seed) {
         }
       }
     }
-    return `forward ${f.kernel}, backward ${ran}: max |flash - naive| / max(1, max |naive|) ${worst.toExponential(2)}`;
+    return `forward ${f.kernel}, backward ${ran.join(', ')}: max |flash - naive| / max(1, max |naive|) ${worst.toExponential(2)}`;
   } finally {
     for (const t of owned) t.dispose();
   }

@@ -5,20 +5,25 @@
  * - CPU: FlashAttention-2 for the forward and the backward ('naive' is refused there; its message is
  *   checked in test/validation.test.ts).
  * - CUDA (the suites run on sm_80 or newer, with the shared memory of an A100 or H100): 'auto' runs
- *   the FlashAttention-2 forward for float16, bfloat16 and float32 (TF32) at every head dim, and the
- *   FA2 backward for float16 and bfloat16 (deterministic or not); the float32 backward runs the naive
- *   kernel, and kernel 'flash' for it is refused with the reason. 'naive' runs on request. The
- *   forward's only refusal ("needs a GPU of compute capability 8.0 (sm_80) or newer") cannot be
- *   reached on the GPUs the suites run on.
+ *   the FlashAttention-2 forward and backward for float16, bfloat16 and float32 (TF32) at every head
+ *   dim (deterministic or not). The backward's algorithm 'auto' resolves to 'two-kernel' on Hopper
+ *   for float16 / bfloat16 at head dims 32, 64 and 128 (after padding), else to 'single-kernel'; an
+ *   explicit 'two-kernel' where it does not exist is refused with the reason (float32 here; the head
+ *   dims in test/flash-backward.test.ts). 'naive' runs on request. The forward's only refusal ("needs
+ *   a GPU of compute capability 8.0 (sm_80) or newer") cannot be reached on the GPUs the suites run on.
  */
-import { flashAttention, flashAttentionBackward, Tensor } from '../lib';
-import type { AttentionKernel, DType } from '../lib';
-import { describeEachDevice, trackMemory } from './helpers/backend';
+import { backends, flashAttention, flashAttentionBackward, Tensor } from '../lib';
+import type { AttentionKernel, BackwardAlgorithm, DType } from '../lib';
+import { describeEachDevice, HAS_CUDA, trackMemory } from './helpers/backend';
 import { randn, rngFor } from './helpers/random';
 
 trackMemory();
 
 type Ran = Exclude<AttentionKernel, 'auto'>;
+type RanAlgorithm = Exclude<BackwardAlgorithm, 'auto'>;
+
+/** Whether the CUDA device is a Hopper GPU (compute capability 9.x), where the two-kernel backward exists. */
+const HOPPER = HAS_CUDA && (backends().cuda.device?.computeCapability ?? '').startsWith('9.');
 
 describeEachDevice('kernel choice', (device) => {
   /** q, k, v, dout of shape [1, 40, 2, headDim] (self attention), random. */
@@ -28,22 +33,25 @@ describeEachDevice('kernel choice', (device) => {
     return [0, 1, 2, 3].map((i) => Tensor.fromFloat32Array(randn(n, rngFor(`kernel/${device}/${dtype}/${headDim}/${i}`)), shape, { dtype, device }));
   };
 
-  // [dtype, head dim, forward kernel of 'auto', backward kernel of 'auto']. On CUDA: a specialised
-  // and a padded head dim per dtype (the padded ones run the next specialisation).
-  const cases: [DType, number, Ran, Ran][] = device === 'cpu'
-    ? [['float32', 64, 'flash', 'flash'], ['bfloat16', 40, 'flash', 'flash']]
+  // [dtype, head dim, forward kernel of 'auto', backward kernel of 'auto', backward algorithm of 'auto'].
+  // On CUDA: a specialised and a padded head dim per dtype (the padded ones run the next
+  // specialisation); 'two-kernel' where it exists on Hopper.
+  const two: RanAlgorithm = HOPPER ? 'two-kernel' : 'single-kernel';
+  const cases: [DType, number, Ran, Ran, RanAlgorithm][] = device === 'cpu'
+    ? [['float32', 64, 'flash', 'flash', 'single-kernel'], ['bfloat16', 40, 'flash', 'flash', 'single-kernel']]
     : [
-      ['float16', 64, 'flash', 'flash'], ['float16', 200, 'flash', 'flash'],
-      ['bfloat16', 128, 'flash', 'flash'], ['bfloat16', 40, 'flash', 'flash'],
-      ['float32', 256, 'flash', 'naive'], ['float32', 8, 'flash', 'naive'],
+      ['float16', 64, 'flash', 'flash', two], ['float16', 200, 'flash', 'flash', 'single-kernel'],
+      ['bfloat16', 128, 'flash', 'flash', two], ['bfloat16', 40, 'flash', 'flash', two],
+      ['bfloat16', 96, 'flash', 'flash', 'single-kernel'],
+      ['float32', 256, 'flash', 'flash', 'single-kernel'], ['float32', 8, 'flash', 'flash', 'single-kernel'],
     ];
 
-  test.each(cases)('%s, head dim %d: auto runs %s forward and %s backward', (dtype, headDim, fwdKernel, bwdKernel) => {
+  test.each(cases)('%s, head dim %d: auto runs %s forward and %s backward (%s)', (dtype, headDim, fwdKernel, bwdKernel, algorithm) => {
     const [q, k, v, dout] = make(dtype, headDim);
     const f = flashAttention(q, k, v);
     const g = flashAttentionBackward(dout, q, k, v, f.out, f.lse);
     try {
-      expect([f.kernel, g.kernel]).toEqual([fwdKernel, bwdKernel]);
+      expect([f.kernel, g.kernel, g.algorithm]).toEqual([fwdKernel, bwdKernel, algorithm]);
     } finally {
       for (const t of [q, k, v, dout, f.out, f.lse, g.dq, g.dk, g.dv]) t.dispose();
     }
@@ -62,19 +70,40 @@ describeEachDevice('kernel choice', (device) => {
         }
       });
 
-    // The refusal names its reason; 'auto' and 'naive' run the same call on the naive kernel.
-    test.each([
-      ['float32', false, 'the CUDA FlashAttention-2 backward takes float16 and bfloat16 inputs (float32 runs on the naive kernel)'],
-    ] as [DType, boolean, string][])("%s, deterministic %s: kernel 'flash' for the backward is refused, 'auto' and 'naive' run naive", (dtype, deterministic, reason) => {
-      const [q, k, v, dout] = make(dtype, 64);
+    // The two-kernel backward has no float32 version: asking for it is refused with the reason, by
+    // kernel 'flash' and by kernel 'auto' (whose message names the algorithm); 'auto' and
+    // 'single-kernel' run the float32 FA2 backward.
+    test("float32: algorithm 'two-kernel' is refused with the reason; 'auto' and 'single-kernel' run the FA2 backward", () => {
+      const reason = 'the two-kernel backward takes float16 and bfloat16 inputs (float32 has the single-kernel one)';
+      const [q, k, v, dout] = make('float32', 64);
       const f = flashAttention(q, k, v);
       try {
-        expect(() => flashAttentionBackward(dout, q, k, v, f.out, f.lse, { kernel: 'flash', deterministic })).toThrow(new RangeError(
-          `Expected kernel to be 'auto' or 'naive' for this call but received 'flash': ${reason}`));
-        for (const kernel of ['auto', 'naive'] as const) {
-          const g = flashAttentionBackward(dout, q, k, v, f.out, f.lse, { kernel, deterministic });
+        expect(() => flashAttentionBackward(dout, q, k, v, f.out, f.lse, { kernel: 'flash', algorithm: 'two-kernel' })).toThrow(
+          new RangeError(`Expected kernel to be 'auto' or 'naive' for this call but received 'flash': ${reason}`));
+        expect(() => flashAttentionBackward(dout, q, k, v, f.out, f.lse, { algorithm: 'two-kernel' })).toThrow(
+          new RangeError(`Expected algorithm to be 'auto' or 'single-kernel' for this call but received 'two-kernel': ${reason}`));
+        for (const algorithm of ['auto', 'single-kernel'] as const) {
+          const g = flashAttentionBackward(dout, q, k, v, f.out, f.lse, { algorithm });
           try {
-            expect(g.kernel).toBe('naive');
+            expect([g.kernel, g.algorithm]).toEqual(['flash', 'single-kernel']);
+          } finally {
+            for (const t of [g.dq, g.dk, g.dv]) t.dispose();
+          }
+        }
+      } finally {
+        for (const t of [q, k, v, dout, f.out, f.lse]) t.dispose();
+      }
+    });
+
+    test("bfloat16, head dim 64: algorithm 'single-kernel' and 'two-kernel' (Hopper) each run the backward they name", () => {
+      const [q, k, v, dout] = make('bfloat16', 64);
+      const f = flashAttention(q, k, v);
+      const algorithms: RanAlgorithm[] = HOPPER ? ['single-kernel', 'two-kernel'] : ['single-kernel'];
+      try {
+        for (const algorithm of algorithms) {
+          const g = flashAttentionBackward(dout, q, k, v, f.out, f.lse, { algorithm });
+          try {
+            expect([g.kernel, g.algorithm]).toEqual(['flash', algorithm]);
           } finally {
             for (const t of [g.dq, g.dk, g.dv]) t.dispose();
           }
@@ -108,7 +137,8 @@ describeEachDevice('kernel choice', (device) => {
         for (const kernel of ['flash', 'naive'] as const) {
           const g = flashAttentionBackward(dout, q, k, v, f.out, f.lse, { kernel, causal: true });
           try {
-            expect(g.kernel).toBe(kernel);
+            // Head dim 72 runs the mma.sync kernel (no two-kernel version); the naive kernel has one structure.
+            expect([g.kernel, g.algorithm]).toEqual([kernel, 'single-kernel']);
           } finally {
             for (const t of [g.dq, g.dk, g.dv]) t.dispose();
           }

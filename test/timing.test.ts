@@ -15,7 +15,7 @@ describeEachDevice('timeOnDevice', (device) => {
   beforeAll(() => {
     q = Tensor.fromFloat32Array(randn(S * 4 * 64, rngFor(`timing/${device}`)), [1, S, 4, 64], { device });
   });
-  afterAll(() => q.dispose());
+  afterAll(() => q?.dispose());
 
   const attention = (): void => {
     const r = flashAttention(q, q, q);

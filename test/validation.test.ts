@@ -498,11 +498,11 @@ describe('raw native binding (lib/native.ts binding())', () => {
 
   test('the valid calls used as the base of the garbage below do work', async () => {
     const before = liveMemory();
-    // [out, lse, kernel] and [dq, dk, dv, kernel]: the last entry names the implementation that ran.
+    // [out, lse, kernel] and [dq, dk, dv, kernel, algorithm]: the kernel names the implementation that ran.
     const rAll = fwd()() as unknown[];
     const gAll = bwd()() as unknown[];
-    expect([rAll.length, gAll.length]).toEqual([3, 4]);
-    expect([rAll[2], gAll[3]]).toEqual(['flash', 'flash']);
+    expect([rAll.length, gAll.length]).toEqual([3, 5]);
+    expect([rAll[2], gAll[3], gAll[4]]).toEqual(['flash', 'flash', 'single-kernel']);
     const r = rAll.slice(0, 2) as NativeBuffer[];
     const g = gAll.slice(0, 3) as NativeBuffer[];
     expect(liveMemory().cpu.tensors).toBe(before.cpu.tensors + 5);

@@ -8,6 +8,7 @@
 #include "napi/addon.h"
 #ifdef FA_WITH_CUDA
 #include "cuda/flash/flash_bwd.h"
+#include "cuda/flash/flash_bwd_fp32.h"
 #include "cuda/flash/flash_fwd.h"
 #include "cuda/flash/flash_fwd_fp32.h"
 #include "cuda/naive_attention.h"
@@ -269,7 +270,8 @@ Napi::Value AttentionForward(const Napi::CallbackInfo& info) {
 }
 
 // attentionBackward(dout, q, k, v, out, lse, dims, causal, softmaxScale, kernel, deterministic, algorithm,
-// float32Precision): [dq, dk, dv, kernel]
+// float32Precision): [dq, dk, dv, kernel, algorithm] (the last two resolved: 'flash' | 'naive',
+// 'single-kernel' | 'two-kernel')
 Napi::Value AttentionBackward(const Napi::CallbackInfo& info) {
   Napi::Env env = info.Env();
   Runtime& rt = runtime(env);
@@ -313,9 +315,19 @@ Napi::Value AttentionBackward(const Napi::CallbackInfo& info) {
       "the CUDA FlashAttention-2 backward needs a GPU of compute capability 8.0 (sm_80) or newer";
 #ifdef FA_WITH_CUDA
   if (device == Device::kCuda) {
-    // The gradients are allocated below by the pool (256-byte aligned, contiguous): the check's other
+    // The gradients are allocated below by the pool (256-byte aligned, contiguous): the checks' other
     // inputs decide.
-    const char* reason = cuda::flash_bwd_unsupported_reason(p);
+    if (algorithm == BwdAlgorithm::kAuto && dtype != DType::kFloat32) {
+      // 'auto' takes the two-kernel backward wherever it exists (Hopper, head dims 32 / 64 / 128 after
+      // padding): on an H200 it took 0.97x the single kernel's time over the bf16 FA2 grid (0.93-1.03x per
+      // cell, bench/RESULTS.md session 3), needs no fp32 dq accumulator and is deterministic.
+      p.two_kernel = true;
+      if (cuda::flash_bwd_unsupported_reason(p) != nullptr) p.two_kernel = false;
+    }
+    const char* reason = dtype != DType::kFloat32 ? cuda::flash_bwd_unsupported_reason(p)
+                         : p.two_kernel ? "the two-kernel backward takes float16 and bfloat16 inputs (float32 has "
+                                          "the single-kernel one)"
+                                        : cuda::flash_bwd_fp32_unsupported_reason(p);
     flash_ok = reason == nullptr;
     if (reason != nullptr) flash_unsupported = reason;
   }
@@ -342,7 +354,10 @@ Napi::Value AttentionBackward(const Napi::CallbackInfo& info) {
   } else {
 #ifdef FA_WITH_CUDA
     rt.cuda().ensure_usable();
-    if (kernel == Kernel::kFlash) {
+    if (kernel == Kernel::kFlash && dtype == DType::kFloat32) {
+      check_launch(rt, cuda::flash_bwd_fp32(p, rt.cuda().stream()), "FlashAttention-2 backward (float32)",
+                   cuda::flash_bwd_fp32_workspace_bytes(p));
+    } else if (kernel == Kernel::kFlash) {
       check_launch(rt, cuda::flash_bwd(p, rt.cuda().stream()), "FlashAttention-2 backward",
                    cuda::flash_bwd_workspace_bytes(p));
     } else {
@@ -351,11 +366,13 @@ Napi::Value AttentionBackward(const Napi::CallbackInfo& info) {
     }
 #endif
   }
-  Napi::Array result = Napi::Array::New(env, 4);
+  Napi::Array result = Napi::Array::New(env, 5);
   result.Set(0u, NativeBuffer::Wrap(env, dq));
   result.Set(1u, NativeBuffer::Wrap(env, dk));
   result.Set(2u, NativeBuffer::Wrap(env, dv));
   result.Set(3u, Napi::String::New(env, kernel_name(kernel)));
+  const bool two_kernel = kernel == Kernel::kFlash && device == Device::kCuda && p.two_kernel;
+  result.Set(4u, Napi::String::New(env, two_kernel ? "two-kernel" : "single-kernel"));
   return result;
 }
 

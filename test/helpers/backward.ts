@@ -176,12 +176,13 @@ export class DeviceProblem implements Disposable {
   }
 }
 
-/** Gradients read back to the host, with the kernel that the call reported. */
+/** Gradients read back to the host, with the kernel and the algorithm that the call reported. */
 export interface HostGradients {
   dq: Float32Array;
   dk: Float32Array;
   dv: Float32Array;
   kernel: string;
+  algorithm: string;
 }
 
 /**
@@ -197,7 +198,7 @@ export async function readGradients(t: ForwardShape, dtype: DType, device: Devic
   expectAllWritten(dq, `dq (${what})`, { shape: qShapeOf(t), dims: Q_DIMS });
   expectAllWritten(dk, `dk (${what})`, { shape: kShapeOf(t), dims: Q_DIMS });
   expectAllWritten(dv, `dv (${what})`, { shape: kShapeOf(t), dims: Q_DIMS });
-  return { dq, dk, dv, kernel: g.kernel };
+  return { dq, dk, dv, kernel: g.kernel, algorithm: g.algorithm };
 }
 
 /** Disposes the three gradient tensors. */
@@ -207,26 +208,38 @@ export function disposeGradients(g: AttentionGradients): void {
   g.dv.dispose();
 }
 
-/** What one forward + backward gives back: the stored inputs, out and lse, and the gradients. */
-export interface BackwardRun extends StoredProblem, HostGradients {}
+/**
+ * What one forward + backward gives back: the stored inputs, out and lse, and the gradients (of the
+ * algorithm 'auto' picked; `others`: the gradients of the other algorithm on the same inputs, where
+ * 'auto' picked 'two-kernel').
+ */
+export interface BackwardRun extends StoredProblem, HostGradients {
+  others: HostGradients[];
+}
 
 /**
  * Makes the inputs of `t` on CUDA, runs the FA2 forward (kernel 'flash') for out and lse, then the
- * backward with kernel 'flash'; expects the backward to report 'flash', checks the gradients'
- * shapes and that every element was written, and returns everything read back. Disposes every
- * tensor it made.
+ * backward with kernel 'flash' and algorithm 'auto'; where that ran the two-kernel backward (Hopper,
+ * head dims 32 / 64 / 128), the single-kernel one runs too, so that both are checked on every case.
+ * Expects the backward to report 'flash', checks the gradients' shapes and that every element was
+ * written, and returns everything read back. Disposes every tensor it made.
  */
 export async function runBackward(t: BackwardCase, x: BackwardInputs): Promise<BackwardRun> {
   const p = DeviceProblem.create(t, x, t.dtype);
-  try {
-    const g = p.backward({ kernel: 'flash' });
+  const read = async (options: AttentionBackwardOptions, what: string): Promise<HostGradients> => {
+    const g = p.backward({ kernel: 'flash', ...options });
     try {
       expect(g.kernel).toBe('flash');
-      const grads = await readGradients(t, t.dtype, 'cuda', g, t.name);
-      return { ...(await p.read()), ...grads };
+      return await readGradients(t, t.dtype, 'cuda', g, what);
     } finally {
       disposeGradients(g);
     }
+  };
+  try {
+    const grads = await read({}, t.name);
+    const others = grads.algorithm === 'two-kernel'
+      ? [await read({ algorithm: 'single-kernel' }, `${t.name}, single-kernel`)] : [];
+    return { ...(await p.read()), ...grads, others };
   } finally {
     p.dispose();
   }
@@ -412,13 +425,15 @@ export function gradientRuleInput(
  * expectEmptyRowGradients}) and finiteness. Returns the references for further checks.
  */
 export function checkGradients(
-  t: BackwardCase, run: BackwardRun, expectRule: (input: FlashRuleInput) => void, largeMagnitude = false,
+  t: BackwardCase, run: StoredProblem & HostGradients, expectRule: (input: FlashRuleInput) => void, largeMagnitude = false,
+  given?: References,
 ): References {
-  const refs = referencesOf(t, run);
+  const refs = given ?? referencesOf(t, run);
   const slack = gradientSlack(t, run, refs.ref, largeMagnitude);
-  for (const n of ['dq', 'dk', 'dv'] as const) expectRule(gradientRuleInput(t, n, run[n], refs, slack));
+  const what = run.algorithm === 'two-kernel' ? `${t.name}, two-kernel` : t.name;
+  for (const n of ['dq', 'dk', 'dv'] as const) expectRule(gradientRuleInput(t, n, run[n], refs, slack, what));
   expectEmptyRowGradients(t, run.dq, run.lse);
-  for (const n of ['dq', 'dk', 'dv'] as const) expectFinite(run[n], `${n} (${t.name})`, n === 'dq' ? qShapeOf(t) : kShapeOf(t));
+  for (const n of ['dq', 'dk', 'dv'] as const) expectFinite(run[n], `${n} (${what})`, n === 'dq' ? qShapeOf(t) : kShapeOf(t));
   return refs;
 }
 

@@ -129,7 +129,7 @@ cudaError_t run(const AttentionBwdParams& p, const flash::FlashBwdWorkspace& ws,
 
 const char* flash_bwd_unsupported_reason(const AttentionBwdParams& p) {
   if (p.dtype != DType::kFloat16 && p.dtype != DType::kBFloat16)
-    return "the CUDA FlashAttention-2 backward takes float16 and bfloat16 inputs (float32 runs on the naive kernel)";
+    return "flash_bwd takes float16 and bfloat16 inputs (float32 has its own kernel: flash_bwd_fp32.h)";
   const int padded = flash::padded_head_dim(p.head_dim);
   if (p.head_dim % 8 != 0 || padded == 0)
     return "this build has no FlashAttention-2 backward kernel for the head dim (FA_HEAD_DIMS left out every "

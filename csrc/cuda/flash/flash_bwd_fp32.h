@@ -2,8 +2,7 @@
 // build for sm_80/86/89/90): the single-kernel backward of FA2's Algorithm 2 with dQ accumulated through
 // fp32 atomic adds, as flash_bwd (flash_bwd.h) runs it for fp16 / bf16. Plain C++ header.
 //
-// Status (2026-11-21): compiled, not yet run on a GPU, and not called by the addon: the float32
-// backward runs the naive kernel until scripts/flash-bwd-fp32-check.sh passes on the GPU machine.
+// Called by attentionBackward (csrc/napi/attention_ops.cc) for float32 inputs on CUDA.
 //
 // Three launches on `stream`, all stream-ordered:
 //   1. preprocess  D = rowsum(dO o O) in fp32 [B, Hq, Sq], and the fp32 dQ accumulator zeroed;
@@ -16,7 +15,8 @@
 //
 // Precision: p.fp32_precision (common/attention_params.h), as the float32 forward: kTf32 rounds every
 // operand of the five products (q, k, v, dout, P, dS) to TF32 at its use, kHighest runs each product
-// as 3xTF32. Softmax, D, dS and every accumulation are fp32 in both.
+// as 3xTF32. Softmax, D, dS and every accumulation are fp32 in both; kHighest also adds each query
+// tile's dK / dV contribution with a rounding fp32 add (the tensor cores' own accumulation truncates).
 // p.deterministic: each block of a KV head adds into its own accumulator slice (up to 8 slices), every
 // element by one thread in a fixed order, and the conversion sums the slices in order: bit-identical dq.
 // dk and dv are bit-identical run to run in both modes.

@@ -76,14 +76,17 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
   const int n_blocks = (seqlen_k + kBlockN - 1) / kBlockN;
   // Atomic mode: one K/V tile per block. Deterministic mode: block `split` of ws.splits takes the tiles
   // split, split + splits, ... in turn, so its dQ adds go to its own accumulator slice, in a fixed order.
-  const uint32_t tile_stride = p.deterministic ? static_cast<uint32_t>(ws.splits) : static_cast<uint32_t>(n_blocks);
+  // The dK/dV kernel of the two-kernel backward (!kComputeDq) has no accumulator and one tile per block
+  // whatever p.deterministic says (its workspace has no splits: ws.splits is 0).
+  const bool split_tiles = kComputeDq && p.deterministic;
+  const uint32_t tile_stride = split_tiles ? static_cast<uint32_t>(ws.splits) : static_cast<uint32_t>(n_blocks);
   const int first_tile = static_cast<int>(blockIdx.x % tile_stride);
   const uint32_t bh = blockIdx.x / tile_stride;
   const int head_kv = static_cast<int>(bh % static_cast<uint32_t>(p.heads_kv));
   const int64_t batch = bh / static_cast<uint32_t>(p.heads_kv);
   const int group = static_cast<int>(p.heads_q / p.heads_kv);
   const int diag = seqlen_k - seqlen_q;
-  float* const dq_accum = ws.dq_accum + (p.deterministic ? first_tile * ws.split_stride : 0);
+  float* const dq_accum = ws.dq_accum + (split_tiles ? first_tile * ws.split_stride : 0);
 
   const int wg = static_cast<int>(threadIdx.x) / 128;
   const int warp = (static_cast<int>(threadIdx.x) / 32) % 4, lane = static_cast<int>(threadIdx.x) % 32;
