@@ -64,8 +64,10 @@ Implementation and timing:
   --compare T[,T...]         naive: our S-materialising CUDA kernel (shows the memory wall; OOM is reported);
                              torch: PyTorch SDPA in python3, same cells, same timing (CUDA events)
   --torch-backends B[,B...]  flash|cudnn|efficient|math; default: flash,cudnn,efficient
-  --variants V[,V...]        extra rows of our backward (bwd and fwdbwd cells): deterministic (deterministic: true),
-                             two-kernel (algorithm: 'two-kernel', Hopper)
+  --variants V[,V...]        extra rows of our backward (bwd and fwdbwd cells; "ours" is algorithm 'auto'):
+                             single-kernel: one kernel, dQ by atomic adds (algorithm: 'single-kernel');
+                             deterministic: that kernel's deterministic mode (single-kernel, deterministic: true);
+                             two-kernel: a dK/dV kernel, then a dQ kernel (algorithm: 'two-kernel'; Hopper, fp16/bf16)
   --python PATH              Python with PyTorch for --compare torch; default: $FLASH_ATTN_BENCH_PYTHON, else python3
   --preset NAME              a named run (see --list-presets); flags given beside it override it
 
@@ -81,7 +83,9 @@ Output (tables go to stdout, or to stderr when --json, --csv or --markdown takes
 Measured: the median (with min and max) of --repeats runs timed by CUDA events (host time to completion
 on the CPU); TFLOP/s by FlashAttention-2's count (fwd 4·B·H·Sq·Sk·D, halved when causal; bwd 2.5×; fwdbwd
 3.5×); % of the GPU's dense peak for the dtype (fp32 against the non-tensor-core fp32 peak); peak memory
-above the inputs during one run. Ratios (ours ÷ other, in TFLOP/s) above 1 mean ours is faster.
+above the inputs during one run. Ratios (ours ÷ other, in TFLOP/s) above 1 mean ours is faster. Backward
+variant ratios are of times: single-kernel ÷ two-kernel above 1 means the two kernels are faster;
+deterministic ÷ single-kernel is what the single kernel's deterministic mode costs.
 `;
 
 const DTYPE_ALIASES: Record<string, DType> = {
@@ -92,7 +96,7 @@ const DTYPE_ALIASES: Record<string, DType> = {
 const KERNELS: readonly AttentionKernel[] = ['auto', 'flash', 'naive'];
 const COMPARE: readonly CompareTarget[] = ['naive', 'torch'];
 const TORCH_BACKEND_NAMES: readonly TorchBackend[] = ['flash', 'cudnn', 'efficient', 'math'];
-const BWD_VARIANTS: readonly BwdVariant[] = ['deterministic', 'two-kernel'];
+const BWD_VARIANTS: readonly BwdVariant[] = ['single-kernel', 'deterministic', 'two-kernel'];
 /** Flags that take no value. */
 const SWITCHES = new Set(['--json', '--csv', '--markdown', '--quiet', '--help', '-h', '--list-presets']);
 

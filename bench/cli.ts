@@ -86,7 +86,8 @@ function makeProgress(io: CliIO, quiet: boolean): Progress {
 function rowLine(r: BenchRow): string {
   const what = `${r.impl} ${r.id}`;
   if (r.status !== 'ok') return `${what}: ${r.status === 'oom' ? 'OOM' : r.status}${r.error ? ` (${r.error})` : ''}`;
-  return `${what}: ${fmtMs(r.msMedian as number)} ms, ${fmtTflops(r.tflops as number)} TFLOP/s`;
+  const ran = [r.kernel, r.algorithm].filter((x) => x !== null).join(' ');
+  return `${what}: ${fmtMs(r.msMedian as number)} ms, ${fmtTflops(r.tflops as number)} TFLOP/s${ran ? ` (${ran})` : ''}`;
 }
 
 /** Runs the CLI on `argv` (without node and the script); resolves with the exit status. */

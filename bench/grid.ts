@@ -10,8 +10,11 @@ import type { TorchBackend, TorchCell } from './torch';
 /** Implementations that `--compare` adds beside ours. */
 export type CompareTarget = 'naive' | 'torch';
 
-/** Backward variants that a preset can ask for beside our default backward. */
-export type BwdVariant = 'deterministic' | 'two-kernel';
+/**
+ * Backward variants that a preset can ask for beside our default backward ("ours", algorithm
+ * 'auto'): single-kernel (atomic dQ), the single kernel's deterministic mode, and two-kernel.
+ */
+export type BwdVariant = 'single-kernel' | 'deterministic' | 'two-kernel';
 
 /** Everything that decides which cells run and how they are timed. */
 export interface GridSettings {

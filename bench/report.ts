@@ -9,7 +9,7 @@ import * as path from 'path';
 import type { Device } from '../lib';
 import { packageRoot } from '../lib/native';
 import { GridSettings } from './grid';
-import { BenchRow, Impl, IMPL_LABELS, IMPLS } from './runner';
+import { algorithmsRan, BenchRow, Impl, IMPL_LABELS, IMPLS, OUR_VARIANTS, VARIANT_RATIOS, VariantRatio } from './runner';
 import type { TorchEnv } from './torch';
 
 /** Where and when a run was measured. */
@@ -127,8 +127,10 @@ export function headerLines(r: BenchReport): string[] {
   } else if (e.torchUnavailable !== null) {
     lines.push(`PyTorch: not compared (${e.torchUnavailable})`);
   }
+  const algorithms = algorithmsRan(r.rows);
   lines.push(
-    `${s.dtype} · our kernel ${s.kernel === 'auto' ? `auto -> ${s.kernelResolved}` : s.kernelResolved} · median of ${s.repeats} after ${s.warmup} warm-up ` +
+    `${s.dtype} · our kernel ${s.kernel === 'auto' ? `auto -> ${s.kernelResolved}` : s.kernelResolved}` +
+      `${algorithms !== null ? ` (backward auto -> ${algorithms})` : ''} · median of ${s.repeats} after ${s.warmup} warm-up ` +
       `(${s.timing}) · TFLOP/s by FA2's count${s.preset ? ` · preset ${s.preset}` : ''}`,
   );
   return lines;
@@ -213,9 +215,23 @@ function alignTable(header: string[], body: string[][], rightAligned: boolean[])
   return [line(header), line(widths.map((w) => '-'.repeat(w))), ...body.map(line)];
 }
 
-/** Ratio columns: ours ÷ each other implementation present. */
+/** Ratio columns: ours ÷ each other implementation present (our backward variants have {@link variantRatiosIn}). */
 function ratioImpls(rows: readonly BenchRow[]): Impl[] {
-  return implsIn(rows).filter((i) => i !== 'ours' && i !== 'ours-two-kernel');
+  return implsIn(rows).filter((i) => i !== 'ours' && !OUR_VARIANTS.includes(i));
+}
+
+/** How each {@link VariantRatio} is named and judged. */
+const VARIANT_RATIO_TEXT: Readonly<Record<VariantRatio, { column: string; markdown: string; summary: string }>> = {
+  'single-kernel/two-kernel': { column: 'single÷two-kernel', markdown: 'single ÷ two-kernel', summary: 'single-kernel ÷ two-kernel backward time' },
+  'deterministic/single-kernel': { column: 'determ÷single', markdown: 'deterministic ÷ single', summary: 'deterministic ÷ atomic single-kernel backward time' },
+};
+
+/** The issue's bar for the single kernel's deterministic mode: at most this many times its atomic mode's time. */
+export const DETERMINISTIC_MAX_RATIO = 1.3;
+
+/** Variant ratios that some row of ours has, in {@link VARIANT_RATIOS} order. */
+function variantRatiosIn(rows: readonly BenchRow[]): VariantRatio[] {
+  return VARIANT_RATIOS.map((v) => v.key).filter((k) => rows.some((r) => r.impl === 'ours' && k in r.variantRatios));
 }
 
 /** The ratio below which a cell counts as slow in {@link ratioSummary} (issue 4's per-cell bar). */
@@ -259,11 +275,62 @@ export function ratioSummary(rows: readonly BenchRow[]): RatioSummary[] {
   return out;
 }
 
-/** {@link ratioSummary} as lines of text, one per other implementation. */
+/** One {@link VariantRatio} over every cell where both sides ran. */
+export interface VariantRatioSummary {
+  ratio: VariantRatio;
+  /** Cells with a ratio. */
+  cells: number;
+  /** Geometric mean of the time ratios. */
+  geomean: number;
+  min: number;
+  max: number;
+  /**
+   * Id of the worst cell: the lowest single-kernel ÷ two-kernel (where the two kernels gain least),
+   * the highest deterministic ÷ single-kernel.
+   */
+  worst: string;
+  /**
+   * Cells past the bar: single-kernel ÷ two-kernel below 1 (the two kernels slower), deterministic ÷
+   * single-kernel above {@link DETERMINISTIC_MAX_RATIO}.
+   */
+  beyond: number;
+}
+
+/** One {@link VariantRatioSummary} per variant ratio that has values, in {@link VARIANT_RATIOS} order. */
+export function variantRatioSummary(rows: readonly BenchRow[]): VariantRatioSummary[] {
+  const out: VariantRatioSummary[] = [];
+  for (const ratio of variantRatiosIn(rows)) {
+    const pairs = rows
+      .filter((r) => r.impl === 'ours' && typeof r.variantRatios[ratio] === 'number' && Number.isFinite(r.variantRatios[ratio]) && (r.variantRatios[ratio] as number) > 0)
+      .map((r) => ({ id: r.id, ratio: r.variantRatios[ratio] as number }));
+    if (pairs.length === 0) continue;
+    const lowIsBad = ratio === 'single-kernel/two-kernel';
+    const worst = pairs.reduce((a, b) => ((lowIsBad ? b.ratio < a.ratio : b.ratio > a.ratio) ? b : a));
+    out.push({
+      ratio,
+      cells: pairs.length,
+      geomean: Math.exp(pairs.reduce((acc, x) => acc + Math.log(x.ratio), 0) / pairs.length),
+      min: Math.min(...pairs.map((x) => x.ratio)),
+      max: Math.max(...pairs.map((x) => x.ratio)),
+      worst: worst.id,
+      beyond: pairs.filter((x) => (lowIsBad ? x.ratio < 1 : x.ratio > DETERMINISTIC_MAX_RATIO)).length,
+    });
+  }
+  return out;
+}
+
+/** {@link ratioSummary} as lines of text, one per other implementation, then one per {@link variantRatioSummary}. */
 export function ratioSummaryLines(rows: readonly BenchRow[]): string[] {
-  return ratioSummary(rows).map((s) =>
+  const impls = ratioSummary(rows).map((s) =>
     `ours vs ${s.impl.replace(/^torch-/, 'SDPA ')}: geometric mean ${s.geomean.toFixed(2)}x over ${s.cells} cells ` +
     `(range ${s.min.toFixed(2)}-${s.max.toFixed(2)}x, worst ${s.worst}); cells below ${SLOW_CELL_RATIO}x: ${s.slow}`);
+  const variants = variantRatioSummary(rows).map((s) => {
+    const lowIsBad = s.ratio === 'single-kernel/two-kernel';
+    const bar = lowIsBad ? 'cells below 1.00x (two kernels slower)' : `cells above ${DETERMINISTIC_MAX_RATIO.toFixed(2)}x`;
+    return `${VARIANT_RATIO_TEXT[s.ratio].summary}: geometric mean ${s.geomean.toFixed(2)}x over ${s.cells} cells ` +
+      `(range ${s.min.toFixed(2)}-${s.max.toFixed(2)}x, ${lowIsBad ? 'lowest' : 'highest'} ${s.worst}); ${bar}: ${s.beyond}`;
+  });
+  return [...impls, ...variants];
 }
 
 /** The human-readable tables, one per panel, with the header and the notes. */
@@ -271,9 +338,13 @@ export function formatText(r: BenchReport): string {
   const out = [...headerLines(r), ''];
   const notes = new Footnotes();
   const others = ratioImpls(r.rows);
+  const variantRatios = variantRatiosIn(r.rows);
   for (const p of panels(r.rows)) {
     out.push(p.title);
-    const header = ['seqlen', 'batch x heads', 'impl', 'ms median', 'ms min-max', 'TFLOP/s', '% peak', 'peak mem', ...others.map((o) => `ours/${o.replace(/^torch-/, '')}`)];
+    const header = [
+      'seqlen', 'batch x heads', 'impl', 'ms median', 'ms min-max', 'TFLOP/s', '% peak', 'peak mem',
+      ...others.map((o) => `ours/${o.replace(/^torch-/, '')}`), ...variantRatios.map((v) => VARIANT_RATIO_TEXT[v].column),
+    ];
     const body = p.rows.map((row) => {
       const ok = row.status === 'ok';
       return [
@@ -284,6 +355,7 @@ export function formatText(r: BenchReport): string {
         ok && row.pctPeak !== null ? `${row.pctPeak.toFixed(1)}%` : '',
         ok && row.peakBytes !== null ? fmtBytes(row.peakBytes) : '',
         ...others.map((o) => (row.impl === 'ours' ? fmtRatio(row.ratios[o]) : '')),
+        ...variantRatios.map((v) => (row.impl === 'ours' ? fmtRatio(row.variantRatios[v]) : '')),
       ];
     });
     out.push(...alignTable(header, body, header.map((_, i) => i !== 2)), '');
@@ -302,9 +374,10 @@ export function formatJson(r: BenchReport): string {
 
 /** Columns of the CSV, in order. */
 export const CSV_COLUMNS = [
-  'impl', 'id', 'device', 'kernel', 'dtype', 'pass', 'causal', 'batch', 'seqlen_q', 'seqlen_k', 'heads_q', 'heads_kv',
+  'impl', 'id', 'device', 'kernel', 'algorithm', 'dtype', 'pass', 'causal', 'batch', 'seqlen_q', 'seqlen_k', 'heads_q', 'heads_kv',
   'head_dim', 'status', 'ms_median', 'ms_min', 'ms_max', 'tflops', 'pct_peak', 'peak_bytes',
-  'ratio_naive', 'ratio_torch_flash', 'ratio_torch_cudnn', 'ratio_torch_efficient', 'ratio_torch_math', 'mask', 'error',
+  'ratio_naive', 'ratio_torch_flash', 'ratio_torch_cudnn', 'ratio_torch_efficient', 'ratio_torch_math',
+  'ratio_single_kernel_over_two_kernel', 'ratio_deterministic_over_single_kernel', 'mask', 'error',
 ] as const;
 
 function csvField(v: string | number | boolean | null | undefined): string {
@@ -331,10 +404,11 @@ export function formatCsv(r: BenchReport): string {
   lines.push(CSV_COLUMNS.join(','));
   for (const row of r.rows) {
     const values: (string | number | boolean | null | undefined)[] = [
-      row.impl, row.id, row.device, row.kernel, row.dtype, row.pass, row.causal, row.batch, row.seqlenQ, row.seqlenK,
+      row.impl, row.id, row.device, row.kernel, row.algorithm, row.dtype, row.pass, row.causal, row.batch, row.seqlenQ, row.seqlenK,
       row.headsQ, row.headsKV, row.headDim, row.status, row.msMedian, row.msMin, row.msMax, row.tflops, row.pctPeak,
       row.peakBytes, row.ratios.naive, row.ratios['torch-flash'], row.ratios['torch-cudnn'], row.ratios['torch-efficient'],
-      row.ratios['torch-math'], row.mask, row.error,
+      row.ratios['torch-math'], row.variantRatios['single-kernel/two-kernel'], row.variantRatios['deterministic/single-kernel'],
+      row.mask, row.error,
     ];
     lines.push(values.map(csvField).join(','));
   }
@@ -354,19 +428,23 @@ function mdCell(row: BenchRow | undefined, notes: Footnotes): string {
 /**
  * GitHub markdown: a header (device, versions, date, method), then one table per (head dim, causal,
  * pass) with a column per implementation (TFLOP/s, with median ms and peak memory above the inputs)
- * and our TFLOP/s ratios to PyTorch's flash and cuDNN kernels, then the ratio summary (geometric means,
- * ranges, worst cells).
+ * and our TFLOP/s ratios to PyTorch's flash and cuDNN kernels (and, when our backward variants ran,
+ * their time ratios), then the ratio summary (geometric means, ranges, worst cells).
  */
 export function formatMarkdown(r: BenchReport): string {
   const out = headerLines(r).map((l) => `${l}  `);
-  out.push('', 'Cells: TFLOP/s (median ms, peak memory above the inputs). Ratios: our TFLOP/s ÷ theirs (> 1: ours is faster).', '');
+  const variantRatios = variantRatiosIn(r.rows);
+  const legend = variantRatios.length === 0 ? '' : ' Backward variants: time ÷ time (single ÷ two-kernel > 1: the two kernels are faster;' +
+    ' deterministic ÷ single: what the single kernel\'s deterministic mode costs).';
+  out.push('', `Cells: TFLOP/s (median ms, peak memory above the inputs). Ratios: our TFLOP/s ÷ theirs (> 1: ours is faster).${legend}`, '');
   const notes = new Footnotes();
   const present = implsIn(r.rows);
   const columns = [...MD_FIXED, ...present.filter((i) => !MD_FIXED.includes(i))];
+  const extraHeads = variantRatios.map((v) => ` ${VARIANT_RATIO_TEXT[v].markdown} |`).join('');
   for (const p of panels(r.rows)) {
     out.push(`#### ${p.title}`, '');
-    out.push(`| seqlen | batch × heads | ${columns.map((c) => IMPL_LABELS[c]).join(' | ')} | ours/flash | ours/cuDNN |`);
-    out.push(`| ---: | ---: | ${columns.map(() => '---:').join(' | ')} | ---: | ---: |`);
+    out.push(`| seqlen | batch × heads | ${columns.map((c) => IMPL_LABELS[c]).join(' | ')} | ours/flash | ours/cuDNN |${extraHeads}`);
+    out.push(`| ---: | ---: | ${columns.map(() => '---:').join(' | ')} | ---: | ---: |${variantRatios.map(() => ' ---: |').join('')}`);
     const byCell = new Map<string, BenchRow[]>();
     for (const row of p.rows) {
       const list = byCell.get(row.id);
@@ -378,7 +456,8 @@ export function formatMarkdown(r: BenchReport): string {
       const ours = cellRows.find((x) => x.impl === 'ours');
       const cells = columns.map((c) => mdCell(cellRows.find((x) => x.impl === c), notes));
       const ratio = (impl: Impl): string => fmtRatio(ours?.ratios[impl]) || '–';
-      out.push(`| ${seqText(first)} | ${shapeText(first).replace(' x ', ' × ')} | ${cells.join(' | ')} | ${ratio('torch-flash')} | ${ratio('torch-cudnn')} |`);
+      const extra = variantRatios.map((v) => ` ${fmtRatio(ours?.variantRatios[v]) || '–'} |`).join('');
+      out.push(`| ${seqText(first)} | ${shapeText(first).replace(' x ', ' × ')} | ${cells.join(' | ')} | ${ratio('torch-flash')} | ${ratio('torch-cudnn')} |${extra}`);
     }
     out.push('');
   }

@@ -14,20 +14,61 @@ import { backends, flashAttention, flashAttentionBackward, memory, resetPeakMemo
 import type { AttentionKernel, AttentionOutput, BackwardAlgorithm, Device, DType } from '../lib';
 import { timeRepeatsOnDevice } from '../lib/timing';
 import { tflopsPerSecond } from './flops';
-import { BenchCell, GridSettings, groupByInputs } from './grid';
+import { BenchCell, BwdVariant, GridSettings, groupByInputs } from './grid';
 import type { TorchBackend, TorchResult } from './torch';
 
-/** Who computed a row. */
-export type Impl = 'ours' | 'ours-deterministic' | 'ours-two-kernel' | 'naive' | 'torch-flash' | 'torch-cudnn' | 'torch-efficient' | 'torch-math';
+/**
+ * Who computed a row. 'ours' runs the backward with algorithm 'auto' (two kernels on Hopper for
+ * fp16/bf16 at head dims 32/64/128, else the single kernel); the ours-* variants (--variants) pin it:
+ * 'ours-single-kernel' the single kernel with atomic dQ, 'ours-deterministic' the single kernel's
+ * deterministic mode, 'ours-two-kernel' the two kernels.
+ */
+export type Impl =
+  | 'ours' | 'ours-single-kernel' | 'ours-deterministic' | 'ours-two-kernel'
+  | 'naive' | 'torch-flash' | 'torch-cudnn' | 'torch-efficient' | 'torch-math';
 
 /** Implementations in report order (also the chart's series order). */
-export const IMPLS: readonly Impl[] = ['ours', 'ours-deterministic', 'ours-two-kernel', 'naive', 'torch-flash', 'torch-cudnn', 'torch-efficient', 'torch-math'];
+export const IMPLS: readonly Impl[] = [
+  'ours', 'ours-single-kernel', 'ours-deterministic', 'ours-two-kernel', 'naive', 'torch-flash', 'torch-cudnn', 'torch-efficient', 'torch-math',
+];
+
+/**
+ * What each --variants entry runs: its rows' impl and the backward options beside our kernel and
+ * mask. 'deterministic' pins the single kernel ('auto' with deterministic: true picks the two
+ * kernels on Hopper, which are deterministic by construction).
+ */
+export const BWD_VARIANT_RUNS: Readonly<Record<BwdVariant, { impl: Impl; options: { algorithm: BackwardAlgorithm; deterministic?: boolean } }>> = {
+  'single-kernel': { impl: 'ours-single-kernel', options: { algorithm: 'single-kernel' } },
+  deterministic: { impl: 'ours-deterministic', options: { algorithm: 'single-kernel', deterministic: true } },
+  'two-kernel': { impl: 'ours-two-kernel', options: { algorithm: 'two-kernel' } },
+};
+
+/** Our backward variants: measured beside 'ours' and compared with each other, not with 'ours'. */
+export const OUR_VARIANTS: readonly Impl[] = Object.values(BWD_VARIANT_RUNS).map((v) => v.impl);
 
 /** Human names for tables and the chart legend. */
 export const IMPL_LABELS: Readonly<Record<Impl, string>> = {
-  ours: 'ours', 'ours-deterministic': 'ours (deterministic bwd)', 'ours-two-kernel': 'ours (two-kernel bwd)', naive: 'naive', 'torch-flash': 'torch flash',
+  ours: 'ours', 'ours-single-kernel': 'ours (single-kernel bwd)', 'ours-deterministic': 'ours (single-kernel deterministic bwd)',
+  'ours-two-kernel': 'ours (two-kernel bwd)', naive: 'naive', 'torch-flash': 'torch flash',
   'torch-cudnn': 'torch cuDNN', 'torch-efficient': 'torch efficient', 'torch-math': 'torch math',
 };
+
+/**
+ * Per-cell time ratios between our backward variants (on bwd and fwdbwd cells):
+ * 'single-kernel/two-kernel' is the single kernel's (atomic dQ) time ÷ the two kernels' (above 1:
+ * the two kernels are faster); 'deterministic/single-kernel' is the single kernel's deterministic
+ * time ÷ its atomic time (what determinism costs).
+ */
+export type VariantRatio = 'single-kernel/two-kernel' | 'deterministic/single-kernel';
+
+/** A backward structure a row measured: which of {@link VariantRatio}'s sides it can stand for. */
+type BwdRole = 'single-kernel' | 'deterministic' | 'two-kernel';
+
+/** Each variant ratio's numerator and denominator, in report order. */
+export const VARIANT_RATIOS: readonly { key: VariantRatio; over: BwdRole; under: BwdRole }[] = [
+  { key: 'single-kernel/two-kernel', over: 'single-kernel', under: 'two-kernel' },
+  { key: 'deterministic/single-kernel', over: 'deterministic', under: 'single-kernel' },
+];
 
 /**
  * ok: measured. oom: the device ran out of memory (the run goes on). error: the implementation
@@ -42,6 +83,12 @@ export interface BenchRow extends BenchCell {
   device: Device;
   /** Our kernel ('flash' or 'naive'; 'auto' resolved), or null for PyTorch rows. */
   kernel: string | null;
+  /**
+   * Our backward's structure that ran ('single-kernel' or 'two-kernel', from the result's
+   * `algorithm`; 'auto' resolved) on bwd and fwdbwd cells; for a failed row, the one asked for if
+   * not 'auto'; null for forward cells and PyTorch rows.
+   */
+  algorithm: string | null;
   status: RowStatus;
   msMedian: number | null;
   msMin: number | null;
@@ -56,15 +103,28 @@ export interface BenchRow extends BenchCell {
   error: string | null;
   /** PyTorch rows: how the causal mask reached SDPA (bench/torch.ts); null otherwise. */
   mask: string | null;
-  /** Ours only: our TFLOP/s ÷ theirs per other implementation of the same cell (> 1: ours is faster). */
+  /**
+   * Ours only: our TFLOP/s ÷ theirs per other implementation of the same cell (> 1: ours is faster);
+   * our backward variants are not in it (see `variantRatios`).
+   */
   ratios: Partial<Record<Impl, number | null>>;
+  /**
+   * Ours only, on cells where both sides were measured (null where one failed): time ratios between
+   * our backward variants ({@link VariantRatio}).
+   */
+  variantRatios: Partial<Record<VariantRatio, number | null>>;
 }
 
-/** The kernel `kernel` runs as on `device`: 'auto' becomes the backend's first kernel. */
 /** Kernels that ran in our rows, in order of first appearance (e.g. "flash, naive"). */
 export function kernelsRan(rows: readonly BenchRow[]): string {
   const seen = [...new Set(rows.filter((r) => r.impl === 'ours' && r.kernel).map((r) => r.kernel as string))];
   return seen.length > 0 ? seen.join(', ') : 'none';
+}
+
+/** Backward structures that ran in our rows, in order of first appearance (e.g. "two-kernel"), or null if none. */
+export function algorithmsRan(rows: readonly BenchRow[]): string | null {
+  const seen = [...new Set(rows.filter((r) => r.impl === 'ours' && r.status === 'ok' && r.algorithm).map((r) => r.algorithm as string))];
+  return seen.length > 0 ? seen.join(', ') : null;
 }
 
 /** The first kernel `kernel` can resolve to on `device` (rows say what really ran). */
@@ -114,21 +174,23 @@ function messageOf(err: unknown): string {
 }
 
 /** A row without measurements. */
-export function emptyRow(cell: BenchCell, impl: Impl, device: Device, kernel: string | null, status: RowStatus, error: string | null): BenchRow {
+export function emptyRow(
+  cell: BenchCell, impl: Impl, device: Device, kernel: string | null, status: RowStatus, error: string | null, algorithm: string | null = null,
+): BenchRow {
   return {
-    ...cell, impl, device, kernel, status, msMedian: null, msMin: null, msMax: null, tflops: null, pctPeak: null,
-    peakBytes: null, error, mask: null, ratios: {},
+    ...cell, impl, device, kernel, algorithm, status, msMedian: null, msMin: null, msMax: null, tflops: null, pctPeak: null,
+    peakBytes: null, error, mask: null, ratios: {}, variantRatios: {},
   };
 }
 
 /** A measured row. */
 export function measuredRow(
   cell: BenchCell, impl: Impl, device: Device, kernel: string | null,
-  ms: { median: number; min: number; max: number }, peakBytes: number | null, peak: number | null,
+  ms: { median: number; min: number; max: number }, peakBytes: number | null, peak: number | null, algorithm: string | null = null,
 ): BenchRow {
   const tflops = tflopsPerSecond(cell, cell.pass, ms.median);
   return {
-    ...emptyRow(cell, impl, device, kernel, 'ok', null), msMedian: ms.median, msMin: ms.min, msMax: ms.max, tflops,
+    ...emptyRow(cell, impl, device, kernel, 'ok', null, algorithm), msMedian: ms.median, msMin: ms.min, msMax: ms.max, tflops,
     pctPeak: peak === null ? null : (100 * tflops) / peak, peakBytes,
   };
 }
@@ -142,7 +204,7 @@ export interface RunHooks {
 /** Number of rows {@link runOurs} measures (for a progress bar). */
 export function oursWork(cells: readonly BenchCell[], s: GridSettings): number {
   const bwdCells = cells.filter((c) => c.pass !== 'fwd').length;
-  const variants = s.variants.filter((v) => v === 'deterministic' || v === 'two-kernel').length;
+  const variants = s.variants.filter((v) => v in BWD_VARIANT_RUNS).length;
   return cells.length * (naiveMeasuredSeparately(s) ? 2 : 1) + variants * bwdCells;
 }
 
@@ -163,10 +225,10 @@ export async function runOurs(cells: readonly BenchCell[], s: GridSettings, peak
   const kernels: { impl: Impl; kernel: AttentionKernel; deterministic?: boolean; algorithm?: BackwardAlgorithm }[] =
     [{ impl: 'ours', kernel: s.kernel }];
   if (naiveMeasuredSeparately(s)) kernels.push({ impl: 'naive', kernel: 'naive' });
-  // Our backward with deterministic: true, on the cells that run a backward.
-  if (s.variants.includes('deterministic')) kernels.push({ impl: 'ours-deterministic', kernel: s.kernel, deterministic: true });
-  // Our backward as two kernels (dK/dV, then dQ without atomics), on the cells that run a backward.
-  if (s.variants.includes('two-kernel')) kernels.push({ impl: 'ours-two-kernel', kernel: s.kernel, algorithm: 'two-kernel' });
+  // Backward variants, on the cells that run a backward, in report order.
+  for (const [variant, run] of Object.entries(BWD_VARIANT_RUNS) as [BwdVariant, (typeof BWD_VARIANT_RUNS)[BwdVariant]][]) {
+    if (s.variants.includes(variant)) kernels.push({ impl: run.impl, kernel: s.kernel, ...run.options });
+  }
   const oursIsNaive = s.compare.includes('naive') && device === 'cuda' && !naiveMeasuredSeparately(s);
   const rows: BenchRow[] = [];
   const push = (r: BenchRow): void => {
@@ -198,7 +260,8 @@ export async function runOurs(cells: readonly BenchCell[], s: GridSettings, peak
       const msg = messageOf(err);
       for (const cell of group) {
         for (const kk of kernels) {
-          push(emptyRow(cell, kk.impl, device, resolveKernel(device, kk.kernel), isOutOfMemory(msg) ? 'oom' : 'error', `inputs: ${msg}`));
+          push(emptyRow(cell, kk.impl, device, resolveKernel(device, kk.kernel), isOutOfMemory(msg) ? 'oom' : 'error', `inputs: ${msg}`,
+            cell.pass === 'fwd' ? null : kk.algorithm ?? null));
         }
       }
       continue;
@@ -211,8 +274,9 @@ export async function runOurs(cells: readonly BenchCell[], s: GridSettings, peak
         for (const { impl, kernel, deterministic, algorithm } of kernels) {
           if ((deterministic || algorithm) && cell.pass === 'fwd') continue;  // backward options
           const resolved = resolveKernel(device, kernel);
-          // What really ran, from the results' `kernel` field ('auto' may pick per call).
+          // What really ran, from the results' `kernel` and `algorithm` fields ('auto' may pick per call).
           let ran = resolved;
+          let ranAlgorithm: string | null = null;
           const opts = { causal: cell.causal, kernel };
           const bwdOpts = { ...opts, deterministic: deterministic ?? false, algorithm: algorithm ?? 'auto' };
           try {
@@ -235,6 +299,7 @@ export async function runOurs(cells: readonly BenchCell[], s: GridSettings, peak
               runOnce = () => {
                 const g = flashAttentionBackward(dout, q, k, v, f.out, f.lse, bwdOpts);
                 ran = g.kernel;
+                ranAlgorithm = g.algorithm;
                 g.dq.dispose();
                 g.dk.dispose();
                 g.dv.dispose();
@@ -244,6 +309,7 @@ export async function runOurs(cells: readonly BenchCell[], s: GridSettings, peak
                 const r = flashAttention(q, k, v, opts);
                 const g = flashAttentionBackward(dout, q, k, v, r.out, r.lse, bwdOpts);
                 ran = r.kernel === g.kernel ? r.kernel : `${r.kernel} fwd + ${g.kernel} bwd`;
+                ranAlgorithm = g.algorithm;
                 r.out.dispose();
                 r.lse.dispose();
                 g.dq.dispose();
@@ -261,11 +327,12 @@ export async function runOurs(cells: readonly BenchCell[], s: GridSettings, peak
             for (let i = 0; i < s.warmup; i++) runOnce();
             await synchronize(device);
             const times = await timeRepeatsOnDevice(device, runOnce, s.repeats);
-            push(measuredRow(cell, impl, device, ran, { median: median(times), min: Math.min(...times), max: Math.max(...times) }, peakBytes, peak));
+            const ms = { median: median(times), min: Math.min(...times), max: Math.max(...times) };
+            push(measuredRow(cell, impl, device, ran, ms, peakBytes, peak, ranAlgorithm));
           } catch (err) {
             await synchronize(device).catch(() => undefined);
             const msg = messageOf(err);
-            push(emptyRow(cell, impl, device, resolved, isOutOfMemory(msg) ? 'oom' : 'error', msg));
+            push(emptyRow(cell, impl, device, resolved, isOutOfMemory(msg) ? 'oom' : 'error', msg, cell.pass === 'fwd' ? null : algorithm ?? null));
           }
         }
       }
@@ -306,7 +373,21 @@ export function torchImpl(b: TorchBackend): Impl {
   return `torch-${b}` as Impl;
 }
 
-/** Fills each of our rows' `ratios`: our TFLOP/s ÷ every other measured implementation's, same cell. */
+/**
+ * The row of a cell that stands for `role`: the variant pinned to it, else 'ours' when what 'ours'
+ * ran is that structure ('auto' resolved; 'ours' is never deterministic).
+ */
+function roleRow(cellRows: readonly BenchRow[], role: BwdRole): BenchRow | undefined {
+  const pinned = cellRows.find((r) => r.impl === `ours-${role}`);
+  if (pinned || role === 'deterministic') return pinned;
+  return cellRows.find((r) => r.impl === 'ours' && r.status === 'ok' && r.algorithm === role);
+}
+
+/**
+ * Fills each of our rows' `ratios` (our TFLOP/s ÷ every other measured implementation's, same cell;
+ * our backward variants left out) and `variantRatios` (time ÷ time between the rows that stand for
+ * each side of a {@link VariantRatio}, when both ran the same kernel).
+ */
 export function addRatios(rows: BenchRow[]): void {
   const byCell = new Map<string, BenchRow[]>();
   for (const r of rows) {
@@ -317,9 +398,19 @@ export function addRatios(rows: BenchRow[]): void {
   for (const r of rows) {
     if (r.impl !== 'ours') continue;
     r.ratios = {};
-    for (const o of byCell.get(r.id) ?? []) {
-      if (o.impl === 'ours') continue;
+    r.variantRatios = {};
+    const cellRows = byCell.get(r.id) ?? [];
+    for (const o of cellRows) {
+      if (o.impl === 'ours' || OUR_VARIANTS.includes(o.impl)) continue;
       r.ratios[o.impl] = r.tflops !== null && o.tflops !== null && o.tflops > 0 ? r.tflops / o.tflops : null;
+    }
+    if (r.pass === 'fwd') continue;
+    for (const { key, over, under } of VARIANT_RATIOS) {
+      const a = roleRow(cellRows, over);
+      const b = roleRow(cellRows, under);
+      if (!a || !b) continue;
+      const ok = a.msMedian !== null && b.msMedian !== null && b.msMedian > 0 && a.kernel === b.kernel;
+      r.variantRatios[key] = ok ? (a.msMedian as number) / (b.msMedian as number) : null;
     }
   }
 }

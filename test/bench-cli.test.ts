@@ -13,8 +13,13 @@ import { passFlops } from '../bench/flops';
 import { BenchCell, buildCells, cellId, GridSettings, groupByInputs } from '../bench/grid';
 import { findDevicePeak, peakTflops } from '../bench/peaks';
 import { deviceDefaults, listPresets, PRESETS } from '../bench/presets';
-import { BenchReport, CSV_COLUMNS, fmtBytes, formatCsv, formatMarkdown, formatText, ratioSummary } from '../bench/report';
-import { addRatios, BenchRow, emptyRow, Impl, isOutOfMemory, measuredRow, sortRows, torchRows } from '../bench/runner';
+import {
+  BenchReport, CSV_COLUMNS, DETERMINISTIC_MAX_RATIO, fmtBytes, formatCsv, formatMarkdown, formatText, headerLines, ratioSummary,
+  ratioSummaryLines, variantRatioSummary,
+} from '../bench/report';
+import {
+  addRatios, BenchRow, BWD_VARIANT_RUNS, emptyRow, Impl, IMPL_LABELS, isOutOfMemory, measuredRow, oursWork, sortRows, torchRows,
+} from '../bench/runner';
 import type { TorchResult } from '../bench/torch';
 import { runNodeChild } from './helpers/child';
 import { HAS_CUDA } from './helpers/backend';
@@ -98,7 +103,7 @@ describe('flags', () => {
     expect(parseArgs(['--list-presets'])).toEqual({ kind: 'list-presets' });
     for (const flag of ['--seqlen', '--seqlen-k', '--batch', '--heads', '--kv-heads', '--head-dim', '--dtype', '--causal', '--pass',
       '--device', '--kernel', '--repeats', '--warmup', '--json', '--csv', '--markdown', '--chart', '--quiet', '--compare',
-      '--torch-backends', '--python', '--preset', '--list-presets', '--help']) {
+      '--torch-backends', '--variants', '--python', '--preset', '--list-presets', '--help']) {
       expect(HELP).toContain(flag);
     }
   });
@@ -128,6 +133,7 @@ describe('flags', () => {
     [['--warmup', 'two'], '--warmup: expected an integer >= 0 but received "two"'],
     [['--compare', 'torch,jax'], '--compare: expected naive or torch (comma-separated) but received "torch,jax"'],
     [['--torch-backends', 'sdpa'], '--torch-backends: expected flash, cudnn, efficient or math (comma-separated) but received "sdpa"'],
+    [['--variants', 'atomic'], '--variants: expected single-kernel, deterministic or two-kernel (comma-separated) but received "atomic"'],
     [['--preset', 'nope'], '--preset: expected fa2-grid, cpu-small, seed-fp32, seed-bf16 or seed-bwd-kernels but received "nope"'],
     [['--chart', 'out.png'], '--chart: expected a file name ending in .svg but received "out.png"'],
     [['--python', ''], '--python: expected a path to a Python interpreter but received ""'],
@@ -206,15 +212,34 @@ describe('presets', () => {
     });
   });
 
-  test('seed-bwd-kernels asks for the deterministic and two-kernel variants beside ours', () => {
-    expect(settings(['--preset', 'seed-bwd-kernels'])).toMatchObject({ dtype: 'bfloat16', passes: ['bwd'], variants: ['deterministic', 'two-kernel'], batch: 4, seqlens: [8192] });
+  test('seed-bwd-kernels asks for the single-kernel, deterministic and two-kernel variants beside ours', () => {
+    expect(settings(['--preset', 'seed-bwd-kernels'])).toMatchObject({
+      dtype: 'bfloat16', passes: ['bwd'], variants: ['single-kernel', 'deterministic', 'two-kernel'], batch: 4, seqlens: [8192],
+    });
   });
 
   test('--variants adds backward variants; an unknown one is refused', () => {
+    expect(settings(['--variants', 'single-kernel'], 'cuda').variants).toEqual(['single-kernel']);
     expect(settings(['--variants', 'deterministic'], 'cuda').variants).toEqual(['deterministic']);
-    expect(settings(['--variants', 'deterministic,two-kernel'], 'cuda').variants).toEqual(['deterministic', 'two-kernel']);
+    expect(settings(['--variants', 'two-kernel,single-kernel,deterministic,single-kernel'], 'cuda').variants)
+      .toEqual(['two-kernel', 'single-kernel', 'deterministic']);
     expect(settings([], 'cuda').variants).toEqual([]);
-    expect(errorOf(['--variants', 'atomic'])).toContain('--variants');
+    expect(HELP).toMatch(/^ +single-kernel: .*algorithm: 'single-kernel'/m);
+    expect(HELP).toMatch(/^ +deterministic: .*single-kernel, deterministic: true/m);
+    expect(HELP).toMatch(/^ +two-kernel: .*algorithm: 'two-kernel'/m);
+  });
+
+  test('each variant pins the backward: deterministic is the single kernel\'s deterministic mode', () => {
+    expect(BWD_VARIANT_RUNS).toEqual({
+      'single-kernel': { impl: 'ours-single-kernel', options: { algorithm: 'single-kernel' } },
+      deterministic: { impl: 'ours-deterministic', options: { algorithm: 'single-kernel', deterministic: true } },
+      'two-kernel': { impl: 'ours-two-kernel', options: { algorithm: 'two-kernel' } },
+    });
+    expect(IMPL_LABELS['ours-single-kernel']).toBe('ours (single-kernel bwd)');
+    expect(IMPL_LABELS['ours-deterministic']).toBe('ours (single-kernel deterministic bwd)');
+    // One row per cell for ours, plus one per variant on the cells that run a backward.
+    const s = settings(['--seqlen', '64', '--head-dim', '32', '--causal', 'false', '--variants', 'single-kernel,deterministic,two-kernel']);
+    expect(oursWork(buildCells(s), s)).toBe(3 + 3 * 2);
   });
 
   test('flags override the preset; a CUDA preset on the CPU takes the CPU\'s timing defaults', () => {
@@ -276,6 +301,42 @@ function syntheticReport(): BenchReport {
     notes: ['a note for the reader'],
     rows,
   };
+}
+
+/**
+ * Synthetic backward rows with our variants: ours (its algorithm as given), single-kernel (atomic),
+ * deterministic and two-kernel, and torch flash. Times per cell (ms ∝): two-kernel 1, single-kernel
+ * 1.1 then 0.9, deterministic 1.2 then 1.4 times single-kernel.
+ */
+function variantReport(
+  o: { oursAlgorithm?: 'single-kernel' | 'two-kernel'; impls?: Impl[]; failTwoKernel?: boolean } = {},
+): BenchReport {
+  const oursAlgorithm = o.oursAlgorithm ?? 'two-kernel';
+  const impls = o.impls ?? ['ours-single-kernel', 'ours-deterministic', 'ours-two-kernel', 'torch-flash'];
+  const s = { ...deviceDefaults('cuda'), seqlens: [1024, 2048], headDims: [64], causal: [false], passes: ['bwd' as const], variants: [] };
+  const cells = buildCells(s);
+  let rows: BenchRow[] = [];
+  cells.forEach((c, i) => {
+    const two = 2;
+    const single = two * [1.1, 0.9][i];
+    const ms: Partial<Record<Impl, number>> = {
+      ours: oursAlgorithm === 'two-kernel' ? two : single, 'ours-single-kernel': single,
+      'ours-deterministic': single * [1.2, 1.4][i], 'ours-two-kernel': two, 'torch-flash': two * 1.2,
+    };
+    for (const impl of ['ours', ...impls] as Impl[]) {
+      const algorithm = impl === 'ours' ? oursAlgorithm : impl === 'ours-two-kernel' ? 'two-kernel' : impl === 'torch-flash' ? null : 'single-kernel';
+      if (impl === 'ours-two-kernel' && o.failTwoKernel) {
+        rows.push(emptyRow(c, impl, 'cuda', 'flash', 'error', "Expected algorithm to be 'auto' or 'single-kernel' for this call", 'two-kernel'));
+        continue;
+      }
+      const t = ms[impl] as number;
+      rows.push(measuredRow(c, impl, 'cuda', impl === 'torch-flash' ? null : 'flash', { median: t, min: t, max: t }, 1 << 20, 989, algorithm));
+    }
+  });
+  addRatios(rows);
+  rows = sortRows(rows, cells);
+  const base = syntheticReport();
+  return { ...base, settings: { ...base.settings, ...s, passes: ['bwd'] }, notes: [], rows };
 }
 
 describe('reports', () => {
@@ -375,6 +436,82 @@ describe('reports', () => {
     expect(formatText(report)).toContain('ours vs SDPA cudnn: geometric mean 0.75x over 2 cells (range 0.75-0.75x');
   });
 
+  test('backward variants: time ratios single-kernel ÷ two-kernel and deterministic ÷ single-kernel, per cell and summarised', () => {
+    const v = variantReport();
+    const ours = v.rows.filter((r) => r.impl === 'ours');
+    expect(ours).toHaveLength(2);
+    // Variants are compared with each other, not with ours: ours ÷ X only for torch.
+    for (const r of ours) expect(Object.keys(r.ratios)).toEqual(['torch-flash']);
+    expect(ours[0].variantRatios['single-kernel/two-kernel']).toBeCloseTo(1.1, 12);
+    expect(ours[0].variantRatios['deterministic/single-kernel']).toBeCloseTo(1.2, 12);
+    expect(ours[1].variantRatios['single-kernel/two-kernel']).toBeCloseTo(0.9, 12);
+    expect(ours[1].variantRatios['deterministic/single-kernel']).toBeCloseTo(1.4, 12);
+    expect(v.rows.filter((r) => r.impl !== 'ours').every((r) => Object.keys(r.variantRatios).length === 0)).toBe(true);
+
+    const [split, det] = variantRatioSummary(v.rows);
+    expect(split).toMatchObject({ ratio: 'single-kernel/two-kernel', cells: 2, worst: ours[1].id, beyond: 1 });
+    expect(split.min).toBeCloseTo(0.9, 12);
+    expect(split.max).toBeCloseTo(1.1, 12);
+    expect(split.geomean).toBeCloseTo(Math.sqrt(1.1 * 0.9), 12);
+    expect(det).toMatchObject({ ratio: 'deterministic/single-kernel', cells: 2, worst: ours[1].id, beyond: 1 });
+    expect(det.geomean).toBeCloseTo(Math.sqrt(1.2 * 1.4), 12);
+    expect(DETERMINISTIC_MAX_RATIO).toBe(1.3);
+    // No ratio summary of ours against its own variants.
+    expect(ratioSummary(v.rows).map((x) => x.impl)).toEqual(['torch-flash']);
+
+    const lines = [
+      `single-kernel ÷ two-kernel backward time: geometric mean 0.99x over 2 cells (range 0.90-1.10x, lowest ${ours[1].id}); ` +
+        'cells below 1.00x (two kernels slower): 1',
+      `deterministic ÷ atomic single-kernel backward time: geometric mean 1.30x over 2 cells (range 1.20-1.40x, highest ${ours[1].id}); ` +
+        'cells above 1.30x: 1',
+    ];
+    expect(ratioSummaryLines(v.rows).slice(1)).toEqual(lines);
+    const text = formatText(v);
+    for (const l of lines) expect(text).toContain(l);
+    expect(text).toMatch(/ours\/flash +single÷two-kernel +determ÷single\n/);
+    expect(text).toMatch(/\n +1024 +16 x 32 +ours +.* 1\.20x +1\.10x +1\.20x\n/);
+    expect(text).toContain('our kernel auto -> flash (backward auto -> two-kernel)');
+
+    const md = formatMarkdown(v);
+    for (const l of lines) expect(md).toContain(`- ${l}`);
+    expect(md).toContain('| ours (single-kernel bwd) | ours (single-kernel deterministic bwd) | ours (two-kernel bwd) | ours/flash | ours/cuDNN | single ÷ two-kernel | deterministic ÷ single |');
+    const mdRows = md.split('\n').filter((l) => /^\| (1024|2048) \|/.test(l));
+    expect(mdRows).toHaveLength(2);
+    expect(mdRows[0]).toMatch(/ \| 1\.20x \| – \| 1\.10x \| 1\.20x \|$/);
+    expect(mdRows[1]).toMatch(/ \| 0\.90x \| 1\.40x \|$/);
+
+    const csv = formatCsv(v).trimEnd().split('\n').filter((l) => !l.startsWith('#'));
+    const col = (name: typeof CSV_COLUMNS[number]): number => CSV_COLUMNS.indexOf(name);
+    const oursLine = csv.find((l) => l.startsWith('ours,'))?.split(',') ?? [];
+    expect(oursLine[col('algorithm')]).toBe('two-kernel');
+    expect(Number(oursLine[col('ratio_single_kernel_over_two_kernel')])).toBeCloseTo(1.1, 12);
+    expect(Number(oursLine[col('ratio_deterministic_over_single_kernel')])).toBeCloseTo(1.2, 12);
+  });
+
+  test('backward variants: "ours" stands for the algorithm it ran when that variant was not asked for', () => {
+    // Hopper, --variants single-kernel: ours ran the two kernels, so it is the denominator.
+    const hopper = variantReport({ oursAlgorithm: 'two-kernel', impls: ['ours-single-kernel'] });
+    const h = hopper.rows.filter((r) => r.impl === 'ours');
+    expect(h.map((r) => r.variantRatios)).toEqual([
+      { 'single-kernel/two-kernel': expect.closeTo(1.1, 12) }, { 'single-kernel/two-kernel': expect.closeTo(0.9, 12) },
+    ]);
+    // Elsewhere (or the CPU), --variants deterministic: ours ran the single kernel.
+    const other = variantReport({ oursAlgorithm: 'single-kernel', impls: ['ours-deterministic'] });
+    expect(other.rows.filter((r) => r.impl === 'ours').map((r) => Object.keys(r.variantRatios))).toEqual([
+      ['deterministic/single-kernel'], ['deterministic/single-kernel'],
+    ]);
+    expect(headerLines(other).join('\n')).toContain('(backward auto -> single-kernel)');
+    // A variant that failed (the two kernels off Hopper) leaves its ratio null, shown blank; no summary line.
+    const failed = variantReport({ oursAlgorithm: 'single-kernel', impls: ['ours-two-kernel'], failTwoKernel: true });
+    const f = failed.rows.filter((r) => r.impl === 'ours');
+    expect(f.map((r) => r.variantRatios)).toEqual([{ 'single-kernel/two-kernel': null }, { 'single-kernel/two-kernel': null }]);
+    expect(variantRatioSummary(failed.rows)).toEqual([]);
+    expect(formatText(failed)).toContain('[1] ours-two-kernel: Expected algorithm');
+    // Forward cells have no variant ratios, and no variants: no extra columns.
+    expect(formatMarkdown(report)).not.toContain('single ÷ two-kernel');
+    expect(formatText(report)).not.toContain('single÷two-kernel');
+  });
+
   test('formatting helpers', () => {
     expect(fmtBytes(512)).toBe('512 B');
     expect(fmtBytes(3 << 20)).toBe('3.00 MiB');
@@ -451,6 +588,7 @@ describe('end to end on the CPU backend (child process)', () => {
     expect(report.rows).toHaveLength(12);
     for (const row of report.rows) {
       expect(row).toMatchObject({ impl: 'ours', device: 'cpu', kernel: 'flash', status: 'ok', error: null, headDim: 32, dtype: 'float32', pctPeak: null });
+      expect(row.algorithm).toBe(row.pass === 'fwd' ? null : 'single-kernel');
       for (const k of ['msMedian', 'msMin', 'msMax', 'tflops', 'peakBytes'] as const) expect(typeof row[k]).toBe('number');
       expect(row.msMin as number).toBeLessThanOrEqual(row.msMedian as number);
       expect(row.msMedian as number).toBeLessThanOrEqual(row.msMax as number);
@@ -506,6 +644,27 @@ describe('end to end on the CPU backend (child process)', () => {
     expect(cols[1]).toBe('–');
     for (const i of [0, 2, 3, 4]) expect(cols[i]).toMatch(/^[\d.]+ \([\d.]+ ms, [\d.]+ \w+\)$/);
     for (const i of [5, 6]) expect(cols[i]).toMatch(/^[\d.]+x$/);
+  });
+
+  test('--variants on the CPU: single-kernel and deterministic rows with deterministic ÷ single-kernel; two-kernel rows are errors', () => {
+    const r = cli([...tiny, '--seqlen', '64', '--pass', 'fwd,bwd', '--causal', 'false', '--variants', 'single-kernel,deterministic,two-kernel', '--json']);
+    expect(r.status).toBe(0); // a variant's error is not one of ours
+    const report = JSON.parse(r.stdout) as BenchReport;
+    expect(report.rows.map((x) => [x.impl, x.pass, x.status, x.algorithm])).toEqual([
+      ['ours', 'fwd', 'ok', null],
+      ['ours', 'bwd', 'ok', 'single-kernel'],
+      ['ours-single-kernel', 'bwd', 'ok', 'single-kernel'],
+      ['ours-deterministic', 'bwd', 'ok', 'single-kernel'],
+      ['ours-two-kernel', 'bwd', 'error', 'two-kernel'],
+    ]);
+    expect(report.rows[4].error).toMatch(/^Expected algorithm to be 'auto' or 'single-kernel' .*CPU backend/);
+    const bwd = report.rows[1];
+    expect(bwd.variantRatios).toEqual({ 'single-kernel/two-kernel': null, 'deterministic/single-kernel': expect.any(Number) });
+    expect(bwd.variantRatios['deterministic/single-kernel']).toBeCloseTo((report.rows[3].msMedian as number) / (report.rows[2].msMedian as number), 9);
+    const text = formatText(report);
+    expect(text).toContain('our kernel auto -> flash (backward auto -> single-kernel)');
+    expect(text).toMatch(/^deterministic ÷ atomic single-kernel backward time: geometric mean [\d.]+x over 1 cells .*cells above 1\.30x: [01]$/m);
+    expect(text).not.toMatch(/^single-kernel ÷ two-kernel/m);
   });
 
   (HAS_CUDA ? test.skip : test)('no device flag and no GPU: the CPU backend, and the report says so', () => {
