@@ -99,8 +99,9 @@ export interface AttentionBackwardOptions extends AttentionOptions {
    * FlashAttention-2 backward adds each query tile's dq contributions with fp32 atomics, so dq's
    * summation order (and its last bits) can change from run to run. With `true` each thread block
    * adds into its own fp32 accumulator slice in a fixed order and the slices are summed in order (up
-   * to 8 slices: that many times the accumulator's memory, 4·batch·headsQ·seqlenQ·headDim bytes
-   * each). The two-kernel backward (see `algorithm`) is deterministic either way.
+   * to 8 slices, or with few heads up to 64 within 256 MiB: that many times the accumulator's memory,
+   * 4·batch·headsQ·seqlenQ·headDim bytes each). The two-kernel backward (see `algorithm`, 'auto' on
+   * Hopper at head dims 32, 64 and 128) is deterministic either way, at no extra cost.
    */
   deterministic?: boolean;
 }

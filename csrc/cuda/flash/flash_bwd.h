@@ -12,7 +12,7 @@
 // Workspace (cudaMallocAsync on `stream`, released with cudaFreeAsync before the call returns):
 // flash_bwd_workspace_bytes(p), O(N d): the dQ accumulator and D; never O(N^2).
 //
-// p.deterministic: each block of a KV head adds into its own accumulator slice (up to 8 slices), every
+// p.deterministic: each block of a KV head adds into its own accumulator slice (up to 8 slices, or up to 64 within 256 MiB: flash_bwd_plan.h), every
 // element by one thread in a fixed order, and the conversion sums the slices in order: bit-identical dq.
 // p.two_kernel (Hopper, head dims 32 / 64 / 128): the dK/dV kernel without dQ, then a dQ kernel (one
 // block per query tile, looping over the keys) that writes dq directly: no atomics and no accumulator

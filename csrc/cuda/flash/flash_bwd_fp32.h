@@ -17,7 +17,7 @@
 // operand of the five products (q, k, v, dout, P, dS) to TF32 at its use, kHighest runs each product
 // as 3xTF32. Softmax, D, dS and every accumulation are fp32 in both; kHighest also adds each query
 // tile's dK / dV contribution with a rounding fp32 add (the tensor cores' own accumulation truncates).
-// p.deterministic: each block of a KV head adds into its own accumulator slice (up to 8 slices), every
+// p.deterministic: each block of a KV head adds into its own accumulator slice (up to 8 slices, or up to 64 within 256 MiB: flash_bwd_plan.h), every
 // element by one thread in a fixed order, and the conversion sums the slices in order: bit-identical dq.
 // dk and dv are bit-identical run to run in both modes.
 // Supported: what flash_bwd_fp32_unsupported_reason says (float32, head_dim a multiple of 8 up to 256,

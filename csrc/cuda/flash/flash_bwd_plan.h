@@ -16,21 +16,29 @@
 namespace fa::cuda::flash {
 
 inline constexpr size_t kBwdWorkspaceAlign = 256;
-// Deterministic mode: at most this many accumulator slices per KV head (each is a whole accumulator).
-inline constexpr int kMaxDeterministicSplits = 8;
+// Deterministic mode: accumulator slices per KV head (each is a whole accumulator). Always up to
+// kMinDeterministicSplitCap; beyond that, up to kMaxDeterministicSplits while all slices together stay
+// within kDeterministicAccumBudget bytes.
+inline constexpr int kMinDeterministicSplitCap = 8;
+inline constexpr int kMaxDeterministicSplits = 64;
+inline constexpr size_t kDeterministicAccumBudget = size_t{256} << 20;
 
 // Deterministic mode: accumulator slices per KV head (= blocks per KV head, each walking every splits-th
-// K/V tile of block_n keys). The count minimises the waves of blocks times the K/V tiles per block (a
-// block of one SM each: whole waves, equal blocks), fewer slices on ties. Measured with the fp16 / bf16
-// kernel first with ceil(SMs / (B Hkv)) slices (H200, d128 8k: 5 slices, 160 blocks on 132 SMs): 2
-// waves, the second 28 blocks, 2.9x the atomic mode's time with plain read-modify-writes.
-inline int deterministic_splits(const AttentionBwdParams& p, int block_n) {
+// K/V tile of block_n keys), for slices of slice_bytes each. The count minimises the waves of blocks
+// times the K/V tiles per block (a block of one SM each: whole waves, equal blocks), fewer slices on
+// ties. Measured with the fp16 / bf16 kernel first with ceil(SMs / (B Hkv)) slices (H200, d128 8k: 5
+// slices, 160 blocks on 132 SMs): 2 waves, the second 28 blocks, 2.9x the atomic mode's time with plain
+// read-modify-writes. With at most 8 slices, few heads left SMs idle: B4 H1 d64 8k (4 KV heads) ran 32
+// blocks on 132 SMs, 3.67x the atomic mode's time (bf16, H200); 32 slices (256 MiB) fill one wave.
+inline int deterministic_splits(const AttentionBwdParams& p, int block_n, size_t slice_bytes) {
   const int64_t sms = std::max(1, device_attribute(cudaDevAttrMultiProcessorCount));
   const int64_t tiles = ceil_div<int64_t>(p.seqlen_k, block_n);
   const int64_t heads = p.batch * p.heads_kv;
+  const int64_t by_budget = static_cast<int64_t>(kDeterministicAccumBudget / std::max<size_t>(slice_bytes, 1));
+  const int64_t cap = std::max<int64_t>(kMinDeterministicSplitCap, std::min<int64_t>(kMaxDeterministicSplits, by_budget));
   int best = 1;
   int64_t best_cost = INT64_MAX;
-  for (int s = 1; s <= kMaxDeterministicSplits && s <= tiles; ++s) {
+  for (int s = 1; s <= cap && s <= tiles; ++s) {
     const int64_t cost = ceil_div<int64_t>(heads * s, sms) * ceil_div<int64_t>(tiles, s);
     if (cost < best_cost) {
       best_cost = cost;
@@ -55,8 +63,8 @@ inline BwdWorkspacePlan bwd_workspace_plan(const AttentionBwdParams& p, int bloc
   const auto round_up = [](size_t x, size_t a) { return (x + a - 1) / a * a; };
   BwdWorkspacePlan w;
   w.dq_rows = ceil_div<int64_t>(p.seqlen_q, dq_row_multiple) * dq_row_multiple;
-  w.splits = p.deterministic ? deterministic_splits(p, block_n) : 1;
   w.split_stride = p.batch * p.heads_q * w.dq_rows * accum_cols;
+  w.splits = p.deterministic ? deterministic_splits(p, block_n, static_cast<size_t>(w.split_stride) * sizeof(float)) : 1;
   w.accum_bytes = round_up(static_cast<size_t>(w.splits * w.split_stride) * sizeof(float), kBwdWorkspaceAlign);
   w.d_bytes = round_up(static_cast<size_t>(p.batch * p.heads_q * p.seqlen_q) * sizeof(float), kBwdWorkspaceAlign);
   return w;
