@@ -1,8 +1,9 @@
 /**
- * The CUDA FlashAttention-2 backward (csrc/cuda/flash/flash_bwd*, one kernel, dq accumulated with
- * fp32 atomic adds; reached with `kernel: 'flash'`, and by 'auto' for float16/bfloat16 when
- * `deterministic` is false) against the float64 reference with the flash-attention rule of
- * helpers/tolerance.ts, for dq, dk and dv:
+ * The CUDA FlashAttention-2 backward for float16 / bfloat16 (csrc/cuda/flash/flash_bwd*: one kernel
+ * with dq accumulated by fp32 atomic adds, or on Hopper at head dims 32 / 64 / 128 two kernels, which
+ * algorithm 'auto' picks there; reached with `kernel: 'flash'` and by 'auto') against the float64
+ * reference with the flash-attention rule of helpers/tolerance.ts, for dq, dk and dv (where 'auto'
+ * runs two kernels, the case tables check the single kernel on the same inputs too):
  *
  *     max|flash − f64 reference| ≤ 3 · max|same-precision reference − f64 reference| + atol
  *
