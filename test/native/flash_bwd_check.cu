@@ -1,5 +1,5 @@
 // GPU check and timing of the FA2 backward (csrc/cuda/flash/flash_bwd.cu), built and run by
-// scripts/flash-bwd-check.sh:  flash_bwd_check [seed] [--no-bench]
+// scripts/flash-bwd-check.sh:  flash_bwd_check [seed] [--no-bench] [--bench-only]
 // Each case: fresh random q, k, v, dout (never zero, rounded to the dtype; the seed is printed), out and
 // lse from flash_fwd (the naive forward where flash_fwd has no kernel), then flash_bwd, run kRuns times
 // into dq, dk, dv poisoned with NaN (0xFF bytes) before each run, and the naive fp32 backward
@@ -535,26 +535,39 @@ bool run_case(const Case& c, const char* path, BwdFn bwd, bool deterministic, st
   return ok;
 }
 
-void bench(int64_t seqlen, int64_t d, bool causal, const char* name, BwdFn bwd, std::mt19937_64& rng) {
-  Case c{kBenchTokens / seqlen, seqlen, seqlen, kBenchWidth / d, kBenchWidth / d, d, causal, DType::kBFloat16};
-  const int64_t n = c.batch * c.sq * c.hq * c.d;
-  Dev q_dev(n * 2), k_dev(n * 2), v_dev(n * 2), dout_dev(n * 2), out_dev(n * 2), lse_dev(c.batch * c.hq * c.sq * 4);
-  Dev dq(n * 2), dk(n * 2), dv(n * 2);
-  upload(q_dev, c.dtype, random_values(n, c.dtype, kQkMaxMag, rng));
-  upload(k_dev, c.dtype, random_values(n, c.dtype, kQkMaxMag, rng));
-  upload(v_dev, c.dtype, random_values(n, c.dtype, kVMaxMag, rng));
-  upload(dout_dev, c.dtype, random_values(n, c.dtype, kDoutMaxMag, rng));
+// The bench's inputs for one (seqlen, head dim): B * S = kBenchTokens, H * D = kBenchWidth, bf16, drawn
+// once and shared by every path and both masks (drawing 4 x 33M values on the host per bench call took
+// seconds each, most of the bench's time: runs under a 100 s limit were cut off).
+struct BenchInputs {
+  Case c;
+  int64_t n;
+  Dev q, k, v, dout, out, lse, dq, dk, dv;
+  BenchInputs(int64_t seqlen, int64_t d, std::mt19937_64& rng)
+      : c{kBenchTokens / seqlen, seqlen, seqlen, kBenchWidth / d, kBenchWidth / d, d, false, DType::kBFloat16},
+        n(c.batch * c.sq * c.hq * c.d),
+        q(n * 2), k(n * 2), v(n * 2), dout(n * 2), out(n * 2), lse(c.batch * c.hq * c.sq * 4),
+        dq(n * 2), dk(n * 2), dv(n * 2) {
+    upload(q, c.dtype, random_values(n, c.dtype, kQkMaxMag, rng));
+    upload(k, c.dtype, random_values(n, c.dtype, kQkMaxMag, rng));
+    upload(v, c.dtype, random_values(n, c.dtype, kVMaxMag, rng));
+    upload(dout, c.dtype, random_values(n, c.dtype, kDoutMaxMag, rng));
+  }
+};
+
+void bench(BenchInputs& in, bool causal, const char* name, BwdFn bwd) {
+  Case c = in.c;
+  c.causal = causal;
   cudaStream_t stream;
   CHECK_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-  const auto pfwd = make_params(c, q_dev, k_dev, v_dev, out_dev, lse_dev);
+  const auto pfwd = make_params(c, in.q, in.k, in.v, in.out, in.lse);
   run_forward(pfwd, stream);
-  const auto p = make_bwd_params(pfwd, dout_dev, dq, dk, dv);
+  const auto p = make_bwd_params(pfwd, in.dout, in.dq, in.dk, in.dv);
   const LaunchTimes tm = time_launches([&] { return bwd(p, stream); }, stream);
-  const double flops = kBwdFlopsPerFwd * 4.0 * c.batch * c.hq * static_cast<double>(seqlen) * seqlen * d *
+  const double flops = kBwdFlopsPerFwd * 4.0 * c.batch * c.hq * static_cast<double>(c.sq) * c.sk * c.d *
                        (causal ? 0.5 : 1.0);
   std::printf("BENCH %-9s bf16 B%" PRId64 " H%" PRId64 " S%-5" PRId64 " D%-3" PRId64
               " %-6s median %.3f ms  %.1f TFLOP/s | back to back %.3f ms  %.1f TFLOP/s\n",
-              name, c.batch, c.hq, seqlen, d, causal ? "causal" : "full", tm.median_ms, tflops_per_s(flops, tm.median_ms),
+              name, c.batch, c.hq, c.sq, c.d, causal ? "causal" : "full", tm.median_ms, tflops_per_s(flops, tm.median_ms),
               tm.queued_ms, tflops_per_s(flops, tm.queued_ms));
   CHECK_CUDA(cudaStreamDestroy(stream));
 }
@@ -562,7 +575,7 @@ void bench(int64_t seqlen, int64_t d, bool causal, const char* name, BwdFn bwd, 
 }  // namespace
 
 int main(int argc, char** argv) {
-  const CheckSetup setup = check_setup(argc, argv, "flash_bwd_check");
+  const CheckSetup setup = check_setup(argc, argv, "flash_bwd_check", /*bench_only_supported=*/true);
   const cudaDeviceProp& prop = setup.prop;
   const bool run_bench = setup.run_bench;
   std::mt19937_64 rng(setup.seed);
@@ -587,7 +600,7 @@ int main(int argc, char** argv) {
                              {"flash_bwd-det", flash_bwd_deterministic, true}};
   if (prop.major == 9) paths.push_back({"sm80-mma", fa::cuda::flash_bwd_sm80, false});
   int failed = 0, total = 0;
-  for (const Path& path : paths) {
+  for (const Path& path : setup.run_checks ? paths : std::vector<Path>{}) {
     for (DType t : {DType::kFloat16, DType::kBFloat16})
       for (int64_t d : {64, 128})
         for (bool causal : {false, true})
@@ -606,7 +619,7 @@ int main(int argc, char** argv) {
   }
   // The two-kernel backward (Hopper): the shapes above at head dims 64 and 128, and 32 / 40 on the tails
   // (those with the deterministic flag set too).
-  if (prop.major == 9) {
+  if (prop.major == 9 && setup.run_checks) {
     for (DType t : {DType::kFloat16, DType::kBFloat16})
       for (int64_t d : {64, 128})
         for (bool causal : {false, true})
@@ -624,14 +637,16 @@ int main(int argc, char** argv) {
                             flash_bwd_two_kernel_det, true, rng);
       }
   }
-  std::printf("%s: %d of %d cases failed\n", failed ? "FAIL" : "PASS", failed, total);
+  if (setup.run_checks) std::printf("%s: %d of %d cases failed\n", failed ? "FAIL" : "PASS", failed, total);
   if (run_bench)
     for (int64_t seqlen : {512, 1024, 2048, 8192})
-      for (int64_t d : {64, 128})
+      for (int64_t d : {64, 128}) {
+        BenchInputs in(seqlen, d, rng);
         for (bool causal : {false, true}) {
-          for (const Path& path : paths) bench(seqlen, d, causal, path.name, path.fn, rng);
-          if (prop.major == 9) bench(seqlen, d, causal, "two-kernel", flash_bwd_two_kernel, rng);
-          if (seqlen <= kNaiveBenchMaxSeqlen) bench(seqlen, d, causal, "naive-bwd", fa::cuda::naive_attention_bwd, rng);
+          for (const Path& path : paths) bench(in, causal, path.name, path.fn);
+          if (prop.major == 9) bench(in, causal, "two-kernel", flash_bwd_two_kernel);
+          if (seqlen <= kNaiveBenchMaxSeqlen) bench(in, causal, "naive-bwd", fa::cuda::naive_attention_bwd);
         }
+      }
   return failed ? 1 : 0;
 }
