@@ -111,13 +111,20 @@ void bwd_pair(const BwdPlan& plan, int64_t i0, int64_t j0, int keys, const float
   gemm<ALayout::kRowMajor, false>(rows_pad, keys_pad, d, qc, d, ws + plan.off_kt, kBk, s, kBk);
   gemm<ALayout::kRowMajor, false>(rows_pad, keys_pad, d, doc, d, ws + plan.off_vt, kBk, dp, kBk);
 
-  // P (recompute_p), dS = P ∘ (dP - D). Row r sees keys c < visible.
+  // P (recompute_p), dS = P ∘ (dP - D). Row r sees keys c < visible (none for the padding rows r >=
+  // rows, whose zero q times an infinite k would otherwise make a NaN score). P and dS are exactly 0
+  // where a row does not see a key, whatever dP and D hold (D is NaN on a row with a NaN output).
   const int64_t diag = p.seqlen_k - p.seqlen_q;
   const Vec scale = vsplat<Vec>(p.softmax_scale);
   const VecI lanes = lane_index();
+  const auto visible_keys = [&](int r) -> int64_t {
+    if (r >= rows) return 0;
+    return p.causal ? std::min<int64_t>(keys, std::max<int64_t>(0, i0 + r + diag - j0 + 1)) : keys;
+  };
+  bool masked = false;  // some real row does not see some real key of the tile
   for (int r = 0; r < rows_pad; ++r) {
-    const int64_t visible =
-        p.causal ? std::min<int64_t>(keys, std::max<int64_t>(0, i0 + r + diag - j0 + 1)) : keys;
+    const int64_t visible = visible_keys(r);
+    masked = masked || (r < rows && visible < keys);
     const Vec lse_r = vsplat<Vec>(lse[r]);
     const Vec dr = vsplat<Vec>(dl[r]);
     float* srow = s + r * kBk;
@@ -125,14 +132,33 @@ void bwd_pair(const BwdPlan& plan, int64_t i0, int64_t j0, int keys, const float
     for (int c = 0; c < keys_pad; c += kLanes) {
       const Vec pv = keep_lanes(lanes + c, visible, recompute_p(vload<Vec>(srow + c), scale, lse_r));
       vstore<Vec>(srow + c, pv);
-      vstore<Vec>(dprow + c, pv * (vload<Vec>(dprow + c) - dr));
+      vstore<Vec>(dprow + c, keep_lanes(lanes + c, visible, pv * (vload<Vec>(dprow + c) - dr)));
     }
   }
 
-  // dV_j += P^T dO_i; dK_j += dS^T Q_i (softmax_scale applied at the store); dQ_i += dS K_j.
-  gemm<ALayout::kColMajor, true>(keys_pad, d, rows_pad, s, kBk, doc, d, dv, d);
-  gemm<ALayout::kColMajor, true>(keys_pad, d, rows_pad, dp, kBk, qc, d, dk, d);
-  gemm<ALayout::kRowMajor, true>(rows_pad, d, keys_pad, dp, kBk, ws + plan.off_kc, d, dq, d);
+  // dV_j += P^T dO_i; dK_j += dS^T Q_i (softmax_scale applied at the store); dQ_i += dS K_j. On a tile
+  // where the mask hides keys from rows, a NaN / Inf in dO, Q or K would meet the mask's zeros:
+  // those products leave the hidden (row, key) terms out (gemm_masked, tile_kernels.h).
+  const float* kc = ws + plan.off_kc;
+  const auto sees = [&](int r, int c) { return c < visible_keys(r); };
+  if (masked && any_nonfinite(doc, rows, d, d)) {
+    gemm_masked<ALayout::kColMajor>(keys_pad, d, rows_pad, s, kBk, doc, d, dv, d,
+                                    [&](int c, int, int r) { return sees(r, c); });
+  } else {
+    gemm<ALayout::kColMajor, true>(keys_pad, d, rows_pad, s, kBk, doc, d, dv, d);
+  }
+  if (masked && any_nonfinite(qc, rows, d, d)) {
+    gemm_masked<ALayout::kColMajor>(keys_pad, d, rows_pad, dp, kBk, qc, d, dk, d,
+                                    [&](int c, int, int r) { return sees(r, c); });
+  } else {
+    gemm<ALayout::kColMajor, true>(keys_pad, d, rows_pad, dp, kBk, qc, d, dk, d);
+  }
+  if (masked && any_nonfinite(kc, keys, d, d)) {
+    gemm_masked<ALayout::kRowMajor>(rows_pad, d, keys_pad, dp, kBk, kc, d, dq, d,
+                                    [&](int r, int, int c) { return sees(r, c); });
+  } else {
+    gemm<ALayout::kRowMajor, true>(rows_pad, d, keys_pad, dp, kBk, kc, d, dq, d);
+  }
 }
 
 // Rows [0, rows) of an fp32 [rows][d] accumulator, times scale, into a strided output tensor.

@@ -68,7 +68,8 @@ void fwd_item(const FwdPlan& plan, int64_t item, float* ws) {
 
     gemm<ALayout::kRowMajor, false>(keys_pad, rows_pad, d, kj.data, kj.ld, qt_s, bq, st, bq);
 
-    if (p.causal && j0 + keys - 1 > i0 + diag) {
+    const bool crosses_diagonal = p.causal && j0 + keys - 1 > i0 + diag;
+    if (crosses_diagonal) {
       // Key j0 + jj is hidden from query rows i0 + r with r < j0 + jj - diag - i0.
       for (int jj = 0; jj < keys; ++jj) {
         const int64_t hidden = std::min<int64_t>(rows_pad, std::max<int64_t>(0, j0 + jj - diag - i0));
@@ -105,19 +106,30 @@ void fwd_item(const FwdPlan& plan, int64_t item, float* ws) {
       float* orow = ot + e * bq;
       for (int r = 0; r < rows_pad; r += kLanes) vstore<Vec>(orow + r, vload<Vec>(orow + r) * vload<Vec>(alpha + r));
     }
-    // O^T += V^T P^T, with V^T read from V.
-    gemm<ALayout::kColMajor, true>(d, rows_pad, keys_pad, vj.data, vj.ld, st, bq, ot, bq);
+    // O^T += V^T P^T, with V^T read from V. A NaN / Inf in V on a tile that crosses the diagonal: the
+    // hidden (key, row) terms are left out (gemm_masked), so it reaches only the rows that see the key.
+    if (crosses_diagonal && any_nonfinite(vj.data, keys, d, vj.ld)) {
+      gemm_masked<ALayout::kColMajor>(d, rows_pad, keys_pad, vj.data, vj.ld, st, bq, ot, bq,
+                                      [&](int, int r, int jj) { return j0 + jj <= i0 + r + diag; });
+    } else {
+      gemm<ALayout::kColMajor, true>(d, rows_pad, keys_pad, vj.data, vj.ld, st, bq, ot, bq);
+    }
   }
 
   // FA2 tweak 1: divide by l only once, at the end. LSE in natural units: off * ln 2 + ln l, one
-  // rounding after the (exact) product.
+  // rounding after the (exact) product. A row that sees no key (causal, seqlen_q > seqlen_k) gets out 0
+  // and lse +inf. A row that sees keys has l >= 1 (its max scores 2^0) unless its scores are not finite:
+  // l = NaN (a NaN score) gives NaN out and lse through the same formulas, and l = 0 (every score -inf,
+  // from an infinite input) is softmax's 0 / 0: NaN, as standard attention gives (not an empty row).
+  constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
   for (int r = 0; r < rows; ++r) {
     const int64_t i = i0 + r;
-    const bool any_key = l[r] > 0.0f;  // else out = 0 and lse = +inf
-    const float inv_l = any_key ? 1.0f / l[r] : 0.0f;
+    const bool sees_keys = !p.causal || i + diag >= 0;
+    const float inv_l = !sees_keys ? 0.0f : l[r] == 0.0f ? kNaN : 1.0f / l[r];
     for (int e = 0; e < d; ++e) row[e] = ot[e * bq + r];
     store_row(row, d, inv_l, p.dtype, p.out, b * p.o_batch_stride + i * p.o_row_stride + h * p.o_head_stride);
-    p.lse[(b * p.heads_q + h) * p.seqlen_q + i] =
-        any_key ? std::fma(off[r], kLn2, std::log(l[r])) : std::numeric_limits<float>::infinity();
+    p.lse[(b * p.heads_q + h) * p.seqlen_q + i] = !sees_keys      ? std::numeric_limits<float>::infinity()
+                                                  : l[r] == 0.0f ? kNaN
+                                                                 : std::fma(off[r], kLn2, std::log(l[r]));
   }
 }

@@ -158,6 +158,48 @@ void gemm(int M, int N, int K, const float* a, int64_t lda, const float* b, int6
   }
 }
 
+// ---- exact products over a causal mask -------------------------------------------------------------
+//
+// A tile that crosses the causal diagonal multiplies the mask's zeros (P or dS = 0 where a row does
+// not see a key) by the other operand like any other value, and 0 * NaN = 0 * Inf = NaN: a NaN or
+// Inf in a key or value that a row does not see, or in a row's q or dout, would reach outputs that do
+// not depend on it (issue 6: NaN propagates to the rows that depend on it and no further). Such tiles
+// are checked for non-finite operands, and the products that could be reached run as gemm_masked.
+
+// a * b + c for one element, rounded as vfma rounds it (fused where the instruction set has FMA).
+inline float sfma(float a, float b, float c) {
+#if FA_TILE_LEVEL >= 1
+  return std::fma(a, b, c);
+#else
+  return a * b + c;
+#endif
+}
+
+// Whether rows [0, rows) x columns [0, cols) of a row-major tile (row pitch ld) hold a NaN or an Inf.
+// Scalar: it runs on the tiles that cross the causal diagonal only.
+inline bool any_nonfinite(const float* x, int rows, int cols, int64_t ld) {
+  for (int r = 0; r < rows; ++r)
+    for (int c = 0; c < cols; ++c)
+      if (!std::isfinite(x[r * ld + c])) return true;
+  return false;
+}
+
+// C (M x N) += A B with A as in gemm<L, true>, each element the same fma chain over k = 0..K-1 in
+// order, but with the terms where keep(m, n, k) is false left out instead of multiplied. The left-out
+// terms are the mask's exact zeros, which add nothing to a finite chain (fma(0, x, acc) = acc): every
+// output the mask does not reach is bit-identical to gemm's. Scalar, for tiles with non-finite inputs.
+template <ALayout L, class Keep>
+void gemm_masked(int M, int N, int K, const float* a, int64_t lda, const float* b, int64_t ldb, float* c,
+                 int64_t ldc, Keep keep) {
+  for (int m = 0; m < M; ++m)
+    for (int n = 0; n < N; ++n) {
+      float acc = c[m * ldc + n];
+      for (int k = 0; k < K; ++k)
+        if (keep(m, n, k)) acc = sfma(L == ALayout::kRowMajor ? a[m * lda + k] : a[k * lda + m], b[k * ldb + n], acc);
+      c[m * ldc + n] = acc;
+    }
+}
+
 // ---- dtype conversion -----------------------------------------------------------------------------
 
 // dst[0, cols) = scale * fp32(src[offset + 0, cols)); cols % 8 == 0. The conversion is exact for
