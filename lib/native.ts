@@ -54,6 +54,8 @@ export interface NativeBinding {
   cpuThreads: number;
   createFromFloat32(device: number, dtype: number, data: Float32Array): NativeBuffer;
   createFromBits(device: number, dtype: number, data: Uint16Array | Float32Array): NativeBuffer;
+  createZeros(device: number, dtype: number, numel: number): NativeBuffer;
+  injectCudaFault(kind: 'illegal-address'): void;
   readFloat32(buf: NativeBuffer): Promise<Float32Array>;
   readBits(buf: NativeBuffer): Promise<Uint16Array | Float32Array>;
   synchronize(device: number, trimCache?: boolean): Promise<void>;

@@ -164,6 +164,18 @@ export class Tensor implements Disposable {
     return new Tensor(buf, s.shape, dtype, device);
   }
 
+  /**
+   * A new tensor of zeros, allocated on the device without host data (e.g. an accumulator, or a
+   * buffer to fill later). An allocation the device cannot hold throws an Error that says how many
+   * bytes were asked for and how many are free; the process carries on.
+   */
+  static zeros(shape: readonly number[], options?: TensorOptions): Tensor {
+    const s = checkShape(shape);
+    const { dtype, device } = resolveOptions(options);
+    const buf = binding().createZeros(DEVICE_CODE[device], DTYPE_CODE[dtype], s.numel);
+    return new Tensor(buf, s.shape, dtype, device);
+  }
+
   /** Bytes of device memory the tensor holds. */
   get bytes(): number {
     return this.numel * dtypeSize(this.dtype);
@@ -294,5 +306,16 @@ export const debug = {
   poisonOutputs(enabled: boolean): void {
     if (typeof enabled !== 'boolean') throw typeError('enabled to be a boolean', describeValue(enabled));
     binding().setPoison(enabled);
+  },
+  /**
+   * Breaks this process's CUDA context on purpose, to test the handling of sticky errors: enqueues a
+   * store to an unmapped address. The next synchronisation (a read, `synchronize`, or the next call
+   * that checks the stream) fails with CUDA's cudaErrorIllegalAddress, and every later CUDA call of
+   * the process fails at once with a message saying that the context is lost; the CPU backend keeps
+   * working. Only kind 'illegal-address' exists. Throws if CUDA is not usable.
+   */
+  injectCudaFault(kind: 'illegal-address'): void {
+    if (kind !== 'illegal-address') throw typeError("kind to be 'illegal-address'", describeValue(kind));
+    binding().injectCudaFault(kind);
   },
 };

@@ -525,6 +525,10 @@ describe('raw native binding (lib/native.ts binding())', () => {
     ['createFromBits: Uint16Array for float32', call('createFromBits', 0, 0, new Uint16Array(2)), 'TypeError', 'Expected data to be a Float32Array for dtype float32 but received a Uint16Array'],
     ['createFromBits: Int16Array for bfloat16', call('createFromBits', 0, 2, new Int16Array(2)), 'TypeError', 'Expected data to be a Uint16Array for dtype bfloat16 but received an Int16Array'],
     ['createFromBits: empty', call('createFromBits', 0, 2, new Uint16Array(0)), 'RangeError', 'Expected data to have at least 1 element but received 0'],
+    ['createZeros: numel 0', call('createZeros', 0, 0, 0), 'RangeError', 'Expected numel to be an integer in [1, 9007199254740991] but received 0 of type number'],
+    ['createZeros: numel 2^53', call('createZeros', 0, 1, 2 ** 53), 'RangeError', 'Expected numel to be an integer in [1, 9007199254740991] but received 9007199254740992 of type number'],
+    ['createZeros: numel 2.5', call('createZeros', 0, 2, 2.5), 'RangeError', 'Expected numel to be an integer in [1, 9007199254740991] but received 2.5 of type number'],
+    ['injectCudaFault: another kind', call('injectCudaFault', 'segfault'), 'TypeError', "Expected kind to be 'illegal-address' but received \"segfault\" of type string"],
     // reads, synchronize, memory
     ['readFloat32: null', call('readFloat32', null), 'TypeError', 'Expected tensor to be a native buffer but received null'],
     ['readBits: a plain object', call('readBits', { bytes: 4 }), 'TypeError', 'Expected tensor to be a native buffer but received an object'],
@@ -619,6 +623,8 @@ describe('raw native binding (lib/native.ts binding())', () => {
     const valid: [keyof typeof b, () => unknown[]][] = [
       ['createFromFloat32', () => [0, 0, new Float32Array(4)]],
       ['createFromBits', () => [0, 1, new Uint16Array(4)]],
+      ['createZeros', () => [0, 2, 4]],
+      ['injectCudaFault', () => ['illegal-address']],
       ['readFloat32', () => [nq]],
       ['readBits', () => [nq]],
       ['synchronize', () => [0]],
@@ -651,8 +657,8 @@ describe('raw native binding (lib/native.ts binding())', () => {
       }
     }
     expect(failures).toEqual([]);
-    // 32 argument positions × (11 garbage values + 1 missing), less the one valid Float32Array.
-    expect(calls).toBe(32 * 12 - 1);
+    // 36 argument positions × (11 garbage values + 1 missing), less the one valid Float32Array.
+    expect(calls).toBe(36 * 12 - 1);
     expect(liveMemory()).toEqual(before);
   });
 });

@@ -6,6 +6,7 @@
 #include "common/attention_params.h"
 #include "cpu/flash_cpu.h"
 #include "napi/addon.h"
+#include "runtime/format.h"
 #ifdef FA_WITH_CUDA
 #include "cuda/flash/flash_bwd.h"
 #include "cuda/flash/flash_bwd_fp32.h"
@@ -193,9 +194,9 @@ void check_launch(Runtime& rt, cudaError_t err, const char* what, size_t workspa
     cudaGetLastError();
     size_t free_bytes = 0, total_bytes = 0;
     cudaMemGetInfo(&free_bytes, &total_bytes);
-    throw Error(std::string("CUDA out of memory in ") + what + ": its workspace needs " +
-                std::to_string(workspace_bytes) + " bytes and the device has " + std::to_string(free_bytes) +
-                " bytes free of " + std::to_string(total_bytes));
+    throw Error(std::string("CUDA out of memory in ") + what + ": its workspace needs " + format_bytes(workspace_bytes) +
+                " (" + std::to_string(workspace_bytes) + " bytes) and the device has " + format_bytes(free_bytes) +
+                " free of " + format_bytes(total_bytes));
   }
   rt.cuda().check(err, what);
 }

@@ -5,6 +5,10 @@
 #include "common/half.h"
 #include "napi/addon.h"
 
+#ifdef FA_WITH_CUDA
+#include "cuda/fault_injection.h"
+#endif
+
 namespace fa::napi {
 
 namespace {
@@ -108,6 +112,45 @@ Napi::Value CreateFromBits(const Napi::CallbackInfo& info) {
   if (bytes == 0) throw range_error("Expected data to have at least 1 element but received 0");
   const auto* src = static_cast<const uint8_t*>(arr.ArrayBuffer().Data()) + arr.ByteOffset();
   return NativeBuffer::Wrap(env, upload(rt, device, dtype, src, bytes));
+}
+
+// createZeros(device, dtype, numel): NativeBuffer of numel zero elements. numel is re-checked here: a
+// positive integer that JS numbers hold exactly (below 2^53), so bytes = numel * 4 cannot overflow.
+Napi::Value CreateZeros(const Napi::CallbackInfo& info) {
+  Napi::Env env = info.Env();
+  Runtime& rt = runtime(env);
+  Device device = device_arg(info[0], "device");
+  DType dtype = dtype_arg(info[1], "dtype");
+  constexpr int64_t kMaxSafeInteger = (int64_t{1} << 53) - 1;
+  const int64_t numel = int_arg(info[2], "numel", 1, kMaxSafeInteger);
+  require_device(rt, device);
+  const size_t bytes = static_cast<size_t>(numel) * dtype_size(dtype);
+  BufferPtr buf = rt.allocate(device, dtype, bytes, /*is_output=*/false);
+  if (device == Device::kCpu) {
+    std::memset(buf->data(), 0, bytes);  // a new buffer: no queued work can touch it yet
+  } else {
+#ifdef FA_WITH_CUDA
+    rt.cuda().memset(buf->data(), 0, bytes);
+#endif
+  }
+  return NativeBuffer::Wrap(env, buf);
+}
+
+// injectCudaFault(kind: 'illegal-address'): enqueues a store to an unmapped address on the CUDA stream
+// (cuda/fault_injection.h). The error surfaces at the next synchronisation and the context is lost.
+Napi::Value InjectCudaFault(const Napi::CallbackInfo& info) {
+  Napi::Env env = info.Env();
+  if (!info[0].IsString() || info[0].As<Napi::String>().Utf8Value() != "illegal-address") {
+    throw type_error("Expected kind to be 'illegal-address' but received " + describe(info[0]));
+  }
+  Runtime& rt = runtime(env);
+  require_device(rt, Device::kCuda);
+#ifdef FA_WITH_CUDA
+  rt.cuda().ensure_usable();
+  const cudaError_t err = cuda::inject_illegal_address(rt.cuda().stream());
+  if (err != cudaSuccess) throw Error(std::string("injectCudaFault: the launch failed: ") + cudaGetErrorString(err));
+#endif
+  return env.Undefined();
 }
 
 // Reads a buffer back to the host off the JS thread, as float32 values or as raw bits.
@@ -338,6 +381,8 @@ Napi::Value CudaDeviceCount(const Napi::CallbackInfo& info) {
 void InitTensorOps(Napi::Env env, Napi::Object exports) {
   exports.Set("createFromFloat32", Napi::Function::New<guarded<CreateFromFloat32>>(env, "createFromFloat32"));
   exports.Set("createFromBits", Napi::Function::New<guarded<CreateFromBits>>(env, "createFromBits"));
+  exports.Set("createZeros", Napi::Function::New<guarded<CreateZeros>>(env, "createZeros"));
+  exports.Set("injectCudaFault", Napi::Function::New<guarded<InjectCudaFault>>(env, "injectCudaFault"));
   exports.Set("readFloat32", Napi::Function::New<guarded<ReadFloat32>>(env, "readFloat32"));
   exports.Set("readBits", Napi::Function::New<guarded<ReadBits>>(env, "readBits"));
   exports.Set("synchronize", Napi::Function::New<guarded<Synchronize>>(env, "synchronize"));

@@ -4,6 +4,7 @@
 #include <sstream>
 
 #include "runtime/error.h"
+#include "runtime/format.h"
 
 namespace fa {
 
@@ -26,20 +27,6 @@ bool is_sticky(cudaError_t err) {
     default:
       return false;
   }
-}
-
-std::string format_bytes(size_t bytes) {
-  std::ostringstream os;
-  os.setf(std::ios::fixed);
-  os.precision(1);
-  if (bytes >= (size_t{1} << 30)) {
-    os << static_cast<double>(bytes) / (1 << 30) << " GiB";
-  } else if (bytes >= (size_t{1} << 20)) {
-    os << static_cast<double>(bytes) / (1 << 20) << " MiB";
-  } else {
-    os << bytes << " bytes";
-  }
-  return os.str();
 }
 
 }  // namespace

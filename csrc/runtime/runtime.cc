@@ -1,17 +1,29 @@
 #include "runtime/runtime.h"
 
+#include <unistd.h>
+
 #include <cstdlib>
 #include <cstring>
 #include <new>
+#include <string>
 
 #include "cpu/thread_pool.h"
 #include "runtime/error.h"
+#include "runtime/format.h"
 
 namespace fa {
 
 namespace {
 // CPU buffers are aligned for 512-bit vector loads.
 constexpr size_t kCpuAlignment = 64;
+
+// The host's available and total physical memory, for an out-of-memory message ("" if unknown).
+std::string host_memory_note() {
+  const long page = sysconf(_SC_PAGESIZE), avail = sysconf(_SC_AVPHYS_PAGES), total = sysconf(_SC_PHYS_PAGES);
+  if (page <= 0 || avail < 0 || total <= 0) return "";
+  return " with " + format_bytes(static_cast<size_t>(avail) * static_cast<size_t>(page)) + " available of " +
+         format_bytes(static_cast<size_t>(total) * static_cast<size_t>(page));
+}
 }  // namespace
 
 // ---- MemoryManager ----
@@ -22,7 +34,8 @@ void* MemoryManager::allocate(Device device, size_t bytes) {
     const size_t rounded = (bytes + kCpuAlignment - 1) / kCpuAlignment * kCpuAlignment;
     ptr = std::aligned_alloc(kCpuAlignment, rounded == 0 ? kCpuAlignment : rounded);
     if (!ptr) {
-      throw Error("out of host memory: tried to allocate " + std::to_string(bytes) + " bytes for a cpu tensor");
+      throw Error("out of host memory: tried to allocate " + format_bytes(bytes) + " (" + std::to_string(bytes) +
+                  " bytes) for a cpu tensor" + host_memory_note());
     }
   } else {
 #ifdef FA_WITH_CUDA
