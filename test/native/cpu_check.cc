@@ -494,6 +494,85 @@ void run_correctness(uint64_t seed) {
   }
 }
 
+// ---- non-finite inputs -------------------------------------------------------------------------------
+
+// NaN / Inf in one element must reach only the outputs that depend on it (test/numerics.test.ts has
+// the full per-element rules; this runs the same paths natively, on every ISA and under ASan/UBSan,
+// with more tiles: the masked products of csrc/cpu/tile_kernels.h's gemm_masked). Causal, seqlen_q 200
+// > seqlen_k 170 (30 rows see no key, row i sees keys j <= i - 30), GQA 2:1, batch 2; the poison sits
+// in batch 1, kv head 1, key row 77 (seen by rows >= 107) or query row 150 (which sees keys 0-120).
+// Checked: every output of batch 0 and of the other kv head is finite (no leak across sequences and
+// heads); with the poison in k or v, out / lse / dq of the rows that do not see key 77 are finite, and
+// those rows' out is bit-identical to the clean run's; with it in q, dk / dv of the keys row 150 does
+// not see (121-169) are finite and equal the clean run's.
+void run_nonfinite() {
+  std::printf("non-finite inputs\n");
+  ThreadPool pool(0);
+  std::mt19937_64 rng(7);
+  const float kPoison[] = {std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::infinity(),
+                           -std::numeric_limits<float>::infinity()};
+  constexpr int64_t kKey = 77, kRow = 150, kHkv = 1, kB = 1;
+  for (DType dt : {DType::kFloat32, DType::kBFloat16})
+    for (Isa isa : isas_to_test())
+      for (int where = 0; where < 3; ++where)    // 0: k, 1: v, 2: q
+        for (int pi = 0; pi < 3; ++pi) {
+          const Case c{2, 200, 170, 4, 2, 64, dt, /*causal=*/true, /*gapped=*/false};
+          Problem clean(c, rng);
+          Problem bad = clean;
+          Tensor& t = where == 0 ? bad.k : where == 1 ? bad.v : bad.q;
+          const int64_t row = where == 2 ? kRow : kKey, head = where == 2 ? 2 * kHkv : kHkv;
+          t.set(static_cast<size_t>(t.off(kB, row, head, 5)), kPoison[pi]);
+          Outputs oc(clean), ob(bad);
+          run_backend(clean, oc, pool, isa);
+          run_backend(bad, ob, pool, isa);
+          const std::string label = std::string(where == 0 ? "k" : where == 1 ? "v" : "q") + " " +
+                                    (pi == 0 ? "NaN" : pi == 1 ? "+Inf" : "-Inf") + " " + fa::dtype_name(dt) + " [" +
+                                    fa::cpu::isa_name(isa) + "]";
+          const int before = g_failures;
+          const auto finite_q = [&](const Tensor& x, int64_t bi, int64_t si, int64_t hi) {
+            for (int64_t di = 0; di < c.d; ++di)
+              if (!std::isfinite(x.get(static_cast<size_t>(x.off(bi, si, hi, di))))) return false;
+            return true;
+          };
+          const auto same_row = [&](const Tensor& x, const Tensor& y, int64_t bi, int64_t si, int64_t hi) {
+            for (int64_t di = 0; di < c.d; ++di) {
+              const size_t o = static_cast<size_t>(x.off(bi, si, hi, di));
+              if (x.get(o) != y.get(o)) return false;
+            }
+            return true;
+          };
+          for (int64_t bi = 0; bi < c.b; ++bi)
+            for (int64_t hi = 0; hi < c.hq; ++hi) {
+              const bool poisoned_head = bi == kB && hi / (c.hq / c.hkv) == kHkv;
+              for (int64_t si = 0; si < c.sq; ++si) {
+                const bool sees_key = si - 30 >= kKey;
+                const bool untouched = !poisoned_head || (where != 2 && !sees_key) || (where == 2 && hi != 2 * kHkv) ||
+                                       (where == 2 && si != kRow);
+                if (!untouched) continue;
+                const float l = ob.lse[static_cast<size_t>((bi * c.hq + hi) * c.sq + si)];
+                if (!finite_q(ob.out, bi, si, hi) || !finite_q(ob.dq, bi, si, hi) || std::isnan(l))
+                  fail(label + ": row " + std::to_string(si) + " head " + std::to_string(hi) + " batch " +
+                       std::to_string(bi) + " was reached");
+                else if (!same_row(ob.out, oc.out, bi, si, hi))
+                  fail(label + ": out row " + std::to_string(si) + " head " + std::to_string(hi) + " changed");
+              }
+            }
+          for (int64_t bi = 0; bi < c.b; ++bi)
+            for (int64_t hk = 0; hk < c.hkv; ++hk)
+              for (int64_t j = 0; j < c.sk; ++j) {
+                const bool reached = bi == kB && hk == kHkv && (where != 2 || j <= kRow - 30);
+                if (reached && where != 1) continue;  // k: dk of key 77 and every key its rows see; q: keys row 150 sees
+                if (where == 1 && reached) continue;   // v: dk of every key the rows that see key 77 see
+                if (!finite_q(ob.dk, bi, j, hk) || !finite_q(ob.dv, bi, j, hk))
+                  fail(label + ": dk / dv of key " + std::to_string(j) + " kv head " + std::to_string(hk) + " batch " +
+                       std::to_string(bi) + " were reached");
+                else if (where == 2 && (!same_row(ob.dk, oc.dk, bi, j, hk) || !same_row(ob.dv, oc.dv, bi, j, hk)))
+                  fail(label + ": dk / dv of key " + std::to_string(j) + " changed");
+              }
+          std::printf("  %-3s %s\n", g_failures == before ? "ok" : "BAD", label.c_str());
+        }
+}
+
 // ---- ThreadPool -------------------------------------------------------------------------------------
 
 void check_thread_pool() {
@@ -673,6 +752,7 @@ int main(int argc, char** argv) {
   if (correctness) {
     check_thread_pool();
     run_correctness(seed);
+    run_nonfinite();
   }
   if (perf) run_perf(seed);
   std::printf("%s: %d failure(s)\n", g_failures ? "FAILED" : "PASSED", g_failures);
