@@ -11,7 +11,7 @@
 export {
   Tensor, DTYPES, DEVICES, dtypeSize, defaultDevice, memory, resetPeakMemory, synchronize, emptyCache, debug,
 } from './tensor';
-export type { Device, DType, TensorOptions, DeviceMemory, MemoryReport } from './tensor';
+export type { Device, DType, TensorOptions, DeviceMemory, MemoryReport, ReadRange } from './tensor';
 export {
   flashAttention, flashAttentionBackward, flashAttentionWithGrad, AttentionContext,
 } from './attention';

@@ -56,8 +56,8 @@ export interface NativeBinding {
   createFromBits(device: number, dtype: number, data: Uint16Array | Float32Array): NativeBuffer;
   createZeros(device: number, dtype: number, numel: number): NativeBuffer;
   injectCudaFault(kind: 'illegal-address'): void;
-  readFloat32(buf: NativeBuffer): Promise<Float32Array>;
-  readBits(buf: NativeBuffer): Promise<Uint16Array | Float32Array>;
+  readFloat32(buf: NativeBuffer, offset?: number, count?: number): Promise<Float32Array>;
+  readBits(buf: NativeBuffer, offset?: number, count?: number): Promise<Uint16Array | Float32Array>;
   synchronize(device: number, trimCache?: boolean): Promise<void>;
   memory(): { cpu: NativeCounters; cuda: NativeCounters };
   resetPeakMemory(device: number): void;

@@ -92,6 +92,28 @@ function checkShape(shape: unknown): { shape: readonly number[]; numel: number }
   return { shape: Object.freeze([...(shape as number[])]), numel };
 }
 
+/** Elements [offset, offset + length) of a tensor's flat, row-major storage, for partial reads. */
+export interface ReadRange {
+  /** First element, 0 ≤ offset < numel. Default 0. */
+  offset?: number;
+  /** Number of elements, 1 ≤ length ≤ numel − offset. Default: to the end. */
+  length?: number;
+}
+
+function checkRange(range: unknown, numel: number): { offset: number; length: number } {
+  if (range === null || typeof range !== 'object') throw typeError('range to be an object { offset, length }', describeValue(range));
+  const r = range as ReadRange;
+  const offset = r.offset ?? 0;
+  if (typeof offset !== 'number' || !Number.isSafeInteger(offset) || offset < 0 || offset >= numel) {
+    throw rangeError(`range.offset to be an integer in [0, ${numel - 1}]`, describeValue(offset));
+  }
+  const length = r.length ?? numel - offset;
+  if (typeof length !== 'number' || !Number.isSafeInteger(length) || length < 1 || length > numel - offset) {
+    throw rangeError(`range.length to be an integer in [1, ${numel - offset}]`, describeValue(length));
+  }
+  return { offset, length };
+}
+
 function resolveOptions(options: unknown): { dtype: DType; device: Device } {
   if (options !== undefined && (options === null || typeof options !== 'object')) {
     throw typeError('options to be an object or undefined', describeValue(options));
@@ -187,14 +209,27 @@ export class Tensor implements Disposable {
     return !h || h.released;
   }
 
-  /** Reads the values back as float32 (exact for every dtype), once queued work is done. */
-  toFloat32Array(): Promise<Float32Array> {
-    return binding().readFloat32(handleOf(this, 'tensor'));
+  /**
+   * Reads the values back as float32 (exact for every dtype), once queued work is done. With
+   * `range`, only the elements [offset, offset + length) of the flat, row-major tensor (e.g. a few
+   * rows of a tensor too large to copy whole; default offset 0, length to the end).
+   */
+  toFloat32Array(range?: ReadRange): Promise<Float32Array> {
+    const h = handleOf(this, 'tensor');
+    if (range === undefined) return binding().readFloat32(h);
+    const { offset, length } = checkRange(range, this.numel);
+    return binding().readFloat32(h, offset, length);
   }
 
-  /** Reads the raw element bits back: a Uint16Array for float16/bfloat16, a Float32Array for float32. */
-  toBits(): Promise<Uint16Array | Float32Array> {
-    return binding().readBits(handleOf(this, 'tensor'));
+  /**
+   * Reads the raw element bits back: a Uint16Array for float16/bfloat16, a Float32Array for float32.
+   * `range` as for {@link toFloat32Array}.
+   */
+  toBits(range?: ReadRange): Promise<Uint16Array | Float32Array> {
+    const h = handleOf(this, 'tensor');
+    if (range === undefined) return binding().readBits(h);
+    const { offset, length } = checkRange(range, this.numel);
+    return binding().readBits(h, offset, length);
   }
 
   /** Frees the tensor's memory (after queued work that uses it). Idempotent. */

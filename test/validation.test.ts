@@ -444,6 +444,30 @@ describe('other entry points', () => {
     expectThrows(() => synchronize('gpu' as 'cpu'), 'TypeError', "Expected device to be 'cpu' or 'cuda' but received \"gpu\" of type string");
     expectThrows(() => resetPeakMemory(0 as unknown as 'cpu'), 'TypeError', "Expected device to be 'cpu' or 'cuda' but received 0 of type number");
     expectThrows(() => debug.poisonOutputs('yes' as unknown as boolean), 'TypeError', 'Expected enabled to be a boolean but received "yes" of type string');
+    expectThrows(() => debug.injectCudaFault('oops' as 'illegal-address'), 'TypeError', "Expected kind to be 'illegal-address' but received \"oops\" of type string");
+  });
+
+  test('ranged reads: offset and length must lie inside the tensor', async () => {
+    const t = Tensor.fromFloat32Array(new Float32Array(24), [2, 3, 4], { device: 'cpu' });
+    try {
+      const cases: [unknown, string, string][] = [
+        [null, 'TypeError', 'Expected range to be an object { offset, length } but received null'],
+        [5, 'TypeError', 'Expected range to be an object { offset, length } but received 5 of type number'],
+        [{ offset: 24 }, 'RangeError', 'Expected range.offset to be an integer in [0, 23] but received 24 of type number'],
+        [{ offset: -1 }, 'RangeError', 'Expected range.offset to be an integer in [0, 23] but received -1 of type number'],
+        [{ offset: 0.5 }, 'RangeError', 'Expected range.offset to be an integer in [0, 23] but received 0.5 of type number'],
+        [{ offset: '2' }, 'RangeError', 'Expected range.offset to be an integer in [0, 23] but received "2" of type string'],
+        [{ length: 0 }, 'RangeError', 'Expected range.length to be an integer in [1, 24] but received 0 of type number'],
+        [{ offset: 20, length: 5 }, 'RangeError', 'Expected range.length to be an integer in [1, 4] but received 5 of type number'],
+      ];
+      for (const [range, name, message] of cases) {
+        expectThrows(() => t.toFloat32Array(range as { offset: number }), name as ErrorName, message);
+        expectThrows(() => t.toBits(range as { offset: number }), name as ErrorName, message);
+      }
+      expect(Array.from(await t.toFloat32Array({ offset: 20 }))).toEqual([0, 0, 0, 0]);
+    } finally {
+      t.dispose();
+    }
   });
 });
 
@@ -533,6 +557,9 @@ describe('raw native binding (lib/native.ts binding())', () => {
     ['readFloat32: null', call('readFloat32', null), 'TypeError', 'Expected tensor to be a native buffer but received null'],
     ['readBits: a plain object', call('readBits', { bytes: 4 }), 'TypeError', 'Expected tensor to be a native buffer but received an object'],
     ['readFloat32: a released buffer', () => b.readFloat32(released), 'TypeError', 'Expected tensor to be a live tensor but it was disposed'],
+    ['readFloat32: offset past the end', () => b.readFloat32(nq, 2048, 1), 'RangeError', 'Expected offset to be an integer in [0, 2047] but received 2048 of type number'],
+    ['readBits: count past the end', () => b.readBits(nq, 2000, 49), 'RangeError', 'Expected count to be an integer in [1, 48] but received 49 of type number'],
+    ['readBits: offset without count', () => b.readBits(nq, 3), 'TypeError', 'Expected count to be an integer but received undefined'],
     ['synchronize: 5', call('synchronize', 5), 'RangeError', 'Expected device to be an integer in [0, 1] but received 5 of type number'],
     ['synchronize: a string', call('synchronize', 'cpu'), 'TypeError', 'Expected device to be an integer but received "cpu" of type string'],
     ['resetPeakMemory: -1', call('resetPeakMemory', -1), 'RangeError', 'Expected device to be an integer in [0, 1] but received -1 of type number'],

@@ -156,13 +156,16 @@ Napi::Value InjectCudaFault(const Napi::CallbackInfo& info) {
 // Reads a buffer back to the host off the JS thread, as float32 values or as raw bits.
 class ReadWorker : public PromiseWorker {
  public:
-  ReadWorker(Napi::Env env, Runtime& rt, BufferPtr buf, bool as_float32)
+  // Reads elements [offset, offset + count) of buf (the caller checked the range).
+  ReadWorker(Napi::Env env, Runtime& rt, BufferPtr buf, bool as_float32, size_t offset, size_t count)
       : PromiseWorker(env, "flash-attn-node:read"),
         rt_(rt),
         buf_(std::move(buf)),
         as_f32_(as_float32),
+        offset_(offset),
+        count_(count),
         deferred_(Napi::Promise::Deferred::New(env)) {
-    const size_t n = buf_->numel();
+    const size_t n = count_;
     Napi::TypedArray out;
     if (as_f32_ || buf_->dtype() == DType::kFloat32) {
       out = Napi::Float32Array::New(env, n);
@@ -177,29 +180,31 @@ class ReadWorker : public PromiseWorker {
   Napi::Promise Promise() { return deferred_.Promise(); }
 
   void Execute() override {
-    const size_t n = buf_->numel();
-    const size_t bytes = buf_->bytes();
+    const size_t n = count_;
+    const size_t elem = dtype_size(buf_->dtype());
+    const size_t bytes = n * elem;
+    const void* src = static_cast<const uint8_t*>(buf_->data()) + offset_ * elem;
     const bool convert = as_f32_ && buf_->dtype() != DType::kFloat32;
     if (buf_->device() == Device::kCpu) {
       std::string err = rt_.wait(fence_);
       if (err.empty()) err = buf_->error();
       if (!err.empty()) return SetError(err);
       if (convert) {
-        convert_to_f32(buf_->data(), reinterpret_cast<float*>(dst_), n, buf_->dtype());
+        convert_to_f32(src, reinterpret_cast<float*>(dst_), n, buf_->dtype());
       } else {
-        std::memcpy(dst_, buf_->data(), bytes);
+        std::memcpy(dst_, src, bytes);
       }
       return;
     }
 #ifdef FA_WITH_CUDA
     CudaContext* cuda = rt_.memory().cuda();
     if (!convert) {
-      std::string err = cuda->read_after(fence_.event, dst_, buf_->data(), bytes);
+      std::string err = cuda->read_after(fence_.event, dst_, src, bytes);
       if (!err.empty()) SetError(err);
       return;
     }
     std::vector<uint16_t> staging(n);
-    std::string err = cuda->read_after(fence_.event, staging.data(), buf_->data(), bytes);
+    std::string err = cuda->read_after(fence_.event, staging.data(), src, bytes);
     if (!err.empty()) return SetError(err);
     convert_to_f32(staging.data(), reinterpret_cast<float*>(dst_), n, buf_->dtype());
 #endif
@@ -216,17 +221,27 @@ class ReadWorker : public PromiseWorker {
   Runtime& rt_;
   BufferPtr buf_;  // kept alive until the read is done, even if the tensor is disposed meanwhile
   bool as_f32_;
+  size_t offset_, count_;  // elements
   Napi::Promise::Deferred deferred_;
   Napi::ObjectReference result_;
   uint8_t* dst_ = nullptr;
   Fence fence_;
 };
 
-// readFloat32(buf): Promise<Float32Array>; readBits(buf): Promise<Uint16Array | Float32Array>
+// readFloat32(buf, offset?, count?): Promise<Float32Array>; readBits(buf, offset?, count?): Promise<Uint16Array |
+// Float32Array>. Elements [offset, offset + count) of the flat buffer; the whole buffer when both are
+// undefined. The range is re-checked against the buffer's own size.
 Napi::Value Read(const Napi::CallbackInfo& info, bool as_float32) {
   Napi::Env env = info.Env();
   BufferPtr buf = NativeBuffer::From(info[0], "tensor");
-  auto* w = new ReadWorker(env, runtime(env), std::move(buf), as_float32);
+  const int64_t numel = static_cast<int64_t>(buf->numel());
+  int64_t offset = 0, count = numel;
+  if (!info[1].IsUndefined() || !info[2].IsUndefined()) {
+    offset = int_arg(info[1], "offset", 0, numel - 1);
+    count = int_arg(info[2], "count", 1, numel - offset);
+  }
+  auto* w = new ReadWorker(env, runtime(env), std::move(buf), as_float32, static_cast<size_t>(offset),
+                           static_cast<size_t>(count));
   Napi::Promise p = w->Promise();
   w->Queue();
   return p;
