@@ -26,12 +26,11 @@ import * as path from 'path';
 
 import { backends, flashAttention, memory, referenceAttention, synchronize, Tensor } from '../lib';
 import { describeCuda, HAS_CUDA, liveMemory, synchronizeAll, trackMemory } from './helpers/backend';
-import { runNodeChild } from './helpers/child';
+import { LIB_ENTRY, runNodeChild } from './helpers/child';
 import { randn, rngFor } from './helpers/random';
 
 trackMemory();
 
-const LIB = path.resolve(__dirname, '..', 'lib', 'index.ts');
 const ROOT = path.resolve(__dirname, '..');
 const TiB = 2 ** 40;
 
@@ -150,7 +149,7 @@ describeCuda('faults', () => {
 
   test('a sticky error (illegal address) says the context is lost; later CUDA calls fail at once, the CPU still works (child process)', () => {
     const script = `
-      const fa = require(${JSON.stringify(LIB)});
+      const fa = require(${JSON.stringify(LIB_ENTRY)});
       const msg = (e) => (e && e.message) || String(e);
       const timed = async (fn) => {
         const t0 = Date.now();
@@ -200,7 +199,7 @@ describeCuda('faults', () => {
 describe('no usable GPU: the CPU backend carries on', () => {
   test('child process with CUDA_VISIBLE_DEVICES="": the reason is given, the default device is the CPU, a CUDA tensor is refused', () => {
     const script = `
-      const fa = require(${JSON.stringify(LIB)});
+      const fa = require(${JSON.stringify(LIB_ENTRY)});
       const b = fa.backends();
       let refused = null;
       try { fa.Tensor.fromFloat32Array(new Float32Array(8), [1, 1, 1, 8], { device: 'cuda' }); } catch (e) { refused = e.message; }

@@ -61,8 +61,8 @@ import {
 import { describeCuda, trackMemory, usePoisonedOutputs } from './helpers/backend';
 import {
   BackwardInputs, batchOf, DeviceProblem, disposeGradients, dqAccumulatorBounds, dqRunToRunViolations, emptyRows,
-  expectEmptyRowGradients, expectFinite, firstDifference, GRAD_ATOL, GradSlack, gradientSlack, HostGradients, randomInputs,
-  readGradients, References, StoredProblem, visibleKeys,
+  expectEmptyRowGradients, expectFinite, firstDifference, GRAD_ATOL, gradientSlack, GradSlack, HostGradients,
+  poisonBatch1, randomInputs, readGradients, References, StoredProblem, visibleKeys,
 } from './helpers/backward';
 import {
   caseName, Dims, ForwardShape, kShapeOf, maxFiniteAbs, optionsOf, Q_DIMS, qShapeOf, ruleChecker, scaleOf, shapeOf, U32,
@@ -389,14 +389,6 @@ async function checkCase(t: Case, precision: Float32Precision, label: string): P
   } finally {
     p.dispose();
   }
-}
-
-/** A copy of `a` with the elements of batch 1 (of `perBatch` each) replaced by NaN, +Infinity, −Infinity in turn. */
-function poisonBatch1(a: Float32Array, perBatch: number): Float32Array {
-  const out = new Float32Array(a);
-  const pattern = [NaN, Infinity, -Infinity];
-  for (let i = perBatch; i < 2 * perBatch; i++) out[i] = pattern[i % 3];
-  return out;
 }
 
 /** `first difference at -1` for bit-identical arrays, else the first differing index and values. */

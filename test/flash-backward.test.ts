@@ -43,10 +43,10 @@
 import { AttentionBackwardOptions, AttentionGradients, backends, flashAttentionWithGrad, HalfDType, Tensor } from '../lib';
 import { describeCuda, HAS_CUDA, liveMemory, trackMemory, usePoisonedOutputs } from './helpers/backend';
 import {
-  BackwardCase, BackwardRun, batchOf, bitsOf, bwdCase, checkGradients, DeviceProblem, disposeGradients, dqAccumulatorBounds,
-  dqRunToRunViolations, emptyRows, expectEmptyRowGradients, expectFinite, fdMismatches, finiteDifferences, firstDifference,
-  gradientRuleInput, gradientSlack, HostGradients, randomInputs, readGradients, References, rmsAnalytic, runBackward,
-  StoredProblem,
+  BackwardCase, BackwardRun, batchOf, bitsOf, bwdCase, checkGradients, DeviceProblem, disposeGradients,
+  dqAccumulatorBounds, dqRunToRunViolations, emptyRows, expectEmptyRowGradients, expectFinite, fdMismatches,
+  finiteDifferences, firstDifference, gradientRuleInput, gradientSlack, HostGradients, poisonBatch1, randomInputs,
+  readGradients, References, rmsAnalytic, runBackward, StoredProblem,
 } from './helpers/backward';
 import { ForwardShape, kShapeOf, maxFiniteAbs, Q_DIMS, qShapeOf, ruleChecker } from './helpers/forward';
 import { randn, rngFor } from './helpers/random';
@@ -156,14 +156,6 @@ function thrownBy(fn: () => AttentionGradients): { name: string; message: string
     const err = e as Error;
     return { name: err?.name, message: err?.message };
   }
-}
-
-/** A copy of `a` with the elements of batch 1 (of `perBatch` each) replaced by NaN, +Infinity, −Infinity in turn. */
-function poisonBatch1(a: Float32Array, perBatch: number): Float32Array {
-  const out = new Float32Array(a);
-  const pattern = [NaN, Infinity, -Infinity];
-  for (let i = perBatch; i < 2 * perBatch; i++) out[i] = pattern[i % 3];
-  return out;
 }
 
 // ------------------------------------------------------------------------------------------------

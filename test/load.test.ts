@@ -39,7 +39,7 @@ import {
 import { describeEachDevice, HAS_CUDA, liveMemory, synchronizeAll, trackMemory } from './helpers/backend';
 import { dqAccumulatorBounds, dqRunToRunViolations, GRAD_ATOL, gradientSlack } from './helpers/backward';
 import { caseName, Dims, ForwardShape, kShapeOf, maxFiniteAbs, optionsOf, qShapeOf, shapeOf } from './helpers/forward';
-import { runNodeChild, tsRequireHook } from './helpers/child';
+import { LIB_ENTRY, runNodeChild, tsRequireHook } from './helpers/child';
 import { randn, Rng, rngFor } from './helpers/random';
 import { expectAllWritten, expectFlashRule } from './helpers/tolerance';
 
@@ -318,7 +318,6 @@ describeEachDevice('load', (device: Device) => {
 // worker_threads
 // ------------------------------------------------------------------------------------------------
 
-const LIB = path.resolve(__dirname, '..', 'lib', 'index.ts');
 
 /** What a worker posts back for one device. */
 interface WorkerResult {
@@ -419,7 +418,7 @@ describe('worker_threads', () => {
       const workers = problems.map((problem, w) => new Worker(WORKER_SCRIPT, {
         eval: true,
         env: { ...process.env, FLASH_ATTN_NODE_QUIET: '1' },
-        workerData: { barrier, count: WORKERS, lib: LIB, problem, inputs: inputsOf(problem, `load/worker/${w}`), runs: runsFor(w) },
+        workerData: { barrier, count: WORKERS, lib: LIB_ENTRY, problem, inputs: inputsOf(problem, `load/worker/${w}`), runs: runsFor(w) },
       }));
       const outcomes = await Promise.all(workers.map((w) => settle<WorkerMessage>(w, 90000)));
 
@@ -486,7 +485,7 @@ describe('worker_threads', () => {
   test('a worker that exits while its work is still queued (nothing pending in JS) leaves the process and the main instance working', async () => {
     // The script ends at once; the environment's teardown drains the queued work (csrc/napi/addon.cc).
     const worker = new Worker(queueingScript('q.dispose();'), {
-      eval: true, env: { ...process.env, FLASH_ATTN_NODE_QUIET: '1' }, workerData: { lib: LIB },
+      eval: true, env: { ...process.env, FLASH_ATTN_NODE_QUIET: '1' }, workerData: { lib: LIB_ENTRY },
     });
     const o = await settle<string>(worker, 90000);
     expect({ code: o.code, error: o.error, message: o.message }).toEqual({ code: 0, error: undefined, message: 'queued' });
@@ -521,9 +520,9 @@ describe('worker_threads', () => {
     `;
     const script = `
       const { Worker } = require('worker_threads');
-      const w = new Worker(${JSON.stringify(worker)}, { eval: true, workerData: { lib: ${JSON.stringify(LIB)} } });
+      const w = new Worker(${JSON.stringify(worker)}, { eval: true, workerData: { lib: ${JSON.stringify(LIB_ENTRY)} } });
       w.on('exit', async (code) => {
-        const fa = require(${JSON.stringify(LIB)});
+        const fa = require(${JSON.stringify(LIB_ENTRY)});
         const q = fa.Tensor.fromFloat32Array(Float32Array.of(0, 0, 1, 0, 0, 0, 0, 0), [1, 1, 1, 8], { device: 'cpu' });
         const r = fa.flashAttention(q, q, q);
         const out = Array.from(await r.out.toFloat32Array());

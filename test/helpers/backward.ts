@@ -441,6 +441,17 @@ export function checkGradients(
 // Exact checks
 // ------------------------------------------------------------------------------------------------
 
+/**
+ * A copy of `a` with the elements of batch 1 (of `perBatch` each) replaced by NaN, +Infinity, −Infinity
+ * in turn: the memory right after batch 0 in every tensor, for the tests that a kernel never reads it.
+ */
+export function poisonBatch1(a: Float32Array, perBatch: number): Float32Array {
+  const out = new Float32Array(a);
+  const pattern = [NaN, Infinity, -Infinity];
+  for (let i = perBatch; i < 2 * perBatch; i++) out[i] = pattern[i % 3];
+  return out;
+}
+
 /** Expects no NaN and no ±Infinity, naming the first offender. */
 export function expectFinite(a: NumArray, name: string, shape?: readonly number[]): void {
   let count = 0;

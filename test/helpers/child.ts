@@ -5,6 +5,10 @@
  * without a local build.
  */
 import { spawnSync, SpawnSyncReturns } from 'child_process';
+import * as path from 'path';
+
+/** The TypeScript entry point of lib/, for `require` in a child process or a worker (through the hook below). */
+export const LIB_ENTRY = path.resolve(__dirname, '..', '..', 'lib', 'index.ts');
 
 /** JS source that installs the .ts require hook in the child. */
 export function tsRequireHook(): string {
