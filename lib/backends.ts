@@ -28,6 +28,12 @@ export interface CpuBackendInfo extends BackendInfo {
 export interface CudaBackendInfo extends BackendInfo {
   /** Whether the addon was compiled with the CUDA sources (nvcc was found at build time). */
   compiled: boolean;
+  /**
+   * True once a sticky CUDA error (an illegal address in a kernel, for example) has lost this
+   * process's CUDA context: `available` is then false, `reason` carries CUDA's error, and every CUDA
+   * call fails at once with it until the process restarts. CPU work carries on.
+   */
+  contextLost: boolean;
   /** The device, when available. Memory in bytes; versions as "major.minor". */
   device: {
     name: string;
@@ -60,7 +66,7 @@ export function backends(): BackendsReport {
     return {
       native,
       cpu: { available: false, reason, kernels: [], threads: 0 },
-      cuda: { available: false, reason, kernels: [], compiled: false, device: null },
+      cuda: { available: false, reason, kernels: [], compiled: false, contextLost: false, device: null },
     };
   }
   const b = binding();
@@ -76,6 +82,7 @@ export function backends(): BackendsReport {
       // otherwise (the float32 backward): the first entry is the default.
       kernels: status.available ? ['flash', 'naive'] : [],
       compiled: b.cudaCompiled,
+      contextLost: status.contextLost,
       device: d
         ? {
             name: d.name,

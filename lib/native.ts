@@ -62,7 +62,7 @@ export interface NativeBinding {
   memory(): { cpu: NativeCounters; cuda: NativeCounters };
   resetPeakMemory(device: number): void;
   setPoison(enabled: boolean): void;
-  cudaStatus(): { available: boolean; reason: string | null; device?: NativeCudaDevice };
+  cudaStatus(): { available: boolean; reason: string | null; contextLost: boolean; device?: NativeCudaDevice };
   cudaDeviceCount(): { count: number; reason: string | null };
   timerStart(device: number): NativeTimer;
   timerStop(timer: NativeTimer): Promise<number>;

@@ -43,9 +43,16 @@ export function dtypeSize(dtype: DType): number {
 
 let cachedDefault: Device | undefined;
 
-/** 'cuda' when the addon was built with CUDA and a device is usable, else 'cpu'. Cached. */
+/**
+ * 'cuda' when the addon was built with CUDA and a device is usable, else 'cpu'. Cached: it never
+ * changes within a process. A context lost to a sticky error keeps 'cuda', so that work meant for
+ * the GPU fails with CUDA's error instead of moving to the CPU unnoticed.
+ */
 export function defaultDevice(): Device {
-  if (!cachedDefault) cachedDefault = binding().cudaStatus().available ? 'cuda' : 'cpu';
+  if (!cachedDefault) {
+    const s = binding().cudaStatus();
+    cachedDefault = s.available || s.contextLost ? 'cuda' : 'cpu';
+  }
   return cachedDefault;
 }
 

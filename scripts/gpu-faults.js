@@ -82,12 +82,17 @@ async function main() {
   blocks.pop().dispose();
   await fa.synchronize('cuda');
   const x = fa.Tensor.zeros(shape, { device: 'cuda', dtype: 'bfloat16' });
+  // Blocks of 128 MiB, then 1 MiB, then 64 KiB: the pool hands out the freed 4 GiB block's memory
+  // too, so a fill with one size alone leaves a gap as large as that size (which held the call's
+  // 65 MiB of outputs on the first H100 run).
   const small = [];
-  for (;;) {
-    try {
-      small.push(fa.Tensor.zeros([64 * 2 ** 20], { device: 'cuda', dtype: 'bfloat16' }));
-    } catch (e) {
-      break;
+  for (const elems of [64 * 2 ** 20, 2 ** 19, 2 ** 15]) {
+    for (;;) {
+      try {
+        small.push(fa.Tensor.zeros([elems], { device: 'cuda', dtype: 'bfloat16' }));
+      } catch (e) {
+        break;
+      }
     }
   }
   const live2 = fa.memory().cuda;

@@ -168,15 +168,19 @@ describeCuda('faults', () => {
         out.read = await timed(() => q.toFloat32Array());
         out.syncAgain = await timed(() => fa.synchronize('cuda'));
         out.dispose = await timed(() => { q.dispose(); r.out.dispose(); r.lse.dispose(); });
+        const b = fa.backends().cuda;
+        out.backends = { available: b.available, reason: b.reason, contextLost: b.contextLost, device: b.device, kernels: b.kernels };
+        out.defaultDevice = fa.defaultDevice();
         const c = fa.Tensor.fromFloat32Array(Float32Array.of(0, 0, 1, 0, 0, 0, 0, 0), [1, 1, 1, 8], { device: 'cpu' });
         const rc = fa.flashAttention(c, c, c);
         out.cpu = Array.from(await rc.out.toFloat32Array());
-        out.available = fa.backends().cuda.available;
         process.stdout.write(JSON.stringify(out));
       })().catch((e) => { process.stdout.write(JSON.stringify({ crashed: msg(e) })); process.exit(3); });
     `;
     const child = runNodeChild(script, { cwd: ROOT, timeoutMs: 60000 });
-    expect({ status: child.status, signal: child.signal }).toEqual({ status: 0, signal: null });
+    // On failure the child's output (its {crashed} line) is in the diff.
+    expect({ status: child.status, signal: child.signal, stdout: child.status === 0 ? '' : child.stdout })
+      .toEqual({ status: 0, signal: null, stdout: '' });
     const out = JSON.parse(child.stdout);
     expect(out.before).toEqual([0.5, 0.5]);
     // The synchronisation that meets the fault reports CUDA's error and the lost context.
@@ -192,6 +196,10 @@ describeCuda('faults', () => {
     }
     // Freeing tensors of the lost context is not an error (the process must be able to clean up).
     expect(out.dispose.ok).toBe(true);
+    // backends() does not throw (it used to: its free-memory query met the sticky error); it says
+    // the context is lost and why, and the default device stays 'cuda' (no silent move to the CPU).
+    expect(out.backends).toEqual({ available: false, reason: out.syncAgain.message, contextLost: true, device: null, kernels: [] });
+    expect(out.defaultDevice).toBe('cuda');
     expect(out.cpu).toEqual([0, 0, 1, 0, 0, 0, 0, 0]);
   });
 });
@@ -206,13 +214,14 @@ describe('no usable GPU: the CPU backend carries on', () => {
       const q = fa.Tensor.fromFloat32Array(Float32Array.of(0, 0, 1, 0, 0, 0, 0, 0), [1, 1, 1, 8]);
       const r = fa.flashAttention(q, q, q);
       r.out.toFloat32Array().then((o) => process.stdout.write(JSON.stringify({
-        available: b.cuda.available, reason: b.cuda.reason, device: q.device, refused, out: Array.from(o),
+        available: b.cuda.available, reason: b.cuda.reason, contextLost: b.cuda.contextLost, device: q.device, refused, out: Array.from(o),
       })));
     `;
     const child = runNodeChild(script, { cwd: ROOT, env: { CUDA_VISIBLE_DEVICES: '' } });
     expect({ status: child.status, stderr: child.stderr }).toEqual({ status: 0, stderr: '' });
     const out = JSON.parse(child.stdout);
     expect(out.available).toBe(false);
+    expect(out.contextLost).toBe(false);
     expect(typeof out.reason).toBe('string');
     expect(out.reason.length).toBeGreaterThan(10);
     expect(out.device).toBe('cpu');
@@ -227,6 +236,7 @@ describe('no usable GPU: the CPU backend carries on', () => {
   test('this process (no usable GPU here): backends() says why, a CUDA tensor is refused with it, and the CPU works', async () => {
     const b = backends();
     expect(b.cuda.available).toBe(false);
+    expect(b.cuda.contextLost).toBe(false);
     expect(b.cuda.reason).toMatch(/driver|CUDA|device/);
     expect(thrownBy(() => Tensor.zeros([4], { device: 'cuda' }))).toEqual({
       name: 'Error', message: `Expected device 'cuda' to be available but it is not: ${b.cuda.reason}`,

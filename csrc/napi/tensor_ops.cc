@@ -344,15 +344,26 @@ Napi::Value SetPoison(const Napi::CallbackInfo& info) {
   return env.Undefined();
 }
 
-// cudaStatus(): { available, reason, device? } -- synchronous, initialises CUDA on first call.
+// cudaStatus(): { available, reason, contextLost, device? } -- synchronous, initialises CUDA on first
+// call. Never throws for CUDA's sake: a context lost to a sticky error reports available false, the
+// lost context's message as the reason, and contextLost true (no device query: it would fail too).
 Napi::Value CudaStatus(const Napi::CallbackInfo& info) {
   Napi::Env env = info.Env();
   Runtime& rt = runtime(env);
   Napi::Object o = Napi::Object::New(env);
   std::string why;
-  const bool ok = rt.cuda_available(&why);
+  bool ok = rt.cuda_available(&why);
+  bool lost = false;
+#ifdef FA_WITH_CUDA
+  if (ok) {
+    why = rt.cuda().lost_message();
+    lost = !why.empty();
+    ok = !lost;
+  }
+#endif
   o.Set("available", Napi::Boolean::New(env, ok));
   o.Set("reason", ok ? Napi::Value(env.Null()) : Napi::String::New(env, why));
+  o.Set("contextLost", Napi::Boolean::New(env, lost));
 #ifdef FA_WITH_CUDA
   if (ok) {
     const CudaDeviceInfo& d = rt.cuda().info();

@@ -76,12 +76,15 @@ void CudaContext::check(cudaError_t err, const char* what) {
   throw Error(msg);
 }
 
-void CudaContext::ensure_usable() {
+std::string CudaContext::lost_message() {
   std::lock_guard<std::mutex> lock(lost_mu_);
-  if (!lost_.empty()) {
-    throw Error("the CUDA context was lost by an earlier error (" + lost_ +
-                "); restart the process to use the GPU again");
-  }
+  if (lost_.empty()) return std::string();
+  return "the CUDA context was lost by an earlier error (" + lost_ + "); restart the process to use the GPU again";
+}
+
+void CudaContext::ensure_usable() {
+  const std::string lost = lost_message();
+  if (!lost.empty()) throw Error(lost);
 }
 
 CudaContext::CudaContext() {

@@ -71,6 +71,8 @@ class CudaContext {
   void check(cudaError_t err, const char* what);
   // Throws if an earlier sticky error lost the context.
   void ensure_usable();
+  // The message ensure_usable() throws once the context is lost; empty while it is usable.
+  std::string lost_message();
   // Pool statistics: bytes currently handed out, and the high-water mark since the last reset.
   size_t pool_used_bytes();
   size_t pool_peak_bytes();
