@@ -7,6 +7,11 @@
 //     max |flash - ref| <= 2 * max |naive - ref| + 1e-5          for out
 //     max |lse_flash - lse_ref| <= 1e-3 * max(1, max |lse_ref|)   for lse (fp32 whatever the dtype)
 // plus: no NaN left (every element written), empty causal rows give out exactly 0 and lse +inf.
+// Non-finite containment (run_nonfinite_case, causal): V of one key gets a NaN in column c1 and another
+// key a +inf in column c2; the rows that see the NaN key must hold NaN in c1, those that see the +inf
+// key +inf in c2, and every other element of out, and all of lse, must be bit-identical to the same
+// call without them (nonfinite_pv.cuh: a hidden P = 0 times NaN must not reach the rows that do not
+// see the key).
 // Then (unless --no-bench) bf16 timing at B*S = 16k, H*D = 2048, S 2k / 8k, D 64 / 128, causal and not:
 // median of 20 cudaEvent-timed calls after warm-up, TFLOP/s = 4 B H S^2 D / t (halved when causal).
 #include <cuda_runtime.h>
@@ -203,6 +208,65 @@ bool run_case(const Case& c, const char* path, FwdFn fwd, std::mt19937_64& rng) 
   return ok;
 }
 
+// One causal call with and without a NaN (key j1, column c1) and a +inf (key j2, column c2) in V of
+// batch b, kv head hk: see the file comment.
+bool run_nonfinite_case(const Case& c, int64_t j1, int64_t j2, const char* path, FwdFn fwd, std::mt19937_64& rng) {
+  const int64_t nq = c.batch * c.sq * c.hq * c.d, nk = c.batch * c.sk * c.hkv * c.d;
+  const int64_t nlse = c.batch * c.hq * c.sq;
+  const int64_t b = c.batch - 1, hk = c.hkv - 1, c1 = 5 % c.d, c2 = (c.d - 3) % c.d;
+  const auto q = random_values(nq, c.dtype, kQkMaxMag, rng);
+  const auto k = random_values(nk, c.dtype, kQkMaxMag, rng);
+  auto v = random_values(nk, c.dtype, kVMaxMag, rng);
+  Dev dq(nq * 2), dk(nk * 2), dv(nk * 2), dout(nq * 2), dlse(nlse * 4);
+  upload(dq, c.dtype, q);
+  upload(dk, c.dtype, k);
+  const auto run = [&](std::vector<float>* out, std::vector<float>* lse) {
+    upload(dv, c.dtype, v);
+    CHECK_CUDA(cudaMemset(dout.ptr, 0xFF, nq * 2));
+    CHECK_CUDA(cudaMemset(dlse.ptr, 0xFF, nlse * 4));
+    CHECK_CUDA(fwd(make_params(c, dq, dk, dv, dout, dlse), nullptr));
+    CHECK_CUDA(cudaDeviceSynchronize());
+    *out = download(dout, c.dtype, nq);
+    lse->resize(nlse);
+    CHECK_CUDA(cudaMemcpy(lse->data(), dlse.ptr, nlse * 4, cudaMemcpyDeviceToHost));
+  };
+  std::vector<float> clean, clean_lse, bad, bad_lse;
+  run(&clean, &clean_lse);
+  v[((b * c.sk + j1) * c.hkv + hk) * c.d + c1] = std::numeric_limits<float>::quiet_NaN();
+  v[((b * c.sk + j2) * c.hkv + hk) * c.d + c2] = std::numeric_limits<float>::infinity();
+  run(&bad, &bad_lse);
+  const auto same_bits = [](float x, float y) { return std::memcmp(&x, &y, sizeof x) == 0; };
+  int64_t wrong = 0, poisoned = 0;
+  const int64_t group = c.hq / c.hkv;
+  for (int64_t bb = 0; bb < c.batch; ++bb)
+    for (int64_t i = 0; i < c.sq; ++i)
+      for (int64_t h = 0; h < c.hq; ++h) {
+        const bool hit = bb == b && h / group == hk;
+        const bool sees1 = hit && j1 <= i + c.sk - c.sq, sees2 = hit && j2 <= i + c.sk - c.sq;
+        const int64_t o = ((bb * c.sq + i) * c.hq + h) * c.d;
+        for (int64_t x = 0; x < c.d; ++x) {
+          const float y = bad[o + x];
+          if (sees1 && x == c1) {
+            ++poisoned;
+            wrong += !std::isnan(y);
+          } else if (sees2 && x == c2) {
+            ++poisoned;
+            wrong += !(std::isinf(y) && y > 0);
+          } else {
+            wrong += !same_bits(y, clean[o + x]);
+          }
+        }
+      }
+  for (int64_t x = 0; x < nlse; ++x) wrong += !same_bits(bad_lse[x], clean_lse[x]);
+  const bool ok = wrong == 0 && poisoned > 0;
+  std::printf("%s %-10s %-4s B%" PRId64 " Sq%-5" PRId64 " Sk%-5" PRId64 " Hq%" PRId64 " Hkv%" PRId64 " D%-3" PRId64
+              " causal NaN in v[key %" PRId64 "] +inf in v[key %" PRId64 "]: %" PRId64 " poisoned elements, %" PRId64
+              " wrong\n",
+              ok ? "PASS" : "FAIL", path, short_name(c.dtype), c.batch, c.sq, c.sk, c.hq, c.hkv, c.d, j1, j2, poisoned,
+              wrong);
+  return ok;
+}
+
 void bench(int64_t seqlen, int64_t d, bool causal, const char* path, FwdFn fwd, std::mt19937_64& rng) {
   Case c{kBenchTokens / seqlen, seqlen, seqlen, kBenchWidth / d, kBenchWidth / d, d, causal, DType::kBFloat16};
   const int64_t n = c.batch * c.sq * c.hq * c.d;
@@ -259,6 +323,14 @@ int main(int argc, char** argv) {
         total += 2;
         failed += !run_case(Case{2, 97, 203, 4, 2, d, causal, t}, path.name, path.fn, rng);
         failed += !run_case(Case{1, 1025, 1023, 2, 1, d, causal, t}, path.name, path.fn, rng);
+      }
+    // Non-finite containment: keys inside tiles that cross the diagonal, seqlen_q = / < / > seqlen_k.
+    for (int64_t d : {40, 64, 128, 256})
+      for (DType t : {DType::kFloat16, DType::kBFloat16}) {
+        total += 3;
+        failed += !run_nonfinite_case(Case{2, 300, 300, 4, 2, d, true, t}, 70, 141, path.name, path.fn, rng);
+        failed += !run_nonfinite_case(Case{2, 250, 400, 4, 2, d, true, t}, 190, 333, path.name, path.fn, rng);
+        failed += !run_nonfinite_case(Case{1, 400, 250, 2, 1, d, true, t}, 3, 100, path.name, path.fn, rng);
       }
   }
   struct Variant {

@@ -10,17 +10,19 @@
 // lse_i and D_i stream through shared memory with cp.async (Traits::kStages buffers). Per query tile
 // (warp w owns keys [16 (w % kKeyTiles), +16)):
 //   S^T  = K_j Q_i^T                 (16 keys, kBlockM) per warp: A = K (ldmatrix), B = Q (ldmatrix)
-//   mask keys >= seqlen_k and (causal) keys past each query's diagonal: S^T = -inf
-//   P^T  = 2^(S^T scale log2e - lse_i log2e)   no online softmax; rows with lse = +inf give 0
 //   dP^T = V_j dO_i^T                (16 keys, kBlockM): A = V, B = dO
+//   P^T  = 2^(S^T scale log2e - lse_i log2e)   no online softmax
 //   dS^T = P^T o (dP^T - D_i)
+//   hidden pairs (bwd_mask.cuh: keys >= seqlen_k, query rows >= seqlen_q, causal keys past the row's
+//   diagonal): P^T = dS^T = 0 by a select (0 * NaN would leak otherwise), on tiles that hold one only
 //   dV  += P^T dO_i                  P^T's accumulator as the A operand, B = dO (scalar loads)
 //   dK  += dS^T Q_i                  dS^T likewise, B = Q (scalar loads)
 //   dS^T -> shared memory [key][query]; dQ_i += dS K_j: warps split dQ_i's rows and columns, A = dS
 //   (scalar loads of dS^T), B = K (scalar loads); the fp32 pieces go to the accumulator by atomic adds.
 // Epilogue: dK * softmax_scale and dV (rows >= seqlen_k and columns >= head_dim not stored).
-// Query rows past seqlen_q load as zeros with lse = +inf and D = 0, so they contribute exactly nothing;
-// the accumulator has rows up to the next multiple of kBlockM, so its atomics need no bounds checks.
+// Query rows past seqlen_q load as zeros and see no key (their P^T and dS^T are selected to 0: a key
+// holding -inf would score 0 * (-inf) = NaN there); the accumulator has rows up to the next multiple of
+// kBlockM, so its atomics need no bounds checks.
 //
 // Operands (mma_tf32.cuh). ldmatrix .b16 moves 8 rows of 4 floats, lane l getting row l / 4, float l % 4:
 // that is the A fragment of a row-major, k-contiguous tile (K, V: rows = keys, k = head dim) and the B
@@ -42,8 +44,10 @@
 
 #include <cmath>
 #include <cstdint>
+#include <type_traits>
 
 #include "common/attention_params.h"
+#include "cuda/flash/bwd_mask.cuh"
 #include "cuda/flash/dq_accum.cuh"
 #include "cuda/flash/flash_bwd_fp32_traits.h"
 #include "cuda/flash/mma_tf32.cuh"
@@ -140,7 +144,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSm)
       if (threadIdx.x < kBlockM) {
         const int row = m0 + static_cast<int>(threadIdx.x);
         const int64_t stat = (batch * p.heads_q + head) * p.seqlen_q + row;
-        // Rows past seqlen_q: lse = +inf makes their P exactly 0 (and D = 0 their dS).
+        // Rows past seqlen_q have no lse or D to read: placeholders, as they see no key (P, dS selected to 0).
         sLse2[stage * kBlockM + threadIdx.x] = row < seqlen_q ? p.lse_in[stat] * kLog2e : INFINITY;
         sD[stage * kBlockM + threadIdx.x] = row < seqlen_q ? ws.d[stat] : 0.0f;
       }
@@ -204,22 +208,30 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSm)
       }
 
       // P^T and dS^T in place. Element (j, e): key n0 + key_row0 + g + 8 (e / 2), query m0 + 8 j + 2 t + e % 2.
-      const bool need_mask = n0 + kBlockN > seqlen_k || (kIsCausal && n0 + kBlockN - 1 > m0 + diag);
+      // x = S^T scale_log2 is rounded before lse2 is subtracted (__fmul_rn: ptxas would contract a plain
+      // multiply and subtract into one fma and change P's bits). On a tile that holds a hidden pair
+      // (`masked`, a std::bool_constant: the other tiles compile without the test), a hidden element
+      // gets P^T = dS^T = 0 by selects (bwd_mask.cuh), whatever S, lse, dP and D hold.
+      const auto p_and_ds = [&](auto masked) {
+        constexpr bool kMasked = decltype(masked)::value;
 #pragma unroll
-      for (int j = 0; j < kSTiles; ++j) {
+        for (int j = 0; j < kSTiles; ++j) {
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int qcol = kMmaN * j + 2 * t + e % 2;
-          float x = st[j][e] * p.scale_log2;
-          if (need_mask) {
-            const int key = n0 + key_row0 + g + 8 * (e / 2);
-            if (key >= seqlen_k || (kIsCausal && key > m0 + qcol + diag)) x = -INFINITY;
+          for (int e = 0; e < 4; ++e) {
+            const int qcol = kMmaN * j + 2 * t + e % 2;
+            const float pe = exp2_approx(__fmul_rn(st[j][e], p.scale_log2) - lse2[qcol]);
+            const float ds = pe * (dpt[j][e] - dvec[qcol]);
+            const bool hidden =
+                kMasked & bwd_hidden<kIsCausal>(m0 + qcol, n0 + key_row0 + g + 8 * (e / 2), seqlen_q, seqlen_k, diag);
+            st[j][e] = hidden ? 0.0f : pe;
+            dpt[j][e] = hidden ? 0.0f : ds;
           }
-          const float pe = exp2_approx(x - lse2[qcol]);
-          st[j][e] = pe;
-          dpt[j][e] = pe * (dpt[j][e] - dvec[qcol]);
         }
-      }
+      };
+      if (bwd_tile_needs_mask<kBlockM, kBlockN, kIsCausal>(m0, n0, seqlen_q, seqlen_k, diag))
+        p_and_ds(std::true_type{});
+      else
+        p_and_ds(std::false_type{});
 
       // dV += P^T dO and dK += dS^T Q over this warp's columns. k-step kk = the tile's queries 8 kk ..
       // 8 kk + 7 = S^T's n8 tile kk, in the permuted order: A = {c0, c2, c1, c3} of that tile, B = dO / Q

@@ -9,24 +9,29 @@
 // diagonal reaches the tile). Q_i, dO_i, lse_i and D_i stream through shared memory, double buffered
 // with cp.async. Per query tile (warp w owns keys [16 (w % kKeyTiles), +16)):
 //   S^T  = K_j Q_i^T                 (16 keys, kBlockM) per warp: mma, A = K (ldmatrix), B = Q
-//   mask keys >= seqlen_k and (causal) keys past each query's diagonal: S^T = -inf
-//   P^T  = 2^(S^T scale log2e - lse_i log2e)   no online softmax; rows with lse = +inf give 0
 //   dP^T = V_j dO_i^T                (16 keys, kBlockM): A = V, B = dO
+//   P^T  = 2^(S^T scale log2e - lse_i log2e)   no online softmax
 //   dS^T = P^T o (dP^T - D_i)
+//   hidden pairs (bwd_mask.cuh: keys >= seqlen_k, query rows >= seqlen_q, causal keys past the row's
+//   diagonal): P^T = dS^T = 0 by a select (0 * NaN would leak otherwise), on tiles that hold one only
 //   dV  += P^T dO_i                  P^T re-packed in registers as the A operand, B = dO (ldmatrix.trans)
 //   dK  += dS^T Q_i                  dS^T likewise, B = Q (ldmatrix.trans)
 //   dS^T -> shared memory; dQ_i += dS K_j: warps split dQ_i's rows and columns, A = dS (ldmatrix.trans
 //   of dS^T), B = K (ldmatrix.trans); the fp32 pieces go to the accumulator by atomic adds (v2 on sm_90).
 // Epilogue: dK * softmax_scale and dV rounded to Elem (rows >= seqlen_k and columns >= head_dim skipped).
-// Query rows past seqlen_q load as zeros with lse = +inf and D = 0, so they contribute exactly nothing;
-// the accumulator has rows up to the next multiple of kBlockM, so its atomics need no bounds checks.
+// Query rows past seqlen_q load as zeros and see no key (their P^T and dS^T are selected to 0: a key
+// holding -inf would score 0 * (-inf) = NaN there); the accumulator has rows up to the next multiple of
+// kBlockM, so its atomics need no bounds checks.
 #pragma once
 #include <cuda_runtime.h>
 
+#include <climits>
 #include <cmath>
 #include <cstdint>
+#include <type_traits>
 
 #include "common/attention_params.h"
+#include "cuda/flash/bwd_mask.cuh"
 #include "cuda/flash/dq_accum.cuh"
 #include "cuda/flash/flash_bwd_traits.h"
 #include "cuda/flash/fragment_softmax.cuh"
@@ -104,7 +109,7 @@ __global__ void __launch_bounds__(Traits::kNThreads) flash_bwd_kernel(const Atte
       if (threadIdx.x < kBlockM) {
         const int row = m0 + static_cast<int>(threadIdx.x);
         const int64_t stat = (batch * p.heads_q + head) * p.seqlen_q + row;
-        // Rows past seqlen_q: lse = +inf makes their P exactly 0 (and D = 0 their dS).
+        // Rows past seqlen_q have no lse or D to read: placeholders, as they see no key (P, dS selected to 0).
         sLse2[stage * kBlockM + threadIdx.x] = row < seqlen_q ? p.lse_in[stat] * kLog2e : INFINITY;
         sD[stage * kBlockM + threadIdx.x] = row < seqlen_q ? ws.d[stat] : 0.0f;
       }
@@ -163,22 +168,48 @@ __global__ void __launch_bounds__(Traits::kNThreads) flash_bwd_kernel(const Atte
       }
 
       // P^T and dS^T in place. Element (j, e): key n0 + key_row0 + g + 8 (e / 2), query m0 + 8 j + 2 t + e % 2.
-      const bool need_mask = n0 + kBlockN > seqlen_k || (kIsCausal && n0 + kBlockN - 1 > m0 + diag);
+      // x = S^T scale_log2 is rounded before lse2 is subtracted (__fmul_rn: ptxas would contract a plain
+      // multiply and subtract into one fma and change P's bits). On a tile that holds a hidden pair
+      // (`masked`, a std::bool_constant: the other tiles compile without the test), a hidden element
+      // gets 2^-inf = +0 and dP - D = 0 by selects (bwd_mask.cuh): P^T = dS^T = 0 whatever S, lse, dP and
+      // D hold. (Selecting these inputs rather than the outputs, and comparing offsets against per-key
+      // bounds: the form that ptxas compiled without new spills inside the loop, d256 and the sm_90a
+      // builds being at the 255-register limit.)
+      const auto p_and_ds = [&](auto masked) {
+        constexpr bool kMasked = decltype(masked)::value;
+        // The queries that see key h (n0 + key_row0 + g + 8 h): offsets [lo[h], hi[h]) from m0 + 2 t, so
+        // that element (j, e) compares its constant offset 8 j + e % 2. INT_MIN: no bound (non-causal
+        // lo) or no query (hi of a key >= seqlen_k).
+        int lo[2] = {0, 0}, hi[2] = {0, 0};
+        if constexpr (kMasked) {
 #pragma unroll
-      for (int j = 0; j < kSTiles; ++j) {
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int qcol = 8 * j + 2 * t + e % 2;
-          float x = st[j][e] * p.scale_log2;
-          if (need_mask) {
-            const int key = n0 + key_row0 + g + 8 * (e / 2);
-            if (key >= seqlen_k || (kIsCausal && key > m0 + qcol + diag)) x = -INFINITY;
+          for (int h = 0; h < 2; ++h) {
+            const int key = n0 + key_row0 + g + 8 * h;
+            lo[h] = kIsCausal ? key - diag - m0 - 2 * t : INT_MIN;
+            hi[h] = key < seqlen_k ? seqlen_q - m0 - 2 * t : INT_MIN;
           }
-          const float pe = exp2_approx(x - lse2[qcol]);
-          st[j][e] = pe;
-          dpt[j][e] = pe * (dpt[j][e] - dvec[qcol]);
         }
-      }
+#pragma unroll
+        for (int j = 0; j < kSTiles; ++j) {
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const int qcol = 8 * j + 2 * t + e % 2;
+            const int c = 8 * j + e % 2;
+            const bool hidden = kMasked & ((c < lo[e / 2]) | (c >= hi[e / 2]));
+            float arg = __fmul_rn(st[j][e], p.scale_log2) - lse2[qcol];
+            if (hidden) arg = -INFINITY;
+            const float pe = exp2_approx(arg);
+            st[j][e] = pe;
+            float dd = dpt[j][e] - dvec[qcol];
+            if (hidden) dd = 0.0f;
+            dpt[j][e] = pe * dd;
+          }
+        }
+      };
+      if (bwd_tile_needs_mask<kBlockM, kBlockN, kIsCausal>(m0, n0, seqlen_q, seqlen_k, diag))
+        p_and_ds(std::true_type{});
+      else
+        p_and_ds(std::false_type{});
 
       // dV += P^T dO and dK += dS^T Q over this warp's columns; k-steps over the tile's queries.
 #pragma unroll

@@ -31,6 +31,7 @@
 #include "common/attention_params.h"
 #include "cuda/flash/flash_fwd_fp32_traits.h"
 #include "cuda/flash/fragment_softmax.cuh"
+#include "cuda/flash/nonfinite_pv.cuh"
 #include "cuda/flash/mma_tf32.cuh"
 #include "cuda/flash/ptx.cuh"
 
@@ -113,6 +114,8 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSm)
   // this thread's rows g and g + 8.
   float o_acc[kOTiles][4];
   OnlineSoftmax softmax;
+  // This thread's V values on tiles that cross the diagonal held NaN / ±Inf (nonfinite_pv.cuh).
+  bool v_nonfinite = false;
 #pragma unroll
   for (int nt = 0; nt < kOTiles; ++nt)
 #pragma unroll
@@ -203,9 +206,14 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSm)
         load_tile_fp32_async<Traits, kBlockN>(sK, k, p.k_row_stride, n0 + kBlockN, seqlen_k, head_dim);
         cp_async_commit();
       }
-
       // O += P V: S's n8 tile nt (keys n0 + 8nt ..) is k-step nt, with A's k column t = key 2t and
       // column t + 4 = key 2t + 1: a = {(g, 2t), (g + 8, 2t), (g, 2t + 1), (g + 8, 2t + 1)} = {c0, c2, c1, c3}.
+      // Each warp reads the whole V tile. On a tile that crosses the diagonal, NaN / ±Inf values of V
+      // enter the product as 0 (0 * NaN would reach the rows that do not see their key) and the
+      // epilogue adds them back to the rows that do (nonfinite_pv.cuh). Done in registers here, not
+      // by barrier_zero_tile_nonfinite's shared-memory scan and vote: at the register cap of the 'highest'
+      // kernels (d32 / d64) that scan made ptxas spill 4-108 bytes.
+      const bool crosses_diag = kIsCausal && n0 + kBlockN - 1 > m0 + diag;
 #pragma unroll
       for (int nt = 0; nt < kSTiles; ++nt) {
         const float pf[4] = {s[nt][0], s[nt][2], s[nt][1], s[nt][3]};
@@ -214,16 +222,31 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSm)
 #pragma unroll
         for (int dt = 0; dt < kOTiles; ++dt) {
           if (dt >= d_steps) continue;  // zero-padded head-dim columns
-          const float vb[2] = {v_rows[dt * kMmaN], v_rows[kPitch + dt * kMmaN]};
+          float vb[2] = {v_rows[dt * kMmaN], v_rows[kPitch + dt * kMmaN]};
+          if (kIsCausal && crosses_diag) {
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+              const bool finite = isfinite(vb[e]);
+              v_nonfinite |= !finite;
+              vb[e] = finite ? vb[e] : 0.0f;
+            }
+          }
           mma_fp32_operands<kPrecision>(o_acc[dt], a, to_tf32<kPrecision>(vb));
         }
       }
     }
   }
 
-  // Epilogue: O / l and lse (OnlineSoftmax::finish). Empty rows (l = 0): O = 0, lse = +inf.
+  // Epilogue: O / l and lse (OnlineSoftmax::finish). Rows that see no key: O = 0, lse = +inf; rows
+  // whose l is NaN or 0: NaN.
+  const int r_lo = m0 + warp_row0 + g;
+  // Keys of the tiles that crossed the diagonal (a tile crosses when its last key > m0 + diag).
+  if (kIsCausal && __any_sync(0xffffffffu, v_nonfinite))
+    add_nonfinite_v<float, kOTiles, kIsCausal>(o_acc, v, p.v_row_stride, max(0, m0 + diag + 2 - kBlockN), n_end, r_lo,
+                                               diag, head_dim, lane);
+  const bool sees_key[2] = {row_sees_key<kIsCausal>(r_lo, seqlen_k, diag), row_sees_key<kIsCausal>(r_lo + 8, seqlen_k, diag)};
   float inv_l[2], row_lse[2];
-  softmax.finish(inv_l, row_lse);
+  softmax.finish(sees_key, inv_l, row_lse);
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     const int row = m0 + warp_row0 + g + h * 8;

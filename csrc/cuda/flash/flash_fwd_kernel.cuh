@@ -12,17 +12,20 @@
 //   mask, online softmax (fragment_softmax.cuh: -inf masking before the max, base 2, scale first)
 //   O = O * rescale + P V  (P re-packed to Elem in registers as the A operand, V via ldmatrix.trans)
 // Epilogue: O / l stored as Elem (rows >= seqlen_q and columns >= head_dim skipped); lse in natural
-// log. Rows that see no key keep l = 0 and write O = 0, lse = +inf. Head dims below kHeadDim
+// log. Rows that see no key write O = 0, lse = +inf; rows whose l is NaN or 0 write NaN (finish()).
+// NaN / ±Inf in V on tiles that cross the diagonal: nonfinite_pv.cuh. Head dims below kHeadDim
 // (multiples of 8) run with zero-filled columns.
 #pragma once
 #include <cuda_runtime.h>
 
+#include <climits>
 #include <cmath>
 #include <cstdint>
 
 #include "common/attention_params.h"
 #include "cuda/flash/flash_fwd_traits.h"
 #include "cuda/flash/fragment_softmax.cuh"
+#include "cuda/flash/nonfinite_pv.cuh"
 #include "cuda/flash/ptx.cuh"
 #include "cuda/flash/tile_load.cuh"
 
@@ -75,6 +78,8 @@ __global__ void __launch_bounds__(Traits::kNThreads) flash_fwd_kernel(const Atte
 #pragma unroll
       for (int e = 0; e < 4; ++e) o_acc[rt][nt][e] = 0.0f;
   OnlineSoftmax softmax[kRowTiles];
+  // First key of the first tile whose V held NaN / ±Inf on the diagonal (nonfinite_pv.cuh); INT_MAX: none.
+  int v_nonfinite_from = INT_MAX;
 
   if (n_blocks > 0) {
     // Prologue: Q and K/V tile 0 in one cp.async group.
@@ -114,11 +119,19 @@ __global__ void __launch_bounds__(Traits::kNThreads) flash_fwd_kernel(const Atte
       } else {
         cp_async_wait<0>();
       }
-      __syncthreads();
-
       const int n0 = nb * kBlockN;
       // Masking only on tiles that cross seqlen_k or (causal) the diagonal of some row of this block.
-      const bool need_mask = n0 + kBlockN > seqlen_k || (kIsCausal && n0 + kBlockN - 1 > m0 + diag);
+      const bool crosses_diag = kIsCausal && n0 + kBlockN - 1 > m0 + diag;
+      const bool need_mask = n0 + kBlockN > seqlen_k || crosses_diag;
+      // The tile is visible to every thread after this barrier. On a tile that crosses the diagonal
+      // the barrier also votes on NaN / ±Inf in V: zeroed for the product, added back in the epilogue
+      // to the rows that see their key (nonfinite_pv.cuh).
+      if (!crosses_diag) {
+        __syncthreads();
+      } else if (barrier_zero_tile_nonfinite<Elem, kBlockN, Traits::kHeadDim, kPitch, Traits::kNThreads>(
+                     sV + stage * Traits::kKvTileElems)) {
+        v_nonfinite_from = min(v_nonfinite_from, n0);
+      }
 
 #pragma unroll
       for (int rt = 0; rt < kRowTiles; ++rt) {
@@ -181,11 +194,16 @@ __global__ void __launch_bounds__(Traits::kNThreads) flash_fwd_kernel(const Atte
     }
   }
 
-  // Epilogue: O / l and lse. Rows that saw no key: O = 0, lse = +inf.
+  // Epilogue: O / l and lse. Rows that see no key: O = 0, lse = +inf (finish()).
 #pragma unroll
   for (int rt = 0; rt < kRowTiles; ++rt) {
+    const int r0 = m0 + warp_row0 + rt * 16 + g;
+    if (v_nonfinite_from < n_end)
+      add_nonfinite_v<Elem, kOTiles, kIsCausal>(o_acc[rt], v, p.v_row_stride, v_nonfinite_from, n_end, r0, diag,
+                                                head_dim, lane);
+    const bool sees_key[2] = {row_sees_key<kIsCausal>(r0, seqlen_k, diag), row_sees_key<kIsCausal>(r0 + 8, seqlen_k, diag)};
     float inv_l[2], row_lse[2];
-    softmax[rt].finish(inv_l, row_lse);
+    softmax[rt].finish(sees_key, inv_l, row_lse);
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       const int row = m0 + warp_row0 + rt * 16 + g + h * 8;

@@ -69,20 +69,31 @@ struct OnlineSoftmax {
     }
   }
 
-  // Full row sums; inv_l[h] = 1 / l (0 for a row that saw no key) and lse[h] in natural log (+inf for
-  // such a row).
-  __device__ __forceinline__ void finish(float (&inv_l)[2], float (&lse)[2]) const {
+  // Full row sums; inv_l[h] (the factor of row h of O) and lse[h] in natural log. A row ends by its
+  // structure, not by l: one that sees no key (sees_key[h] false, row_sees_key) gets inv_l = 0 and
+  // lse = +inf (O = 0). One that sees keys gets 1 / l and max + log l, and when l is NaN (a NaN or
+  // +inf score) or 0 (every score -inf: softmax's 0/0) that is NaN, as standard attention gives:
+  // O = O * (1 / 0) = 0 * inf = NaN, and lse NaN. (Taking !(l > 0) for "no key" instead made such
+  // rows look empty: O = 0, lse = +inf, and the backward then dropped their NaN.)
+  __device__ __forceinline__ void finish(const bool (&sees_key)[2], float (&inv_l)[2], float (&lse)[2]) const {
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       float l = row_sum[h];
       l += __shfl_xor_sync(0xffffffffu, l, 1);
       l += __shfl_xor_sync(0xffffffffu, l, 2);
-      const bool empty = !(l > 0.0f);
-      inv_l[h] = empty ? 0.0f : 1.0f / l;
-      lse[h] = empty ? INFINITY : (row_max[h] + __log2f(l)) * kLn2;
+      inv_l[h] = sees_key[h] ? 1.0f / l : 0.0f;
+      lse[h] = !sees_key[h] ? INFINITY : l > 0.0f ? (row_max[h] + __log2f(l)) * kLn2 : NAN;
     }
   }
 };
+
+// Whether query row `row` sees any key: seqlen_k > 0 and, when causal, row + diag >= 0 (key 0 is
+// visible; diag = seqlen_k - seqlen_q, bottom-right alignment). The structure that finish() ends a
+// row by.
+template <bool kIsCausal>
+__device__ __forceinline__ bool row_sees_key(int row, int seqlen_k, int diag) {
+  return seqlen_k > 0 && (!kIsCausal || row + diag >= 0);
+}
 
 // Multiplies rows h of an m16n8-layout accumulator by scale[h].
 template <int kTiles>

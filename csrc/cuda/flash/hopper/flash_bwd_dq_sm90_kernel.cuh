@@ -8,18 +8,22 @@
 // (thread 0 issues, mbarriers complete). Per K/V tile, per warpgroup:
 //   S  = Q K^T      wgmma m64 n kBlockN, A = Q (K-major), B = K (K-major), from shared memory
 //   dP = dO V^T     likewise
-//   mask (fragment_softmax.cuh: keys >= seqlen_k and, causal, past each row's diagonal); P = 2^(S c -
-//   lse2) with lse2 and D per row (two rows per thread, in registers); dS = P o (dP - D)
+//   P = 2^(S c - lse2) with lse2 and D per row (two rows per thread, in registers); dS = P o (dP - D);
+//   hidden pairs (bwd_mask.cuh: keys >= seqlen_k, rows >= seqlen_q, causal keys past the row's
+//   diagonal) get dS = 0 by a select (0 * NaN would leak otherwise), on tiles that hold one only
 //   dQ += dS K      wgmma rs: A = dS from registers, B = K (MN-major)
 // Epilogue: dq = dQ * softmax_scale rounded to Elem (rows >= seqlen_q and columns >= head_dim skipped).
-// Rows past seqlen_q arrive as zeros with lse = +inf: P = 0. Rows that see no key get dq = 0.
+// Rows past seqlen_q arrive as zeros and see no key (dS selected to 0). Rows that see no key get dq = 0.
 #pragma once
 #include <cuda_runtime.h>
 
+#include <climits>
 #include <cmath>
 #include <cstdint>
+#include <type_traits>
 
 #include "common/attention_params.h"
+#include "cuda/flash/bwd_mask.cuh"
 #include "cuda/flash/fragment_softmax.cuh"
 #include "cuda/flash/hopper/flash_bwd_dq_sm90_traits.h"
 #include "cuda/flash/hopper/tma.cuh"
@@ -67,7 +71,8 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
   const int g = lane / 4, t = lane % 4;
   const int row0 = m0 + wg * Traits::kWgRows + warp * 16 + g;  // this thread's rows: row0, row0 + 8
 
-  // lse (base 2) and D of this thread's two rows; rows past seqlen_q: lse = +inf, so P = 0.
+  // lse (base 2) and D of this thread's two rows; rows past seqlen_q have none to read: placeholders, as
+  // they see no key (dS selected to 0).
   float lse2[2], dval[2];
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
@@ -145,18 +150,37 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
     fence_operands(s);
     fence_operands(dp);
 
+    // dS = P o (dP - D), P = 2^(S c - lse2). Element (j, e): row row0 + 8 (e / 2), key n0 + 8 j + 2 t + e % 2.
+    // On a tile that holds a hidden pair (`masked`, a std::bool_constant: the other tiles compile without
+    // the test), a hidden element gets dS = 0 by a select (bwd_mask.cuh), whatever S, lse, dP, D hold.
     const int n0 = nb * kBlockN;
-    if (n0 + kBlockN > seqlen_k || (kIsCausal && n0 + kBlockN - 1 > m0 + diag))
-      mask_scores<kSTiles, kIsCausal>(s, n0 + 2 * t, row0, seqlen_k, diag);
-    // dS = P o (dP - D), P = 2^(S c - lse2). Element (j, e): row row0 + 8 (e / 2).
+    const auto ds_of_tile = [&](auto masked) {
+      constexpr bool kMasked = decltype(masked)::value;
+      // The keys that row h sees: offsets below end[h] from n0 + 2 t, so that element (j, e) compares its
+      // constant offset 8 j + e % 2. INT_MIN: a row >= seqlen_q sees none.
+      int end[2] = {0, 0};
+      if constexpr (kMasked) {
 #pragma unroll
-    for (int j = 0; j < kSTiles; ++j)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int h = e / 2;
-        const float pe = exp2_approx(s[j][e] * p.scale_log2 - lse2[h]);
-        dp[j][e] = pe * (dp[j][e] - dval[h]);
+        for (int h = 0; h < 2; ++h) {
+          const int row = row0 + 8 * h;
+          end[h] = row < seqlen_q ? (kIsCausal ? min(seqlen_k, row + diag + 1) : seqlen_k) - n0 - 2 * t : INT_MIN;
+        }
       }
+#pragma unroll
+      for (int j = 0; j < kSTiles; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int h = e / 2;
+          const bool hidden = kMasked & (8 * j + e % 2 >= end[h]);
+          const float pe = exp2_approx(s[j][e] * p.scale_log2 - lse2[h]);
+          const float ds = pe * (dp[j][e] - dval[h]);
+          dp[j][e] = hidden ? 0.0f : ds;
+        }
+    };
+    if (bwd_tile_needs_mask<kBlockM, kBlockN, kIsCausal>(m0, n0, seqlen_q, seqlen_k, diag))
+      ds_of_tile(std::true_type{});
+    else
+      ds_of_tile(std::false_type{});
     uint32_t dsa[Traits::kDqKSteps][4];
 #pragma unroll
     for (int ks = 0; ks < Traits::kDqKSteps; ++ks) p_to_a_operand<Elem>(dp, ks, dsa[ks]);

@@ -9,8 +9,10 @@
 // plain loads. Per query tile, per warpgroup:
 //   S^T  = K_w Q_i^T     wgmma m64 n kBlockM, A = K (K-major), B = Q (K-major), from shared memory
 //   dP^T = V_w dO_i^T    likewise
-//   mask keys >= seqlen_k and (causal) keys past each query's diagonal; P^T = 2^(S^T c - lse2),
-//   dS^T = P^T o (dP^T - D)   (accumulator layout: per warp the m16n8 layout, queries along columns)
+//   P^T = 2^(S^T c - lse2), dS^T = P^T o (dP^T - D)   (accumulator layout: per warp the m16n8 layout,
+//                        queries along columns); hidden pairs (bwd_mask.cuh: keys >= seqlen_k, query
+//                        rows >= seqlen_q, causal keys past the row's diagonal) get P^T = dS^T = 0 by a
+//                        select (0 * NaN would leak otherwise), on tiles that hold one only
 //   dV  += P^T dO_i      wgmma rs: A = P^T from registers, B = dO (MN-major)
 //   dK  += dS^T Q_i      wgmma rs: A = dS^T from registers, B = Q (MN-major)
 //   dS^T -> shared memory as the MN-major A operand of dQ (128-byte swizzle, queries contiguous)
@@ -19,15 +21,18 @@
 // With kComputeDq = false the kernel computes dK and dV only: the dK/dV kernel of the two-kernel
 // backward (flash_bwd_dq_sm90_kernel.cuh computes dQ).
 // Epilogue: dK * softmax_scale and dV rounded to Elem. Rows past seqlen_q arrive as zeros (TMA bounds)
-// with lse = +inf and D = 0: they contribute nothing. The dQ accumulator has rows up to the next
-// multiple of 128 (flash_bwd.cu), so its atomics need no bounds checks.
+// and see no key: their P^T and dS^T are selected to 0 (a key holding -inf would score 0 * (-inf) = NaN
+// there). The dQ accumulator has rows up to the next multiple of 128 (flash_bwd.cu), so its atomics
+// need no bounds checks.
 #pragma once
 #include <cuda_runtime.h>
 
 #include <cmath>
 #include <cstdint>
+#include <type_traits>
 
 #include "common/attention_params.h"
+#include "cuda/flash/bwd_mask.cuh"
 #include "cuda/flash/dq_accum.cuh"
 #include "cuda/flash/fragment_softmax.cuh"
 #include "cuda/flash/hopper/flash_bwd_sm90_traits.h"
@@ -133,6 +138,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
       if (threadIdx.x < kBlockM) {
         const int row = m0 + static_cast<int>(threadIdx.x);
         const int64_t stat = (batch * p.heads_q + head) * p.seqlen_q + row;
+        // Rows past seqlen_q have no lse or D to read: placeholders, as they see no key (P, dS selected to 0).
         sLse2[stage * kBlockM + threadIdx.x] = row < seqlen_q ? p.lse_in[stat] * kLog2e : INFINITY;
         sD[stage * kBlockM + threadIdx.x] = row < seqlen_q ? ws.d[stat] : 0.0f;
       }
@@ -185,22 +191,31 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
       fence_operands(dpt);
 
       // P^T and dS^T. Element (j, e): key n0 + key_row0 + 8 (e / 2), query m0 + 8 j + 2 t + e % 2.
-      const bool need_mask = n0 + kBlockN > seqlen_k || (kIsCausal && n0 + kBlockN - 1 > m0 + diag);
+      // x = S^T scale_log2 is rounded before lse2 is subtracted (__fmul_rn: ptxas would contract a plain
+      // multiply and subtract into one fma and change P's bits). On a tile that holds a hidden pair
+      // (`masked`, a std::bool_constant: the other tiles compile without the test), a hidden element
+      // gets P^T = dS^T = 0 by selects (bwd_mask.cuh), whatever S, lse, dP and D hold. (Selecting the
+      // outputs here, the inputs in flash_bwd_kernel.cuh: each the form that cost ptxas fewer registers.)
+      const auto p_and_ds = [&](auto masked) {
+        constexpr bool kMasked = decltype(masked)::value;
 #pragma unroll
-      for (int j = 0; j < kSTiles; ++j) {
+        for (int j = 0; j < kSTiles; ++j) {
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int qcol = 8 * j + 2 * t + e % 2;
-          float x = st[j][e] * p.scale_log2;
-          if (need_mask) {
-            const int key = n0 + key_row0 + 8 * (e / 2);
-            if (key >= seqlen_k || (kIsCausal && key > m0 + qcol + diag)) x = -INFINITY;
+          for (int e = 0; e < 4; ++e) {
+            const int qcol = 8 * j + 2 * t + e % 2;
+            const bool hidden =
+                kMasked & bwd_hidden<kIsCausal>(m0 + qcol, n0 + key_row0 + 8 * (e / 2), seqlen_q, seqlen_k, diag);
+            const float pe = exp2_approx(__fmul_rn(st[j][e], p.scale_log2) - lse2[qcol]);
+            const float ds = pe * (dpt[j][e] - dvec[qcol]);
+            st[j][e] = hidden ? 0.0f : pe;
+            dpt[j][e] = hidden ? 0.0f : ds;
           }
-          const float pe = exp2_approx(x - lse2[qcol]);
-          st[j][e] = pe;
-          dpt[j][e] = pe * (dpt[j][e] - dvec[qcol]);
         }
-      }
+      };
+      if (bwd_tile_needs_mask<kBlockM, kBlockN, kIsCausal>(m0, n0, seqlen_q, seqlen_k, diag))
+        p_and_ds(std::true_type{});
+      else
+        p_and_ds(std::false_type{});
       uint32_t pa[Traits::kQKSteps][4], dsa[Traits::kQKSteps][4];
 #pragma unroll
       for (int ks = 0; ks < Traits::kQKSteps; ++ks) {

@@ -14,15 +14,20 @@
 //   O = O * rescale + P V   wgmma m64 n kHeadDim k16, A = P from registers, B = V (MN-major)
 // pipelined inside each warpgroup: the softmax of tile j runs while the tensor cores do P V of tile
 // j - 1 (FA3's intra-warpgroup overlap), which is why a stage is refilled two tiles late.
-// Epilogue: O / l stored (rows >= seqlen_q and columns >= head_dim skipped); lse in natural log.
-// Head dims below kHeadDim (multiples of 8) run with zero-filled columns.
+// Epilogue: O / l stored (rows >= seqlen_q and columns >= head_dim skipped); lse in natural log; rows
+// that see no key: O = 0, lse = +inf, rows whose l is NaN or 0: NaN (fragment_softmax.cuh finish()).
+// NaN / ±Inf in V on tiles that cross the diagonal: nonfinite_pv.cuh (tile nb is scanned when it
+// lands, corrected after its P V in iteration nb + 1). Head dims below kHeadDim (multiples of 8) run
+// with zero-filled columns.
 #pragma once
 #include <cuda_runtime.h>
 
+#include <climits>
 #include <cstdint>
 
 #include "common/attention_params.h"
 #include "cuda/flash/fragment_softmax.cuh"
+#include "cuda/flash/nonfinite_pv.cuh"
 #include "cuda/flash/hopper/flash_fwd_sm90_traits.h"
 #include "cuda/flash/hopper/tma.cuh"
 #include "cuda/flash/hopper/wgmma.cuh"
@@ -86,6 +91,8 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSm) fl
 #pragma unroll
     for (int e = 0; e < 4; ++e) o[j][e] = 0.0f;
   OnlineSoftmax softmax;
+  // First key of the first tile whose V held NaN / ±Inf on the diagonal (nonfinite_pv.cuh); INT_MAX: none.
+  int v_nonfinite_from = INT_MAX;
 
   if (threadIdx.x == 0) {
     mbarrier_init(bar_q, 1);
@@ -131,7 +138,18 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSm) fl
     uint32_t pa[Traits::kPvKSteps][4];  // P_{nb-1} as the A operand of the P V k-steps
     for (int nb = 0; nb < n_blocks; ++nb) {
       mbarrier_wait(bar_kv(nb % kStages), static_cast<uint32_t>((nb / kStages) & 1));
-      __syncthreads();  // every warpgroup finished iteration nb - 1: tile nb - 2's stage may be refilled
+      const int n0 = nb * kBlockN;
+      const bool crosses_diag = kIsCausal && n0 + kBlockN - 1 > m0 + diag;
+      // Every warpgroup finished iteration nb - 1 after this barrier: tile nb - 2's stage may be
+      // refilled. On a tile that crosses the diagonal the barrier also votes on NaN / ±Inf in V tile
+      // nb: zeroed now (its P V runs next iteration), added back in the epilogue (nonfinite_pv.cuh).
+      if (!crosses_diag) {
+        __syncthreads();
+      } else if (barrier_zero_tile_nonfinite<Elem, Traits::kColBlocks * kBlockN, kSw128BlockCols, kSw128BlockCols,
+                                             Traits::kNThreads, true>(
+                     reinterpret_cast<Elem*>(smem_raw + (sV + stage_off(nb) - smem_u32(smem_raw))))) {
+        v_nonfinite_from = min(v_nonfinite_from, n0);
+      }
       if (threadIdx.x == 0 && nb + kAhead < n_blocks) issue_kv(nb + kAhead);
 
       wgmma_fence();
@@ -152,9 +170,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSm) fl
       }
       fence_operands(s);
 
-      const int n0 = nb * kBlockN;
-      if (n0 + kBlockN > seqlen_k || (kIsCausal && n0 + kBlockN - 1 > m0 + diag))
-        mask_scores<kSTiles, kIsCausal>(s, n0 + 2 * t, row0, seqlen_k, diag);
+      if (n0 + kBlockN > seqlen_k || crosses_diag) mask_scores<kSTiles, kIsCausal>(s, n0 + 2 * t, row0, seqlen_k, diag);
       float rescale[2];
       softmax.update(s, p.scale_log2, rescale);
 
@@ -174,10 +190,13 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSm) fl
     wgmma_wait<0>();
     fence_operands(o);
   }
+  if (v_nonfinite_from < n_end)
+    add_nonfinite_v<Elem, kOTiles, kIsCausal>(o, v, p.v_row_stride, v_nonfinite_from, n_end, row0, diag, head_dim, lane);
 
-  // Epilogue: O / l and lse. Rows that saw no key: O = 0, lse = +inf.
+  // Epilogue: O / l and lse. Rows that see no key: O = 0, lse = +inf (finish()).
+  const bool sees_key[2] = {row_sees_key<kIsCausal>(row0, seqlen_k, diag), row_sees_key<kIsCausal>(row0 + 8, seqlen_k, diag)};
   float inv_l[2], row_lse[2];
-  softmax.finish(inv_l, row_lse);
+  softmax.finish(sees_key, inv_l, row_lse);
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     const int row = row0 + h * 8;

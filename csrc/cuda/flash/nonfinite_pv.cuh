@@ -1,0 +1,182 @@
+// NaN / ±Inf in V on the tiles that cross the causal diagonal, for the forward kernels' O += P V
+// (sm_80 mma.sync, sm_90a wgmma and the float32 TF32 kernel).
+//
+// Standard attention leaves a key that a row does not see out of that row's sum entirely. A tensor-core
+// product cannot: a hidden position holds P = 0, and 0 * NaN = 0 * Inf = NaN, so one non-finite V
+// element on a tile that crosses the diagonal would reach the rows of the tile that do not see its key.
+// The fix, on crossing tiles only:
+//   1. every thread scans its 16-byte chunks of the V tile in shared memory; a block vote
+//      (__syncthreads_or, the barrier the kernel needs there anyway) says whether any element is NaN or
+//      ±Inf (the common case: no, and the tile runs as before: the scan is the only cost, a few
+//      shared loads per thread per crossing tile);
+//   2. if one is, those elements are set to 0 in shared memory before the product, so P V gives every
+//      row exactly what it gives with a finite value there for the rows that do not see the key
+//      (0 * 0 = 0 * x = 0: the outputs of those rows are bit-identical to a run without the NaN);
+//   3. in the epilogue, each warp adds the non-finite V elements (read again from global memory,
+//      where they are unchanged) of the tiles that had any to the rows that see their key only
+//      (add_nonfinite_v: why V and not P * V).
+// Steps 2-3 are a rare path: they run only when V holds NaN or ±Inf, and then the outputs are
+// non-finite anyway.
+// Keys past seqlen_k arrive as zeros (the loads zero-fill them), so tiles that cross seqlen_k only
+// need nothing of this.
+#pragma once
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cstdint>
+
+namespace fa::cuda::flash {
+
+// Exponent bits of one element type: an element is NaN or ±Inf when all of them are set.
+template <typename Elem>
+struct NonFiniteBits;
+template <>
+struct NonFiniteBits<__half> {
+  static constexpr uint32_t kExp = 0x7C00u;
+  static constexpr int kPerWord = 2;
+};
+template <>
+struct NonFiniteBits<__nv_bfloat16> {
+  static constexpr uint32_t kExp = 0x7F80u;
+  static constexpr int kPerWord = 2;
+};
+template <>
+struct NonFiniteBits<float> {
+  static constexpr uint32_t kExp = 0x7F800000u;
+  static constexpr int kPerWord = 1;
+};
+
+// Whether a 32-bit word of Elem values holds a NaN or ±Inf.
+template <typename Elem>
+__device__ __forceinline__ bool word_nonfinite(uint32_t w) {
+  constexpr uint32_t kExp = NonFiniteBits<Elem>::kExp;
+  if constexpr (NonFiniteBits<Elem>::kPerWord == 2) return (w & kExp) == kExp || ((w >> 16) & kExp) == kExp;
+  else return (w & kExp) == kExp;
+}
+
+// The word with its NaN / ±Inf elements replaced by +0.
+template <typename Elem>
+__device__ __forceinline__ uint32_t word_zero_nonfinite(uint32_t w) {
+  constexpr uint32_t kExp = NonFiniteBits<Elem>::kExp;
+  if constexpr (NonFiniteBits<Elem>::kPerWord == 2) {
+    const uint32_t lo = (w & kExp) == kExp ? 0u : (w & 0xFFFFu);
+    const uint32_t hi = ((w >> 16) & kExp) == kExp ? 0u : (w & 0xFFFF0000u);
+    return lo | hi;
+  } else {
+    return (w & kExp) == kExp ? 0u : w;
+  }
+}
+
+// Scans this thread's chunks (kLoadBytes each: 16, or 4 where registers are short) of a
+// [kRows][kCols] tile in shared memory (row pitch kPitch elements; chunks dealt round-robin to
+// kThreads threads) for NaN / ±Inf; with kZero, also replaces them by 0 in place. Returns whether this
+// thread's chunks held any. Only columns < kCols are read: the padding of a pitched row is never
+// written by the loads.
+template <typename Elem, int kRows, int kCols, int kPitch, int kThreads, bool kZero, int kLoadBytes>
+__device__ __forceinline__ bool tile_nonfinite(Elem* tile) {
+  static_assert(kLoadBytes == 16 || kLoadBytes == 4, "16-byte or 4-byte loads");
+  constexpr int kPerChunk = kLoadBytes / static_cast<int>(sizeof(Elem));
+  static_assert(kCols % kPerChunk == 0 && kPitch % kPerChunk == 0, "rows must be made of whole chunks");
+  constexpr int kChunksPerRow = kCols / kPerChunk;
+  constexpr int kChunks = kRows * kChunksPerRow;
+  bool any = false;
+#pragma unroll 1
+  for (int c = static_cast<int>(threadIdx.x); c < kChunks; c += kThreads) {
+    Elem* at = tile + (c / kChunksPerRow) * kPitch + (c % kChunksPerRow) * kPerChunk;
+    if constexpr (kLoadBytes == 16) {
+      uint4* chunk = reinterpret_cast<uint4*>(at);
+      const uint4 w = *chunk;
+      const bool bad = word_nonfinite<Elem>(w.x) | word_nonfinite<Elem>(w.y) | word_nonfinite<Elem>(w.z) |
+                       word_nonfinite<Elem>(w.w);
+      any |= bad;
+      if (kZero && bad)
+        *chunk = make_uint4(word_zero_nonfinite<Elem>(w.x), word_zero_nonfinite<Elem>(w.y),
+                            word_zero_nonfinite<Elem>(w.z), word_zero_nonfinite<Elem>(w.w));
+    } else {
+      uint32_t* word = reinterpret_cast<uint32_t*>(at);
+      const uint32_t w = *word;
+      const bool bad = word_nonfinite<Elem>(w);
+      any |= bad;
+      if (kZero && bad) *word = word_zero_nonfinite<Elem>(w);
+    }
+  }
+  return any;
+}
+
+// Steps 1-2 for the whole block, in place of the barrier the caller needs anyway (every thread calls
+// it, on a block-uniform condition): each thread scans its own chunks before the barrier, so they must
+// already be visible to it: the chunks it copied itself (cp.async after its wait; load_tile_async
+// deals chunks in the same order), or any chunk after an mbarrier wait (TMA). The barrier votes. True
+// when the tile held NaN / ±Inf, which are then 0 in shared memory for every thread (a second barrier
+// follows the stores, on this rare path only). kAsyncProxy (wgmma kernels): the stores are made
+// visible to the async proxy, which the tensor cores read shared memory through, before that barrier.
+// The common path costs the scan only: the first version voted in a barrier of its own and measured
+// up to 9 % slower on causal seqlen 512 (H100, one cell).
+template <typename Elem, int kRows, int kCols, int kPitch, int kThreads, bool kAsyncProxy = false, int kLoadBytes = 16>
+__device__ __forceinline__ bool barrier_zero_tile_nonfinite(Elem* tile) {
+  if (!__syncthreads_or(tile_nonfinite<Elem, kRows, kCols, kPitch, kThreads, false, kLoadBytes>(tile))) return false;
+  tile_nonfinite<Elem, kRows, kCols, kPitch, kThreads, true, kLoadBytes>(tile);
+  if constexpr (kAsyncProxy) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+#endif
+  }
+  __syncthreads();
+  return true;
+}
+
+__device__ __forceinline__ float to_float(__half x) { return __half2float(x); }
+__device__ __forceinline__ float to_float(__nv_bfloat16 x) { return __bfloat162float(x); }
+__device__ __forceinline__ float to_float(float x) { return x; }
+
+// Step 3, in the epilogue, for one warp's 16 rows: o is the warp's m16n8-layout O accumulator,
+// o[nt][2 h + e] = row row0 + 8 h, column 8 nt + 2 t + e (t = lane % 4). For every key in
+// [key_begin, key_end) whose V row holds NaN / ±Inf (found here, 32 keys per ballot), the rows that see
+// the key (causal: key <= row + diag) get V[key, d] added to each of their columns d < head_dim where
+// it is NaN or ±Inf. V itself, not P * V: for a key a row sees with a finite score P > 0, and
+// P * (±Inf) = ±Inf and P * NaN = NaN whatever P's size, so the sum's class is the same; and the
+// terms do not depend on the running max, so they can wait for the end of the loop instead of keeping
+// registers live through it (ptxas spilled in the causal kernels when the correction ran per tile).
+// Adding a key's terms twice changes nothing (±Inf + ±Inf, NaN + x), so the range may include keys
+// whose terms the product already added. Where standard attention differs: a key whose score is
+// -inf (P = 0 exactly: a -inf in k) and whose V is ±Inf gives NaN there (0 * Inf) and ±Inf here.
+template <typename Elem, int kOTiles, bool kIsCausal>
+__device__ __forceinline__ void add_nonfinite_v(float (&o)[kOTiles][4], const Elem* v, int64_t row_stride,
+                                                int key_begin, int key_end, int row0, int diag, int head_dim,
+                                                int lane) {
+  constexpr int kPerChunk = 16 / static_cast<int>(sizeof(Elem));
+  const int t = lane % 4;
+#pragma unroll 1
+  for (int k0 = key_begin; k0 < key_end; k0 += 32) {
+    bool bad = false;
+    if (k0 + lane < key_end) {
+      const Elem* row = v + static_cast<int64_t>(k0 + lane) * row_stride;
+      for (int c = 0; c < head_dim; c += kPerChunk) {
+        const uint4 x = *reinterpret_cast<const uint4*>(row + c);
+        bad |= word_nonfinite<Elem>(x.x) | word_nonfinite<Elem>(x.y) | word_nonfinite<Elem>(x.z) |
+               word_nonfinite<Elem>(x.w);
+      }
+    }
+    uint32_t bits = __ballot_sync(0xffffffffu, bad);
+    while (bits != 0u) {
+      const int key = k0 + __ffs(bits) - 1;
+      bits &= bits - 1u;
+      const Elem* vrow = v + static_cast<int64_t>(key) * row_stride;
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        if (kIsCausal && key > row0 + 8 * h + diag) continue;
+#pragma unroll
+        for (int nt = 0; nt < kOTiles; ++nt)
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            const int d = 8 * nt + 2 * t + e;
+            if (d >= head_dim) continue;
+            const float x = to_float(vrow[d]);
+            if (!isfinite(x)) o[nt][2 * h + e] += x;
+          }
+      }
+    }
+  }
+}
+
+}  // namespace fa::cuda::flash
