@@ -16,7 +16,11 @@
 // case runs, after an FA2 forward, the FA2 backward (algorithm 'auto': the two kernels at head dims
 // 32 / 64 / 128 on Hopper; the single kernel atomic and deterministic: wgmma at those head dims on
 // Hopper, mma.sync at the others; the float32 kernel in TF32 and 3xTF32) and the naive one on the same
-// inputs and checks loosely that they agree. Prints a line per case and
+// inputs and checks loosely that they agree. Each non-finite case (causal) puts a NaN and a +Infinity
+// in v and a -Infinity in k at keys inside tiles that cross the diagonal, so that the kernels' rare
+// paths run under the tools (csrc/cuda/flash/nonfinite_pv.cuh zeroing and adding back, the backward's
+// selects on hidden pairs): the forward's out and lse rows that see none of those keys must stay
+// finite, and every backward variant must run. Prints a line per case and
 // "sanitize-cases: OK (<n> cases)" last; exits 1 on any failure.
 'use strict';
 
@@ -66,6 +70,20 @@ const BACKWARD = {
   ],
 };
 
+// Non-finite cases: poisoned keys near the middle of seqlenK (see the file comment).
+const NONFINITE = {
+  full: [
+    [1, 203, 113, 2, 2, 64, true, 'bfloat16'], // 90 empty rows
+    [1, 130, 130, 4, 1, 128, true, 'float16'], // GQA 4:1
+    [1, 97, 161, 2, 2, 96, true, 'bfloat16'], // the mma.sync backward on Hopper (head dim 96)
+    [1, 130, 97, 2, 2, 64, true, 'float32'], // float32 kernels
+  ],
+  race: [
+    [1, 130, 65, 1, 1, 64, true, 'bfloat16'],
+    [1, 97, 70, 1, 1, 64, true, 'float32'],
+  ],
+};
+
 // Loose agreement of the two forwards for inputs in [-1, 1) (|out| <= 1): two bfloat16 ulps at 1 for
 // out; for lse (float32, |lse| ~ 1-10) far above any rounding. Wrong rows or tiles miss by O(0.1).
 const OUT_TOL = 2 ** -6;
@@ -101,16 +119,17 @@ function uniform(seed) {
 const label = ([B, Sq, Sk, Hq, Hkv, D, causal, dtype]) =>
   `B${B} ${Sq}x${Sk} Hq${Hq} Hkv${Hkv} d${D}${causal ? ' causal' : ''} ${dtype}`;
 
-function makeInputs(c, seed, withDout) {
+function makeInputs(c, seed, withDout, poison = undefined) {
   const [B, Sq, Sk, Hq, Hkv, D, , dtype] = c;
   const next = uniform(seed);
-  const mk = (shape) => {
+  const mk = (shape, name) => {
     const data = new Float32Array(shape.reduce((a, b) => a * b, 1));
     for (let i = 0; i < data.length; i++) data[i] = next();
+    if (poison) poison(name, data);
     return fa.Tensor.fromFloat32Array(data, shape, { dtype, device: 'cuda' });
   };
-  const t = { q: mk([B, Sq, Hq, D]), k: mk([B, Sk, Hkv, D]), v: mk([B, Sk, Hkv, D]) };
-  if (withDout) t.dout = mk([B, Sq, Hq, D]);
+  const t = { q: mk([B, Sq, Hq, D], 'q'), k: mk([B, Sk, Hkv, D], 'k'), v: mk([B, Sk, Hkv, D], 'v') };
+  if (withDout) t.dout = mk([B, Sq, Hq, D], 'dout');
   return t;
 }
 
@@ -204,6 +223,56 @@ async function backwardCase(c, seed) {
   }
 }
 
+/**
+ * Causal, batch 0, kv head 0: NaN in v[j0][3], +Infinity in v[j0 + 1][5], -Infinity in k[j0 + 2][1],
+ * j0 = floor(seqlenK / 2). The FA2 forward's out and lse rows that see none of these keys must be
+ * finite (or out 0 / lse +Infinity for the rows that see no key); then every backward variant runs
+ * (their values are not checked here: test/numerics.test.ts does that).
+ */
+async function nonfiniteCase(c, seed) {
+  const [, Sq, Sk, Hq, Hkv, D, causal, dtype] = c;
+  const j0 = Math.floor(Sk / 2);
+  const owned = [];
+  const poison = (name, data) => {
+    const at = (j, col) => (j * Hkv + 0) * D + col; // batch 0, kv head 0
+    if (name === 'v') {
+      data[at(j0, 3)] = NaN;
+      data[at(j0 + 1, 5)] = Infinity;
+    } else if (name === 'k') {
+      data[at(j0 + 2, 1)] = -Infinity;
+    }
+  };
+  try {
+    const { q, k, v, dout } = makeInputs(c, seed, true, poison);
+    owned.push(q, k, v, dout);
+    const f = fa.flashAttention(q, k, v, { causal, kernel: 'flash' });
+    owned.push(f.out, f.lse);
+    const [o, l] = await Promise.all([f.out.toFloat32Array(), f.lse.toFloat32Array()]);
+    let contained = 0;
+    for (let h = 0; h < Hq; h++) {
+      for (let i = 0; i < Sq; i++) {
+        const seen = i + Sk - Sq; // the last key row i sees
+        if (seen >= j0 || Math.floor(h / (Hq / Hkv)) !== 0) continue; // sees a poisoned key, or another kv head
+        const lse = l[h * Sq + i];
+        if (!(Number.isFinite(lse) || (seen < 0 && lse === Infinity))) throw new Error(`lse row ${i} head ${h} = ${lse}`);
+        for (let e = 0; e < D; e++) {
+          const x = o[(i * Hq + h) * D + e];
+          if (!Number.isFinite(x)) throw new Error(`out row ${i} head ${h} col ${e} = ${x}: a poisoned key reached a row that does not see it`);
+        }
+        contained++;
+      }
+    }
+    const variants = [{}, { algorithm: 'single-kernel' }, { algorithm: 'single-kernel', deterministic: true }];
+    if (dtype === 'float32') variants.push({ float32Precision: 'highest' });
+    const runs = variants.map((o2) => fa.flashAttentionBackward(dout, q, k, v, f.out, f.lse, { causal, kernel: 'flash', ...o2 }));
+    for (const g of runs) owned.push(g.dq, g.dk, g.dv);
+    await Promise.all(runs.map((g) => g.dq.toFloat32Array()));
+    return `${contained} rows that see no poisoned key stayed finite; backward ${runs.map((g) => g.algorithm).join(', ')} ran`;
+  } finally {
+    for (const t of owned) t.dispose();
+  }
+}
+
 async function main() {
   const opts = parseArgs(process.argv.slice(2));
   const cases = opts.set === 'race' ? RACE : FULL;
@@ -211,6 +280,7 @@ async function main() {
   if (opts.list) {
     for (const c of cases) console.log(`forward  ${label(c)}`);
     for (const c of backward) console.log(`backward ${label(c)}`);
+    for (const c of NONFINITE[opts.set]) console.log(`nonfinite ${label(c)}`);
     return;
   }
   const cuda = fa.backends().cuda;
@@ -227,6 +297,11 @@ async function main() {
   for (const [i, c] of backward.entries()) {
     const t0 = Date.now();
     console.log(`ok backward ${label(c)}: ${await backwardCase(c, 0x85ebca6b ^ (i + 1))} (${Date.now() - t0} ms)`);
+    n++;
+  }
+  for (const [i, c] of NONFINITE[opts.set].entries()) {
+    const t0 = Date.now();
+    console.log(`ok nonfinite ${label(c)}: ${await nonfiniteCase(c, 0xc2b2ae35 ^ (i + 1))} (${Date.now() - t0} ms)`);
     n++;
   }
   await fa.synchronize('cuda');
