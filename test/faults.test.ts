@@ -20,8 +20,14 @@
  * - No usable GPU: in a child process with CUDA_VISIBLE_DEVICES="" (and, on a machine without an
  *   NVIDIA driver, in this process), backends().cuda says why, the default device is the CPU, a
  *   CUDA tensor is refused with that reason, and the CPU backend computes correctly.
+ * - An old driver: a child process whose libcuda.so.1 is test/fixtures/old-driver's stand-in (built
+ *   here with the system C compiler; it reports CUDA 11.8): the reason names both versions and says
+ *   to update the driver, and the CPU backend works.
  */
 
+import { execFileSync } from 'child_process';
+import * as fs from 'fs';
+import * as os from 'os';
 import * as path from 'path';
 
 import { backends, flashAttention, memory, referenceAttention, synchronize, Tensor } from '../lib';
@@ -230,6 +236,50 @@ describe('no usable GPU: the CPU backend carries on', () => {
     expect(out.refused).toBe(`Expected device 'cuda' to be available but it is not: ${out.reason}`);
     expect(out.out).toEqual([0, 0, 1, 0, 0, 0, 0, 0]);
   });
+
+  // The stand-in driver needs a C compiler and a CUDA build of the addon (without CUDA there is no
+  // driver to ask: the reason is the build's).
+  const cudaCompiled = backends().cuda.compiled;
+  const cc = ['cc', 'gcc', 'clang'].find((c) => {
+    try {
+      execFileSync(c, ['--version'], { stdio: 'ignore' });
+      return true;
+    } catch {
+      return false;
+    }
+  });
+  (cudaCompiled && cc ? test : test.skip)(
+    cudaCompiled && cc ? 'child process with a driver that is too old (CUDA 11.8 stand-in): the reason names both versions and says to update; the CPU works'
+      : `skipped: ${!cudaCompiled ? 'this build of the addon has no CUDA' : 'no C compiler (cc, gcc, clang) to build the stand-in driver'}`,
+    () => {
+      const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'fa-old-driver-'));
+      try {
+        execFileSync(cc!, ['-shared', '-fPIC', '-o', path.join(dir, 'libcuda.so.1'), path.join(ROOT, 'test/fixtures/old-driver/libcuda_stub.c')]);
+        const script = `
+          const fa = require(${JSON.stringify(LIB_ENTRY)});
+          const b = fa.backends();
+          const q = fa.Tensor.fromFloat32Array(Float32Array.of(0, 0, 1, 0, 0, 0, 0, 0), [1, 1, 1, 8]);
+          const r = fa.flashAttention(q, q, q);
+          r.out.toFloat32Array().then((o) => process.stdout.write(JSON.stringify({
+            available: b.cuda.available, reason: b.cuda.reason, count: fa.cudaDeviceCount(), device: q.device, out: Array.from(o),
+          })));
+        `;
+        const ld = [dir, process.env.LD_LIBRARY_PATH].filter(Boolean).join(':');
+        const child = runNodeChild(script, { cwd: ROOT, env: { LD_LIBRARY_PATH: ld } });
+        expect({ status: child.status, stderr: child.stderr }).toEqual({ status: 0, stderr: '' });
+        const out = JSON.parse(child.stdout);
+        expect(out).toEqual({
+          available: false,
+          reason: expect.stringMatching(/^the NVIDIA driver supports CUDA 11\.8 but this addon was built with CUDA \d+\.\d+: update the driver$/),
+          count: 0,
+          device: 'cpu',
+          out: [0, 0, 1, 0, 0, 0, 0, 0],
+        });
+      } finally {
+        fs.rmSync(dir, { recursive: true, force: true });
+      }
+    },
+  );
 
   if (HAS_CUDA) {
     test.skip('skipped: this machine has a usable GPU, so this process cannot show the no-driver path (the child process above shows the no-GPU one)', () => undefined);
