@@ -25,6 +25,8 @@
 
 #include <cstdint>
 
+#include "cuda/cuda_utils.cuh"
+
 namespace fa::cuda::flash {
 
 // Exponent bits of one element type: an element is NaN or ±Inf when all of them are set.
@@ -54,6 +56,12 @@ __device__ __forceinline__ bool word_nonfinite(uint32_t w) {
   else return (w & kExp) == kExp;
 }
 
+// Whether a 16-byte chunk of Elem values holds a NaN or ±Inf.
+template <typename Elem>
+__device__ __forceinline__ bool chunk_nonfinite(uint4 c) {
+  return word_nonfinite<Elem>(c.x) | word_nonfinite<Elem>(c.y) | word_nonfinite<Elem>(c.z) | word_nonfinite<Elem>(c.w);
+}
+
 // The word with its NaN / ±Inf elements replaced by +0.
 template <typename Elem>
 __device__ __forceinline__ uint32_t word_zero_nonfinite(uint32_t w) {
@@ -67,38 +75,26 @@ __device__ __forceinline__ uint32_t word_zero_nonfinite(uint32_t w) {
   }
 }
 
-// Scans this thread's chunks (kLoadBytes each: 16, or 4 where registers are short) of a
-// [kRows][kCols] tile in shared memory (row pitch kPitch elements; chunks dealt round-robin to
-// kThreads threads) for NaN / ±Inf; with kZero, also replaces them by 0 in place. Returns whether this
-// thread's chunks held any. Only columns < kCols are read: the padding of a pitched row is never
-// written by the loads.
-template <typename Elem, int kRows, int kCols, int kPitch, int kThreads, bool kZero, int kLoadBytes>
+// Scans this thread's 16-byte chunks of a [kRows][kCols] tile in shared memory (row pitch kPitch
+// elements; chunks dealt round-robin to kThreads threads) for NaN / ±Inf; with kZero, also replaces
+// them by 0 in place. Returns whether this thread's chunks held any. Only columns < kCols are read:
+// the padding of a pitched row is never written by the loads.
+template <typename Elem, int kRows, int kCols, int kPitch, int kThreads, bool kZero>
 __device__ __forceinline__ bool tile_nonfinite(Elem* tile) {
-  static_assert(kLoadBytes == 16 || kLoadBytes == 4, "16-byte or 4-byte loads");
-  constexpr int kPerChunk = kLoadBytes / static_cast<int>(sizeof(Elem));
+  constexpr int kPerChunk = 16 / static_cast<int>(sizeof(Elem));
   static_assert(kCols % kPerChunk == 0 && kPitch % kPerChunk == 0, "rows must be made of whole chunks");
   constexpr int kChunksPerRow = kCols / kPerChunk;
   constexpr int kChunks = kRows * kChunksPerRow;
   bool any = false;
 #pragma unroll 1
   for (int c = static_cast<int>(threadIdx.x); c < kChunks; c += kThreads) {
-    Elem* at = tile + (c / kChunksPerRow) * kPitch + (c % kChunksPerRow) * kPerChunk;
-    if constexpr (kLoadBytes == 16) {
-      uint4* chunk = reinterpret_cast<uint4*>(at);
-      const uint4 w = *chunk;
-      const bool bad = word_nonfinite<Elem>(w.x) | word_nonfinite<Elem>(w.y) | word_nonfinite<Elem>(w.z) |
-                       word_nonfinite<Elem>(w.w);
-      any |= bad;
-      if (kZero && bad)
-        *chunk = make_uint4(word_zero_nonfinite<Elem>(w.x), word_zero_nonfinite<Elem>(w.y),
-                            word_zero_nonfinite<Elem>(w.z), word_zero_nonfinite<Elem>(w.w));
-    } else {
-      uint32_t* word = reinterpret_cast<uint32_t*>(at);
-      const uint32_t w = *word;
-      const bool bad = word_nonfinite<Elem>(w);
-      any |= bad;
-      if (kZero && bad) *word = word_zero_nonfinite<Elem>(w);
-    }
+    uint4* chunk = reinterpret_cast<uint4*>(tile + (c / kChunksPerRow) * kPitch + (c % kChunksPerRow) * kPerChunk);
+    const uint4 w = *chunk;
+    const bool bad = chunk_nonfinite<Elem>(w);
+    any |= bad;
+    if (kZero && bad)
+      *chunk = make_uint4(word_zero_nonfinite<Elem>(w.x), word_zero_nonfinite<Elem>(w.y),
+                          word_zero_nonfinite<Elem>(w.z), word_zero_nonfinite<Elem>(w.w));
   }
   return any;
 }
@@ -112,10 +108,10 @@ __device__ __forceinline__ bool tile_nonfinite(Elem* tile) {
 // visible to the async proxy, which the tensor cores read shared memory through, before that barrier.
 // The common path costs the scan only: the first version voted in a barrier of its own and measured
 // up to 9 % slower on causal seqlen 512 (H100, one cell).
-template <typename Elem, int kRows, int kCols, int kPitch, int kThreads, bool kAsyncProxy = false, int kLoadBytes = 16>
+template <typename Elem, int kRows, int kCols, int kPitch, int kThreads, bool kAsyncProxy = false>
 __device__ __forceinline__ bool barrier_zero_tile_nonfinite(Elem* tile) {
-  if (!__syncthreads_or(tile_nonfinite<Elem, kRows, kCols, kPitch, kThreads, false, kLoadBytes>(tile))) return false;
-  tile_nonfinite<Elem, kRows, kCols, kPitch, kThreads, true, kLoadBytes>(tile);
+  if (!__syncthreads_or(tile_nonfinite<Elem, kRows, kCols, kPitch, kThreads, false>(tile))) return false;
+  tile_nonfinite<Elem, kRows, kCols, kPitch, kThreads, true>(tile);
   if constexpr (kAsyncProxy) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
@@ -124,10 +120,6 @@ __device__ __forceinline__ bool barrier_zero_tile_nonfinite(Elem* tile) {
   __syncthreads();
   return true;
 }
-
-__device__ __forceinline__ float to_float(__half x) { return __half2float(x); }
-__device__ __forceinline__ float to_float(__nv_bfloat16 x) { return __bfloat162float(x); }
-__device__ __forceinline__ float to_float(float x) { return x; }
 
 // Step 3, in the epilogue, for one warp's 16 rows: o is the warp's m16n8-layout O accumulator,
 // o[nt][2 h + e] = row row0 + 8 h, column 8 nt + 2 t + e (t = lane % 4). For every key in
@@ -153,8 +145,7 @@ __device__ __forceinline__ void add_nonfinite_v(float (&o)[kOTiles][4], const El
       const Elem* row = v + static_cast<int64_t>(k0 + lane) * row_stride;
       for (int c = 0; c < head_dim; c += kPerChunk) {
         const uint4 x = *reinterpret_cast<const uint4*>(row + c);
-        bad |= word_nonfinite<Elem>(x.x) | word_nonfinite<Elem>(x.y) | word_nonfinite<Elem>(x.z) |
-               word_nonfinite<Elem>(x.w);
+        bad |= chunk_nonfinite<Elem>(x);
       }
     }
     uint32_t bits = __ballot_sync(0xffffffffu, bad);
