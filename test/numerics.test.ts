@@ -1,7 +1,7 @@
 /**
  * Numerics under non-finite and large-magnitude inputs (issue 6), on every device.
  *
- * 1. NaN and ±Infinity in one element of q, k or v. Standard attention (lib/reference.ts: softmax
+ * 1. NaN and ±Infinity in one element of q, k, v or dout. Standard attention (lib/reference.ts: softmax
  *    over the keys a row sees, masked keys take no part at all) decides, element by element, which
  *    outputs become non-finite; every other element must be bit-identical to the same call made
  *    without the poisoned element (and that clean call is checked against the float64 reference).
@@ -25,6 +25,14 @@
  *      softmax (p = 0). Their out and lse stay finite and equal attention without key j (checked
  *      against the reference); dk and dv of key j are exactly 0; and dq = scale·Σ_j dS_ij·k_j
  *      takes 0·(−∞) = NaN in column c, as in any matrix-product implementation of the formula.
+ *    - NaN or ±Infinity in element c of dout row (i, h) (the backward's upstream gradient): out and
+ *      lse are untouched. D_i = dO_i·out_i is non-finite, so dS_ij = P_ij·(dO_i·v_j − D_i) is
+ *      non-finite at every key j that row i sees: dq row i and the dk rows of those keys are
+ *      non-finite (NaN for a NaN). dv_j = Σ_i P_ij·dO_i changes in column c only, for those keys:
+ *      NaN for a NaN, +∞ for +∞ (P_ij > 0: these scores are far from underflow; P_ij = 0 would give
+ *      0·∞ = NaN), −∞ for −∞ (checked as non-finite); the other columns of dv, and every other row,
+ *      are untouched. A row that sees no key changes nothing: its dq stays 0 and it adds nothing
+ *      to dk or dv (its P and dS are 0 by the mask, not 0·dO).
  *
  *    The expected pattern is derived from these rules, then checked twice: against the float64
  *    reference (the rules are standard attention) and against each device's kernels.
@@ -40,7 +48,7 @@
  *
  * Known bugs, shown by tests marked `test.failing` (they pass while the library is wrong; a fix
  * makes them fail, and the marker must go): KNOWN_BUGS (bugs A and B, NaN / ±∞ propagation; fixed on
- * the CPU; on CUDA A and B's forward and select parts are fixed, B2 (the backward's products) is open).
+ * the CPU and on CUDA, where B2, the backward's products, was fixed last; all now empty).
  * Part 1 runs on the CPU in float32, and on CUDA through every family of FA2 kernels (NAN_VARIANTS).
  * HUGE_SCORES_BUG (bug C, scores beyond ~1e9 on the CPU) is fixed and now empty.
  */
@@ -193,6 +201,24 @@ function nanPattern(t: ForwardShape, poisoned: Poisoned): Pattern {
 }
 
 /**
+ * NaN or ±∞ `value` in element c of dout row (i, h), batch b: the dout rule of the module notes.
+ */
+function doutPattern(t: ForwardShape, [b, i, h, c]: [number, number, number, number], value: number): Pattern {
+  const pat = emptyPattern(t);
+  const hk = Math.floor(h / (t.hq / t.hkv));
+  const n = visibleKeys(t, i);
+  if (n === 0) return pat;
+  const grad = Number.isNaN(value) ? NAN : NON_FINITE;
+  const dvCol = Number.isNaN(value) ? NAN : value === Infinity ? POS_INF : NON_FINITE;
+  pat.dq.fill(grad, qAt(t, b, i, h), qAt(t, b, i, h) + t.d);
+  for (let j = 0; j < n; j++) {
+    pat.dk.fill(grad, kAt(t, b, j, hk), kAt(t, b, j, hk) + t.d);
+    pat.dv[kAt(t, b, j, hk, c)] = dvCol;
+  }
+  return pat;
+}
+
+/**
  * −∞ in element c of k row j of kv head hk, batch b, and q > 0 in column c of every row of the group
  * (every score with key j is −∞): see the module notes.
  */
@@ -321,6 +347,27 @@ const POISON_CASES: PoisonCase[] = [
     pattern: (t) => nanPattern(t, { v: [PB, 13, PHK, PC], vOut: POS_INF }),
   },
   {
+    id: 'dout-nan',
+    name: 'NaN in dout (row 25, sees keys 0-17 of the 32 in its tile), causal',
+    t: CAUSAL,
+    poison: (t, x) => { x.dout[qAt(t, PB, 25, PH, PC)] = NaN; },
+    pattern: (t) => doutPattern(t, [PB, 25, PH, PC], NaN),
+  },
+  {
+    id: 'dout-inf',
+    name: '+Infinity in dout (row 25), causal',
+    t: CAUSAL,
+    poison: (t, x) => { x.dout[qAt(t, PB, 25, PH, PC)] = Infinity; },
+    pattern: (t) => doutPattern(t, [PB, 25, PH, PC], Infinity),
+  },
+  {
+    id: 'dout-nan-empty-row',
+    name: 'NaN in dout of a row that sees no key (row 3), causal: nothing changes',
+    t: CAUSAL,
+    poison: (t, x) => { x.dout[qAt(t, PB, 3, PH, PC)] = NaN; },
+    pattern: (t) => doutPattern(t, [PB, 3, PH, PC], NaN),
+  },
+  {
     id: 'full-q-nan',
     name: 'NaN in q (row 7), not causal',
     t: FULL,
@@ -340,6 +387,20 @@ const POISON_CASES: PoisonCase[] = [
     t: FULL,
     poison: (t, x) => { x.v[kAt(t, PB, 11, PHK, PC)] = NaN; },
     pattern: (t) => nanPattern(t, { v: [PB, 11, PHK, PC] }),
+  },
+  {
+    id: 'full-dout-nan',
+    name: 'NaN in dout (row 7), not causal',
+    t: FULL,
+    poison: (t, x) => { x.dout[qAt(t, PB, 7, PH, PC)] = NaN; },
+    pattern: (t) => doutPattern(t, [PB, 7, PH, PC], NaN),
+  },
+  {
+    id: 'full-dout-minus-inf',
+    name: '−Infinity in dout (row 7), not causal',
+    t: FULL,
+    poison: (t, x) => { x.dout[qAt(t, PB, 7, PH, PC)] = -Infinity; },
+    pattern: (t) => doutPattern(t, [PB, 7, PH, PC], -Infinity),
   },
 ];
 
@@ -377,20 +438,12 @@ const POISON_CASES: PoisonCase[] = [
  * structure too (fragment_softmax.cuh finish()), and on tiles that cross the causal diagonal they
  * zero V's NaN / ±∞ elements for the tensor-core product and add them back to the rows that see
  * their key (nonfinite_pv.cuh); the backward kernels set P and dS to exactly 0 by a select where a
- * row does not see a key, padding rows included. Left on CUDA (bug B2, the backward's products):
- * dK += dSᵀ·Q and dQ += dS·K on crossing tiles still multiply a hidden dS = 0 by a NaN / ±∞ of Q or
- * K, so a non-finite q row reaches the dk rows of the keys it does not see, and a non-finite k row
- * the dq rows of the queries that do not see it.
+ * row does not see a key, padding rows included. Bug B2 (session 6), the backward's products: dV +=
+ * Pᵀ·dO, dK += dSᵀ·Q and dQ += dS·K multiplied a hidden P or dS = 0 by a NaN / ±∞ of dO, Q or K on
+ * crossing tiles. Now those elements are zeroed for the product and their visible terms added back,
+ * on a rare path found by the rows' lse / D (Q, dO) and a scan of K (csrc/cuda/flash/bwd_nonfinite.cuh).
  */
-const CUDA_KNOWN_BUGS: Record<string, readonly OutName[]> = {
-  'q-nan': ['dk'], // B2
-  'q-nan-empty-row': ['dk'], // B2
-  'q-inf': ['dk'], // B2
-  'q-inf-all-neg': ['dk'], // B2
-  'k-nan': ['dq'], // B2
-  'k-inf': ['dq'], // B2
-  'k-minus-inf': ['dq'], // B2 (the rows that do not see key 13)
-};
+const CUDA_KNOWN_BUGS: Record<string, readonly OutName[]> = {};
 const KNOWN_BUGS: Record<Device, Record<string, readonly OutName[]>> = { cpu: {}, cuda: CUDA_KNOWN_BUGS };
 const knownBug = (device: Device, id: string, n: OutName): boolean => (KNOWN_BUGS[device][id] ?? []).includes(n);
 
@@ -492,8 +545,12 @@ describe('NaN / ±Infinity propagation: the expected patterns are standard atten
     expect(problems).toEqual([]);
     // Sanity: the case poisons something, and leaves witnesses.
     const counts = OUT_NAMES.map((n) => pat[n].reduce((a, x) => a + (x === SAME ? 0 : 1), 0));
-    if (pc.id === 'q-nan-empty-row') expect(counts).toEqual([0, 0, 0, 0, 0]);
-    else expect(counts[0]).toBeGreaterThan(0);
+    if (pc.id.endsWith('-empty-row')) expect(counts).toEqual([0, 0, 0, 0, 0]);
+    else if (pc.id.includes('dout')) {
+      // Backward only: out and lse untouched, every gradient poisoned somewhere.
+      expect(counts.slice(0, 2)).toEqual([0, 0]);
+      for (const x of counts.slice(2)) expect(x).toBeGreaterThan(0);
+    } else expect(counts[0]).toBeGreaterThan(0);
     for (const n of OUT_NAMES) expect(pat[n].includes(SAME)).toBe(true);
   });
 });
