@@ -12,8 +12,6 @@
 //   hidden pairs (bwd_mask.cuh: keys >= seqlen_k, rows >= seqlen_q, causal keys past the row's
 //   diagonal) get dS = 0 by a select (0 * NaN would leak otherwise), on tiles that hold one only
 //   dQ += dS K      wgmma rs: A = dS from registers, B = K (MN-major)
-// NaN / ±Inf in K on tiles that cross the diagonal: a rare path zeroes them for dQ += dS K and adds
-// their visible terms back (bwd_nonfinite.cuh).
 // Epilogue: dq = dQ * softmax_scale rounded to Elem (rows >= seqlen_q and columns >= head_dim skipped).
 // Rows past seqlen_q arrive as zeros and see no key (dS selected to 0). Rows that see no key get dq = 0.
 #pragma once
@@ -26,7 +24,6 @@
 
 #include "common/attention_params.h"
 #include "cuda/flash/bwd_mask.cuh"
-#include "cuda/flash/bwd_nonfinite.cuh"
 #include "cuda/flash/fragment_softmax.cuh"
 #include "cuda/flash/hopper/flash_bwd_dq_sm90_traits.h"
 #include "cuda/flash/hopper/tma.cuh"
@@ -134,20 +131,9 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
   for (int nb = 0; nb < n_blocks; ++nb) {
     const int stage = nb % kStages;
     mbarrier_wait(bar_kv(stage), static_cast<uint32_t>((nb / kStages) & 1));
-    const uint32_t sK_tile = sK + static_cast<uint32_t>(stage * Traits::kKvTileBytes);
-    Elem* const sK_ptr = reinterpret_cast<Elem*>(smem_raw + (sK_tile - smem_u32(smem_raw)));
-    const int n0 = nb * kBlockN;
-    // Both warpgroups are done with tile nb - 1 after this barrier: its stage may be refilled. On a
-    // causal tile that crosses the diagonal the barrier also votes on NaN / ±Inf in K (each thread
-    // scans its chunks, visible to it after the mbarrier wait) for the rare path below.
-    const bool crosses_diag = kIsCausal && n0 + kBlockN - 1 > m0 + diag;
-    bool k_flag = false;
-    if constexpr (kIsCausal)
-      k_flag = __syncthreads_or(crosses_diag && tile_nonfinite<Elem, Traits::kColBlocks * kBlockN, kSw128BlockCols,
-                                                               kSw128BlockCols, Traits::kNThreads, false>(sK_ptr));
-    else
-      __syncthreads();
+    __syncthreads();  // both warpgroups are done with tile nb - 1: its stage may be refilled
     if (threadIdx.x == 0 && nb + 1 < n_blocks) issue_kv(nb + 1);
+    const uint32_t sK_tile = sK + static_cast<uint32_t>(stage * Traits::kKvTileBytes);
     const uint32_t sV_tile = sV + static_cast<uint32_t>(stage * Traits::kKvTileBytes);
 
     // S = Q K^T and dP = dO V^T: (64 rows, kBlockN keys) per warpgroup.
@@ -167,6 +153,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
     // dS = P o (dP - D), P = 2^(S c - lse2). Element (j, e): row row0 + 8 (e / 2), key n0 + 8 j + 2 t + e % 2.
     // On a tile that holds a hidden pair (`masked`, a std::bool_constant: the other tiles compile without
     // the test), a hidden element gets dS = 0 by a select (bwd_mask.cuh), whatever S, lse, dP, D hold.
+    const int n0 = nb * kBlockN;
     const auto ds_of_tile = [&](auto masked) {
       constexpr bool kMasked = decltype(masked)::value;
       // The keys that row h sees: offsets below end[h] from n0 + 2 t, so that element (j, e) compares its
@@ -194,47 +181,6 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
       ds_of_tile(std::true_type{});
     else
       ds_of_tile(std::false_type{});
-
-    // Rare path (bwd_nonfinite.cuh): K holds NaN / ±Inf on a tile that crosses the diagonal. Its
-    // elements are zeroed in shared memory for dQ = dS K (a hidden dS = 0 would multiply them), and
-    // their terms dS_ij K_j[c] are added for the rows that see key j (K from global memory). The stage
-    // is refilled by TMA later (after the fence and the next iteration's barrier), so nothing is
-    // restored.
-    if (k_flag) {
-      __syncthreads();  // both warpgroups' S products have read K
-      tile_nonfinite<Elem, Traits::kColBlocks * kBlockN, kSw128BlockCols, kSw128BlockCols, Traits::kNThreads, true>(sK_ptr);
-      fence_proxy_async_smem();
-      const Elem* k_tile = static_cast<const Elem*>(p.k) + batch * p.k_batch_stride + head_kv * p.k_head_stride +
-                           static_cast<int64_t>(n0) * p.k_row_stride;
-      // dS (row h, key j) for this thread's rows sits in lane (g, (j % 8) / 2) of this quad.
-#pragma unroll 1
-      for (int j = 0; j < kBlockN && n0 + j < seqlen_k; ++j) {
-        float own[2] = {0.0f, 0.0f};
-#pragma unroll
-        for (int jj = 0; jj < kSTiles; ++jj)
-          if (jj == j / 8) {
-            own[0] = j % 2 ? dp[jj][1] : dp[jj][0];
-            own[1] = j % 2 ? dp[jj][3] : dp[jj][2];
-          }
-        const int src = (lane & ~3) | ((j % 8) / 2);
-        const float ds[2] = {as_operand<Elem>(__shfl_sync(0xffffffffu, own[0], src)),
-                             as_operand<Elem>(__shfl_sync(0xffffffffu, own[1], src))};
-        const Elem* krow = k_tile + static_cast<int64_t>(j) * p.k_row_stride;
-#pragma unroll
-        for (int jt = 0; jt < kDqTiles; ++jt)
-#pragma unroll
-          for (int e = 0; e < 2; ++e) {
-            const int col = 8 * jt + 2 * t + e;
-            if (col >= head_dim) continue;
-            const float x = to_float(krow[col]);
-            if (isfinite(x)) continue;
-#pragma unroll
-            for (int h = 0; h < 2; ++h)
-              if (n0 + j <= row0 + 8 * h + diag) dq[jt][2 * h + e] += ds[h] * x;
-          }
-      }
-      __syncthreads();  // the zeroed tile is in place for the tensor cores
-    }
     uint32_t dsa[Traits::kDqKSteps][4];
 #pragma unroll
     for (int ks = 0; ks < Traits::kDqKSteps; ++ks) p_to_a_operand<Elem>(dp, ks, dsa[ks]);

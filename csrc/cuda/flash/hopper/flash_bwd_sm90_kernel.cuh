@@ -33,11 +33,9 @@
 
 #include "common/attention_params.h"
 #include "cuda/flash/bwd_mask.cuh"
-#include "cuda/flash/bwd_nonfinite.cuh"
 #include "cuda/flash/dq_accum.cuh"
 #include "cuda/flash/fragment_softmax.cuh"
 #include "cuda/flash/hopper/flash_bwd_sm90_traits.h"
-#include "cuda/flash/hopper/sw128_nonfinite.cuh"
 #include "cuda/flash/hopper/tma.cuh"
 #include "cuda/flash/hopper/wgmma.cuh"
 #include "cuda/flash/ptx.cuh"
@@ -49,6 +47,11 @@ namespace fa::cuda::flash::sm90 {
 struct BwdTensorMaps {
   CUtensorMap q, dout, k, v;
 };
+
+// Orders this thread's generic-proxy shared-memory writes before later async-proxy reads (wgmma).
+__device__ __forceinline__ void fence_proxy_async_smem() {
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
 
 template <typename Traits, bool kIsCausal, bool kComputeDq = true>
 __global__ void __launch_bounds__(Traits::kNThreads, 1)
@@ -75,7 +78,6 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
   float* sD = sLse2 + kStages * kBlockM;
 
   const int seqlen_q = static_cast<int>(p.seqlen_q), seqlen_k = static_cast<int>(p.seqlen_k);
-  const int head_dim = static_cast<int>(p.head_dim);
   const int n_blocks = (seqlen_k + kBlockN - 1) / kBlockN;
   // Atomic mode: one K/V tile per block. Deterministic mode: block `split` of ws.splits takes the tiles
   // split, split + splits, ... in turn, so its dQ adds go to its own accumulator slice, in a fixed order.
@@ -119,9 +121,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
 #pragma unroll
       for (int e = 0; e < 4; ++e) dk[j][e] = dv[j][e] = 0.0f;
 
-    // Iteration it's Q and dO tiles (thread 0, TMA) and its lse2 / D rows (threads < kBlockM), which
-    // also note whether their row's statistics flag its q or dO (row_flag, bwd_nonfinite.cuh).
-    bool row_flag = false;
+    // Iteration it's Q and dO tiles (thread 0, TMA) and its lse2 / D rows (threads < kBlockM).
     const auto load_iter = [&](int it, int stage) {
       const int head = head_kv * group + it / m_count;
       const int m0 = (m_begin + it % m_count) * kBlockM;
@@ -139,11 +139,8 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
         const int row = m0 + static_cast<int>(threadIdx.x);
         const int64_t stat = (batch * p.heads_q + head) * p.seqlen_q + row;
         // Rows past seqlen_q have no lse or D to read: placeholders, as they see no key (P, dS selected to 0).
-        const float lse2_row = row < seqlen_q ? p.lse_in[stat] * kLog2e : INFINITY;
-        const float d_row = row < seqlen_q ? ws.d[stat] : 0.0f;
-        sLse2[stage * kBlockM + threadIdx.x] = lse2_row;
-        sD[stage * kBlockM + threadIdx.x] = d_row;
-        row_flag = bwd_row_suspect(row, seqlen_q, lse2_row, d_row);
+        sLse2[stage * kBlockM + threadIdx.x] = row < seqlen_q ? p.lse_in[stat] * kLog2e : INFINITY;
+        sD[stage * kBlockM + threadIdx.x] = row < seqlen_q ? ws.d[stat] : 0.0f;
       }
     };
 
@@ -161,15 +158,6 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
       mbarrier_wait(bar_kv, static_cast<uint32_t>(kv_loads & 1));
       ++kv_loads;
     }
-    Elem* const sK_ptr = reinterpret_cast<Elem*>(smem_raw + (sK - smem_u32(smem_raw)));
-    const Elem* k_src = static_cast<const Elem*>(p.k) + batch * p.k_batch_stride + head_kv * p.k_head_stride +
-                        static_cast<int64_t>(n0) * p.k_row_stride;
-    // Causal, with dQ: whether the K tile holds NaN / ±Inf (one scan and vote per K/V tile), for dQ's
-    // rare path on the query tiles that cross the diagonal.
-    bool k_flag = false;
-    if constexpr (kIsCausal && kComputeDq)
-      k_flag = __syncthreads_or(iters > 0 && tile_nonfinite<Elem, Traits::kColBlocks * kBlockN, kSw128BlockCols,
-                                                             kSw128BlockCols, Traits::kNThreads, false>(sK_ptr));
 
     // This warpgroup's 64 keys in every column block of K and V (the A operands of S^T and dP^T).
     const uint32_t sK_wg = sK + wg * Traits::kWgKeys * kSw128RowBytes;
@@ -181,14 +169,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
       const int head = head_kv * group + it / m_count;
       const int m0 = (m_begin + it % m_count) * kBlockM;
       mbarrier_wait(bar_q(stage), static_cast<uint32_t>((use / kStages) & 1));
-      // Both warpgroups are past iteration it - 1 after this barrier: its stage, sdS and lse/D rows are
-      // free. Causal: it also votes on this tile's row flags, for the rare path below.
-      const bool crosses_diag = kIsCausal && n0 + kBlockN - 1 > m0 + diag;
-      bool rows_flagged = false;
-      if constexpr (kIsCausal)
-        rows_flagged = __syncthreads_or(crosses_diag && row_flag);
-      else
-        __syncthreads();
+      __syncthreads();  // both warpgroups are past iteration it - 1: its stage, sdS and lse/D rows are free
       if (it + 1 < iters) load_iter(it + 1, (use + 1) % kStages);
       const uint32_t sQs = sQ + static_cast<uint32_t>(stage * Traits::kQTileBytes);
       const uint32_t sdOs = sdO + static_cast<uint32_t>(stage * Traits::kQTileBytes);
@@ -235,61 +216,6 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
         p_and_ds(std::true_type{});
       else
         p_and_ds(std::false_type{});
-
-      // Rare path (bwd_nonfinite.cuh), on a tile that crosses the diagonal: NaN / ±Inf in the Q or dO
-      // rows that their lse / D flag, or in K. Their elements are zeroed in shared memory for the
-      // products that would multiply a hidden P or dS = 0 by them (Q and dO for dK and dV here; K for
-      // dQ, put back after it), and dO's and K's terms of the visible pairs are added back.
-      const bool rare_rows = crosses_diag && rows_flagged;
-      const bool rare_k = crosses_diag && k_flag;
-      uint32_t k_zeroed = 0;
-      if (rare_rows || rare_k) {
-        __syncthreads();  // every warpgroup's S^T and dP^T have read Q, dO and K
-        if (rare_rows) {
-          // dV_j += P_ij dO_i[c] for the flagged rows' non-finite dO elements and the keys they see.
-          // P^T element (j, e) of lane (g, t): key key_row0 + 8 (e / 2), query 8 j + 2 t + e % 2, so
-          // query i's P for this thread's keys sits in lane (g, (i % 8) / 2) of this quad.
-          const Elem* dout = static_cast<const Elem*>(p.dout) + batch * p.o_batch_stride + head * p.o_head_stride;
-#pragma unroll 1
-          for (int i = 0; i < kBlockM; ++i) {
-            const int row = m0 + i;
-            if (!bwd_row_suspect(row, seqlen_q, lse2[i], dvec[i])) continue;
-            float own[2] = {0.0f, 0.0f};  // (key h, query i) if this lane held query i
-#pragma unroll
-            for (int j = 0; j < kSTiles; ++j)
-              if (j == i / 8) {
-                own[0] = i % 2 ? st[j][1] : st[j][0];
-                own[1] = i % 2 ? st[j][3] : st[j][2];
-              }
-            const int src = (lane & ~3) | ((i % 8) / 2);
-            const float pij[2] = {as_operand<Elem>(__shfl_sync(0xffffffffu, own[0], src)),
-                                  as_operand<Elem>(__shfl_sync(0xffffffffu, own[1], src))};
-            const Elem* drow = dout + static_cast<int64_t>(row) * p.o_row_stride;
-#pragma unroll
-            for (int j = 0; j < kKvTiles; ++j)
-#pragma unroll
-              for (int e = 0; e < 2; ++e) {
-                const int col = 8 * j + 2 * t + e;
-                if (col >= head_dim) continue;
-                const float x = to_float(drow[col]);
-                if (isfinite(x)) continue;
-#pragma unroll
-                for (int h = 0; h < 2; ++h)
-                  if (n0 + key_row0 + 8 * h <= row + diag) dv[j][2 * h + e] += pij[h] * x;
-              }
-          }
-          constexpr int kQRows = Traits::kColBlocks * kBlockM;
-          tile_nonfinite<Elem, kQRows, kSw128BlockCols, kSw128BlockCols, Traits::kNThreads, true>(
-              reinterpret_cast<Elem*>(smem_raw + (sQs - smem_u32(smem_raw))));
-          tile_nonfinite<Elem, kQRows, kSw128BlockCols, kSw128BlockCols, Traits::kNThreads, true>(
-              reinterpret_cast<Elem*>(smem_raw + (sdOs - smem_u32(smem_raw))));
-        }
-        if constexpr (kComputeDq) {
-          if (rare_k) k_zeroed = sw128_zero_nonfinite<Elem, kBlockN, Traits::kColBlocks, Traits::kNThreads>(sK_ptr);
-        }
-        fence_proxy_async_smem();
-        __syncthreads();  // the zeroed tiles are in place for the tensor cores
-      }
       uint32_t pa[Traits::kQKSteps][4], dsa[Traits::kQKSteps][4];
 #pragma unroll
       for (int ks = 0; ks < Traits::kQKSteps; ++ks) {
@@ -337,35 +263,6 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
           wgmma_wait<0>();
           fence_operands(dq);
           const int dq_col = (Traits::kDqSplitCols ? wg * Traits::kDqN : 0) + 2 * t;
-          if (rare_k) {
-            // dQ_i[c] += dS_ij K_j[c] for K's non-finite elements (from global memory: shared memory
-            // holds zeros there) and the rows that see key j. dS^T (key j, query q) from sdS.
-#pragma unroll 1
-            for (int j = 0; j < kBlockN && n0 + j < seqlen_k; ++j) {
-              const Elem* krow = k_src + static_cast<int64_t>(j) * p.k_row_stride;
-              float ds[2];
-#pragma unroll
-              for (int h = 0; h < 2; ++h) {
-                const int q = warp * 16 + g + 8 * h;
-                const uint32_t addr = sdS + static_cast<uint32_t>((q / 64) * kBlockN * kSw128RowBytes + j * kSw128RowBytes +
-                                                                  ((((q % 64) / 8) ^ (j % 8)) * 16) + (q % 8) * 2);
-                const Elem* e = reinterpret_cast<const Elem*>(smem_raw + (addr - smem_u32(smem_raw)));
-                ds[h] = n0 + j <= m0 + q + diag ? to_float(*e) : 0.0f;
-              }
-#pragma unroll
-              for (int jt = 0; jt < kDqTiles; ++jt)
-#pragma unroll
-                for (int e = 0; e < 2; ++e) {
-                  const int col = dq_col + 8 * jt + e;
-                  if (col >= head_dim) continue;
-                  const float x = to_float(krow[col]);
-                  if (isfinite(x)) continue;
-#pragma unroll
-                  for (int h = 0; h < 2; ++h)
-                    if (n0 + j <= m0 + warp * 16 + g + 8 * h + diag) dq[jt][2 * h + e] += ds[h] * x;
-                }
-            }
-          }
           float* acc = dq_accum + ((batch * p.heads_q + head) * ws.dq_rows + m0 + warp * 16 + g) * kHeadDim + dq_col;
 #pragma unroll
           for (int j = 0; j < kDqTiles; ++j) {
@@ -377,16 +274,10 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
       wgmma_wait<0>();  // dV and dK of this tile (their A registers are rewritten next iteration)
       fence_operands(dk);
       fence_operands(dv);
-      if constexpr (kComputeDq) {
-        if (rare_k) {
-          __syncthreads();  // both warpgroups' dQ products have read the zeroed K
-          sw128_restore<Elem, kBlockN, Traits::kColBlocks, Traits::kNThreads>(sK_ptr, k_zeroed, k_src, p.k_row_stride);
-          fence_proxy_async_smem();  // before the next S^T (after the loop's barrier) and the next K load
-        }
-      }
     }
 
     // Epilogue: dK * scale and dV for this thread's keys (zeros when no query saw the tile).
+    const int head_dim = static_cast<int>(p.head_dim);
     Elem* dk_out = static_cast<Elem*>(p.dk) + batch * p.k_batch_stride + head_kv * p.k_head_stride;
     Elem* dv_out = static_cast<Elem*>(p.dv) + batch * p.v_batch_stride + head_kv * p.v_head_stride;
 #pragma unroll
