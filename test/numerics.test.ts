@@ -48,7 +48,7 @@
  *
  * Known bugs, shown by tests marked `test.failing` (they pass while the library is wrong; a fix
  * makes them fail, and the marker must go): KNOWN_BUGS (bugs A and B, NaN / ±∞ propagation; fixed on
- * the CPU; on CUDA A and B's forward and select parts are fixed, B2 (the backward's products) is open).
+ * the CPU and on CUDA, where B2, the backward's products, was fixed last; all now empty).
  * Part 1 runs on the CPU in float32, and on CUDA through every family of FA2 kernels (NAN_VARIANTS).
  * HUGE_SCORES_BUG (bug C, scores beyond ~1e9 on the CPU) is fixed and now empty.
  */
@@ -438,29 +438,12 @@ const POISON_CASES: PoisonCase[] = [
  * structure too (fragment_softmax.cuh finish()), and on tiles that cross the causal diagonal they
  * zero V's NaN / ±∞ elements for the tensor-core product and add them back to the rows that see
  * their key (nonfinite_pv.cuh); the backward kernels set P and dS to exactly 0 by a select where a
- * row does not see a key, padding rows included. Left on CUDA (bug B2, the backward's products):
- * dV += Pᵀ·dO, dK += dSᵀ·Q and dQ += dS·K on crossing tiles still multiply a hidden P or dS = 0 by a
- * NaN / ±∞ of dO, Q or K, so a non-finite q or dout row reaches the dk / dv rows of the keys it does
- * not see, and a non-finite k row the dq rows of the queries that do not see it. The fix (branch
- * wip/b2, csrc/cuda/flash/bwd_nonfinite.cuh's rule) passes every case on the H100 but made the causal
- * backward 1.4-2.3x slower (register arrays demoted to local memory); it lands when that is gone.
+ * row does not see a key, padding rows included. Bug B2 (session 6), the backward's products: dV +=
+ * Pᵀ·dO, dK += dSᵀ·Q and dQ += dS·K multiplied a hidden P or dS = 0 by a NaN / ±∞ of dO, Q or K on
+ * crossing tiles. Now those elements are zeroed for the product and their visible terms added back,
+ * on a rare path found by the rows' lse / D (Q, dO) and a scan of K (csrc/cuda/flash/bwd_nonfinite.cuh).
  */
-const CUDA_KNOWN_BUGS: Record<string, readonly OutName[]> = {
-  'q-nan': ['dk'], // B2
-  'q-nan-empty-row': ['dk'], // B2
-  'q-inf': ['dk'], // B2
-  'q-inf-all-neg': ['dk'], // B2
-  'k-nan': ['dq'], // B2
-  'k-inf': ['dq'], // B2
-  'k-minus-inf': ['dq'], // B2 (the rows that do not see key 13)
-  // dV += Pᵀ·dO on the crossing tile multiplies the hidden P = 0 of row 25 (keys 18-31), or of row 3
-  // (every key), by the poisoned dO element: NaN in column 5 of those dv rows (predicted, then
-  // matched on the H100 in session 6 for all three CUDA variants). The not-causal dout cases hide
-  // only zero-filled padding, so nothing there.
-  'dout-nan': ['dv'], // B2
-  'dout-inf': ['dv'], // B2
-  'dout-nan-empty-row': ['dv'], // B2
-};
+const CUDA_KNOWN_BUGS: Record<string, readonly OutName[]> = {};
 const KNOWN_BUGS: Record<Device, Record<string, readonly OutName[]>> = { cpu: {}, cuda: CUDA_KNOWN_BUGS };
 const knownBug = (device: Device, id: string, n: OutName): boolean => (KNOWN_BUGS[device][id] ?? []).includes(n);
 

@@ -36,6 +36,24 @@
 // true for every case. Paths: flash_bwd as dispatched, flash_bwd with p.deterministic, and on Hopper
 // the mma.sync kernel (flash_bwd_sm80) beside the wgmma one, and the two-kernel backward (dq must be
 // bit-identical across runs there too).
+// Non-finite containment (run_containment_cases, causal, every path): one element of q, k or dout made
+// NaN, +inf or -inf, and the call (the forward, for out and lse of the poisoned inputs, then the
+// backward) compared element by element with the same call on the clean inputs (containment_pattern).
+// What standard attention makes non-finite, with diag = sk - sq and row i seeing key j iff j <= i + diag:
+//   q[b, i, h, c] NaN / +inf: row i's lse is NaN: its out, lse and dq, and dk and dv of every key it
+//     sees, all columns;
+//   k[b, j, hk, c] NaN / +inf (column c of q made positive, so that +inf scores +inf): every row of the
+//     query heads of KV head hk that sees key j has NaN lse: those rows' out, lse and dq, and dk and dv of
+//     every key they see (with bottom-right causal the last row sees every key: all of dk and dv of hk);
+//     -inf scores -inf and drops the key from those rows (finite, changed results): that reach is not
+//     checked, only everything outside it;
+//   dout[b, i, h, c] NaN / +inf: D_i is non-finite: dq row i and dk of every key row i sees, all
+//     columns, and dv of those keys in column c only (out and lse do not change).
+// A row that sees no key reaches nothing. Every other element must be bit-identical to the clean call's
+// (dq through fp32 atomics: finite and within one ulp, its run-to-run noise). The backward's products
+// multiply the P = dS = 0 of hidden pairs by the poisoned operand (0 * NaN = NaN: bug B2,
+// bwd_nonfinite.cuh), so the poison sits next to the hidden pairs of tiles that cross the diagonal (see
+// main). A failing case prints its first violations (element, expected class, value, clean value).
 // Then (unless --no-bench) bf16 timing on the FA2 grid (B*S = 16k, H*D = 2048, S 512 / 1k / 2k / 8k,
 // D 64 / 128, causal and not): median of 20 cudaEvent-timed single calls after warm-up, and the mean of
 // 20 calls queued back to back; TFLOP/s = 2.5 * 4 B H S^2 D / t (halved when causal), FA2's count for
@@ -49,7 +67,9 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <limits>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "common/attention_params.h"
@@ -85,6 +105,13 @@ constexpr int64_t kBenchTokens = 16 * 1024;  // B * S
 constexpr int64_t kBenchWidth = 2048;        // H * D
 constexpr double kBwdFlopsPerFwd = 2.5;      // FA2 counts the backward as 2.5 forwards (5 matmuls vs 2)
 constexpr int64_t kNaiveBenchMaxSeqlen = 1024;  // the naive backward materialises two fp32 N^2 buffers
+// Containment cases with dq through fp32 atomics (added in a different order in every call): an element
+// that must equal the clean call's may differ by one ulp of the dtype (the rounding of a partial sum that
+// moved by an fp32 ulp), plus this fraction of max |dq| for elements that cancel (fp32 partial sums err by
+// 2^-24 of their magnitude). NaN or inf leaking there is caught by the finiteness that kSame demands.
+constexpr double kAtomicDqFloor = 1.0 / 65536;
+constexpr double kFp16MinNormal = 1.0 / 16384;  // 2^-14
+constexpr size_t kShownViolations = 8;  // wrong elements printed per failing containment case
 
 const char* short_name(DType t) { return t == DType::kFloat16 ? "f16" : "bf16"; }
 
@@ -535,6 +562,270 @@ bool run_case(const Case& c, const char* path, BwdFn bwd, bool deterministic, st
   return ok;
 }
 
+// ---- Non-finite containment (the rules are in the file comment) ----
+
+// What an output element of a poisoned call must hold.
+enum class Expect : uint8_t {
+  kSame,       // the clean call's value, bit for bit (dq through fp32 atomics: see kAtomicDqFloor)
+  kNonFinite,  // NaN or +-inf
+  kAny,        // not checked (rows whose score with a -inf key is -inf: see containment_pattern)
+};
+
+const char* expect_name(Expect e) {
+  return e == Expect::kSame ? "the clean value" : e == Expect::kNonFinite ? "non-finite" : "anything";
+}
+
+enum class Operand { kQ, kK, kDout };
+
+const char* operand_name(Operand o) { return o == Operand::kQ ? "q" : o == Operand::kK ? "k" : "dout"; }
+
+// operand[batch, row, head, col] = value; row and head are a query row and a query head for q and dout,
+// a key and a KV head for k.
+struct Poison {
+  Operand operand;
+  int64_t batch, row, head, col;
+  float value;
+};
+
+const char* value_name(float x) { return std::isnan(x) ? "NaN" : x > 0 ? "+inf" : "-inf"; }
+
+// The expected class of every output element of a poisoned call, in the layouts of q (out, dq), k (dk,
+// dv) and lse.
+struct Pattern {
+  std::vector<Expect> out, lse, dq, dk, dv;
+};
+
+// Standard attention's reach of `poison` (causal, bottom-right; the rules of the file comment): the query
+// rows whose results it makes non-finite, the keys those rows see, and kSame everywhere else.
+Pattern containment_pattern(const Case& c, const Poison& poison) {
+  const int64_t nq = c.batch * c.sq * c.hq * c.d, nk = c.batch * c.sk * c.hkv * c.d;
+  Pattern pat{std::vector<Expect>(nq, Expect::kSame), std::vector<Expect>(c.batch * c.hq * c.sq, Expect::kSame),
+              std::vector<Expect>(nq, Expect::kSame), std::vector<Expect>(nk, Expect::kSame),
+              std::vector<Expect>(nk, Expect::kSame)};
+  const int64_t group = c.hq / c.hkv, b = poison.batch;
+  const bool in_k = poison.operand == Operand::kK;
+  const int64_t kvh = in_k ? poison.head : poison.head / group;
+  // -inf in k scores -inf with every row that sees its key (run_containment_cases makes their q column
+  // positive): standard attention drops the key from those rows, which changes their results without
+  // making them non-finite, and arithmetic that splits -inf (3xTF32) may give NaN there instead; only
+  // the elements outside that reach are checked.
+  const Expect reach = in_k && std::isinf(poison.value) && poison.value < 0 ? Expect::kAny : Expect::kNonFinite;
+  int64_t keys = 0;  // the rows reached see keys [0, keys) of KV head kvh (causal: a prefix)
+  for (int64_t h = kvh * group; h < (kvh + 1) * group; ++h)
+    for (int64_t i = 0; i < c.sq; ++i) {
+      const int64_t n = visible_keys(c, i);
+      // k: every row that sees the key. q, dout: the poisoned row, unless it sees no key (then its dq
+      // stays 0 and it adds nothing to dk / dv).
+      const bool reached = in_k ? poison.row < n : h == poison.head && i == poison.row && n > 0;
+      if (!reached) continue;
+      const int64_t qo = ((b * c.sq + i) * c.hq + h) * c.d;
+      std::fill_n(pat.dq.begin() + qo, c.d, reach);
+      if (poison.operand != Operand::kDout) {  // dout is no input of the forward
+        std::fill_n(pat.out.begin() + qo, c.d, reach);
+        pat.lse[(b * c.hq + h) * c.sq + i] = reach;
+      }
+      keys = std::max(keys, n);
+    }
+  for (int64_t j = 0; j < keys; ++j) {
+    const int64_t ko = ((b * c.sk + j) * c.hkv + kvh) * c.d;
+    std::fill_n(pat.dk.begin() + ko, c.d, reach);
+    // dv_j = sum_i P_ij dout_i: a poisoned dout reaches its own column only; q and k reach P itself.
+    if (poison.operand == Operand::kDout)
+      pat.dv[ko + poison.col] = reach;
+    else
+      std::fill_n(pat.dv.begin() + ko, c.d, reach);
+  }
+  return pat;
+}
+
+// Inputs of a containment call (values of the dtype).
+struct Inputs {
+  std::vector<float> q, k, v, dout;
+};
+
+// What one forward + backward call gave: out, dq, dk, dv (values of the dtype) and lse.
+struct Outputs {
+  std::vector<float> out, lse, dq, dk, dv;
+  const char* fwd_path;
+};
+
+// run_forward (so that a poisoned call's out and lse come from its own inputs, by the path the clean
+// call took) and `bwd`, every output poisoned with NaN first. The legacy default stream throughout, as
+// the synchronous uploads use it.
+Outputs run_fwd_bwd(const Case& c, const Inputs& in, BwdFn bwd) {
+  const int64_t nq = c.batch * c.sq * c.hq * c.d, nk = c.batch * c.sk * c.hkv * c.d;
+  const int64_t nlse = c.batch * c.hq * c.sq;
+  Dev q_dev(nq * 2), k_dev(nk * 2), v_dev(nk * 2), dout_dev(nq * 2), out_dev(nq * 2), lse_dev(nlse * 4);
+  Dev dq_dev(nq * 2), dk_dev(nk * 2), dv_dev(nk * 2);
+  upload(q_dev, c.dtype, in.q);
+  upload(k_dev, c.dtype, in.k);
+  upload(v_dev, c.dtype, in.v);
+  upload(dout_dev, c.dtype, in.dout);
+  poison(out_dev, nq, nullptr);
+  CHECK_CUDA(cudaMemsetAsync(lse_dev.ptr, 0xFF, nlse * 4, nullptr));
+  poison(dq_dev, nq, nullptr);
+  poison(dk_dev, nk, nullptr);
+  poison(dv_dev, nk, nullptr);
+  const auto pfwd = make_params(c, q_dev, k_dev, v_dev, out_dev, lse_dev);
+  Outputs o;
+  o.fwd_path = run_forward(pfwd, nullptr);
+  CHECK_CUDA(bwd(make_bwd_params(pfwd, dout_dev, dq_dev, dk_dev, dv_dev), nullptr));
+  CHECK_CUDA(cudaDeviceSynchronize());
+  o.out = to_floats(c.dtype, download_bits(out_dev, nq));
+  o.lse.resize(nlse);
+  CHECK_CUDA(cudaMemcpy(o.lse.data(), lse_dev.ptr, nlse * 4, cudaMemcpyDeviceToHost));
+  o.dq = to_floats(c.dtype, download_bits(dq_dev, nq));
+  o.dk = to_floats(c.dtype, download_bits(dk_dev, nk));
+  o.dv = to_floats(c.dtype, download_bits(dv_dev, nk));
+  return o;
+}
+
+int64_t count_nonfinite(const std::vector<float>& v) {
+  return std::count_if(v.begin(), v.end(), [](float x) { return !std::isfinite(x); });
+}
+
+// Bit identity of two floats (+0 and -0 differ; dtype values convert to float one to one).
+bool same_bits(float x, float y) { return std::memcmp(&x, &y, sizeof x) == 0; }
+
+// Checks output `name` of a poisoned call (`got`) against `want` element by element, `clean` being the
+// clean call's; returns how many elements break it and appends the first kShownViolations of all
+// outputs to `shown`. same(clean, got) decides kSame. rows, heads, d: the [B, rows, heads, d] layout,
+// or d = 0 for lse [B, heads, rows].
+template <typename Same>
+int64_t count_wrong(const char* name, const std::vector<float>& clean, const std::vector<float>& got,
+                    const std::vector<Expect>& want, int64_t rows, int64_t heads, int64_t d, Same same,
+                    std::vector<std::string>* shown) {
+  int64_t wrong = 0;
+  for (size_t x = 0; x < got.size(); ++x) {
+    const bool ok = want[x] == Expect::kSame        ? same(clean[x], got[x])
+                    : want[x] == Expect::kNonFinite ? !std::isfinite(got[x])
+                                                    : true;
+    if (ok) continue;
+    ++wrong;
+    if (shown->size() >= kShownViolations) continue;
+    const int64_t i = static_cast<int64_t>(x);
+    char line[160];
+    if (d == 0)
+      std::snprintf(line, sizeof line, "%s[b%" PRId64 ",h%" PRId64 ",row%" PRId64 "]", name, i / (heads * rows),
+                    i / rows % heads, i % rows);
+    else
+      std::snprintf(line, sizeof line, "%s[b%" PRId64 ",row%" PRId64 ",h%" PRId64 ",c%" PRId64 "]", name,
+                    i / (rows * heads * d), i / (heads * d) % rows, i / d % heads, i % d);
+    std::string s = line;
+    std::snprintf(line, sizeof line, ": want %s, got %.6g (clean %.6g)", expect_name(want[x]), got[x], clean[x]);
+    shown->push_back(s + line);
+  }
+  return wrong;
+}
+
+// One containment case: the call with `poison` in its inputs against `clean`, the same call on the clean
+// inputs `in` (clean_nonfinite: its non-finite out, dq, dk, dv elements, which must be none), element by
+// element against containment_pattern. dq is compared bit for bit where `bwd` gives bit-identical dq
+// (deterministic), else within the run-to-run noise of its atomics (kAtomicDqFloor).
+bool run_nonfinite_case(const Case& c, const Inputs& in, const Outputs& clean, int64_t clean_nonfinite,
+                        const Poison& poison, const char* path, BwdFn bwd, bool deterministic) {
+  Inputs bad = in;
+  const bool in_k = poison.operand == Operand::kK;
+  std::vector<float>& t = poison.operand == Operand::kQ ? bad.q : in_k ? bad.k : bad.dout;
+  const int64_t rows = in_k ? c.sk : c.sq, heads = in_k ? c.hkv : c.hq;
+  t[((poison.batch * rows + poison.row) * heads + poison.head) * c.d + poison.col] = poison.value;
+  const Outputs got = run_fwd_bwd(c, bad, bwd);
+  const Pattern want = containment_pattern(c, poison);
+
+  double dq_max = 0;
+  for (float x : clean.dq) dq_max = std::max(dq_max, static_cast<double>(std::fabs(x)));
+  const double dq_floor = kAtomicDqFloor * dq_max;
+  const double min_normal = c.dtype == DType::kFloat16 ? kFp16MinNormal : std::numeric_limits<float>::min();
+  const auto exact = [](float x, float y) { return same_bits(x, y); };
+  const auto near = [&](float x, float y) {
+    const double ulp = 2 * half_ulp(c.dtype, std::max<double>(std::fabs(x), min_normal));
+    return std::isfinite(y) && std::fabs(static_cast<double>(y) - x) <= ulp + dq_floor;
+  };
+  std::vector<std::string> shown;
+  const int64_t w_out = count_wrong("out", clean.out, got.out, want.out, c.sq, c.hq, c.d, exact, &shown);
+  const int64_t w_lse = count_wrong("lse", clean.lse, got.lse, want.lse, c.sq, c.hq, 0, exact, &shown);
+  const int64_t w_dq = deterministic ? count_wrong("dq", clean.dq, got.dq, want.dq, c.sq, c.hq, c.d, exact, &shown)
+                                     : count_wrong("dq", clean.dq, got.dq, want.dq, c.sq, c.hq, c.d, near, &shown);
+  const int64_t w_dk = count_wrong("dk", clean.dk, got.dk, want.dk, c.sk, c.hkv, c.d, exact, &shown);
+  const int64_t w_dv = count_wrong("dv", clean.dv, got.dv, want.dv, c.sk, c.hkv, c.d, exact, &shown);
+  int64_t wanted = 0, unchecked = 0;
+  for (const auto* p : {&want.out, &want.lse, &want.dq, &want.dk, &want.dv}) {
+    wanted += std::count(p->begin(), p->end(), Expect::kNonFinite);
+    unchecked += std::count(p->begin(), p->end(), Expect::kAny);
+  }
+
+  // Which rows the poison reaches in standard attention, for the output line.
+  char reach[64];
+  if (in_k) {
+    std::snprintf(reach, sizeof reach, "seen by rows %" PRId64 "-%" PRId64, std::max<int64_t>(poison.row - (c.sk - c.sq), 0),
+                  c.sq - 1);
+  } else if (visible_keys(c, poison.row) == 0) {
+    std::snprintf(reach, sizeof reach, "sees no key");
+  } else {
+    std::snprintf(reach, sizeof reach, "sees keys 0-%" PRId64, visible_keys(c, poison.row) - 1);
+  }
+  const bool ok = w_out + w_lse + w_dq + w_dk + w_dv == 0 && clean_nonfinite == 0;
+  print_case_head(ok, c);
+  std::printf(" containment %-4s in %s[%" PRId64 ",%" PRId64 ",%" PRId64 ",%" PRId64 "] (%s): %" PRId64
+              " non-finite wanted, %" PRId64 " unchecked; wrong: out %" PRId64 " lse %" PRId64 " dq %" PRId64
+              " (%s) dk %" PRId64 " dv %" PRId64 "; clean_nonfinite=%" PRId64 " fwd=%s bwd=%s\n",
+              value_name(poison.value), operand_name(poison.operand), poison.batch, poison.row, poison.head, poison.col,
+              reach, wanted, unchecked, w_out, w_lse, w_dq, deterministic ? "bits" : "atomics: 1 ulp", w_dk, w_dv,
+              clean_nonfinite, got.fwd_path, path);
+  for (const std::string& s : shown) std::printf("    %s\n", s.c_str());
+  return ok;
+}
+
+// Where the containment cases of a shape put their poison: a query row (q, dout) and a key (k), and on
+// a shape with rows that see no key one of those (empty_row; -1 if none). See main.
+struct ContainmentShape {
+  int64_t sq, sk, row, key, empty_row;
+};
+
+// The containment cases of one (shape, head dim, dtype) through `bwd`: clean inputs drawn once and the
+// clean call run once, then one poisoned call per case (NaN and +inf in q and dout, NaN, +inf and -inf
+// in k; NaN in q and dout of the empty row). Causal, batch 2, GQA 2:1; the poison sits in the last batch
+// and the last (query or KV) head, so that the other batch and heads are untouched witnesses. Returns
+// the failures and adds the cases to *total.
+int run_containment_cases(const ContainmentShape& s, int64_t d, DType t, const char* path, BwdFn bwd,
+                          bool deterministic, std::mt19937_64& rng, int* total) {
+  const Case c{2, s.sq, s.sk, 4, 2, d, true, t};
+  const int64_t nq = c.batch * c.sq * c.hq * c.d, nk = c.batch * c.sk * c.hkv * c.d;
+  Inputs in{random_values(nq, t, kQkMaxMag, rng), random_values(nk, t, kQkMaxMag, rng),
+            random_values(nk, t, kVMaxMag, rng), random_values(nq, t, kDoutMaxMag, rng)};
+  const int64_t b = c.batch - 1, h = c.hq - 1, hk = c.hkv - 1, group = c.hq / c.hkv;
+  // Poisoned columns: in q, k and dout at different places of the head dim (both halves of it, for the
+  // kernels that split dK / dV's columns over two warps).
+  const int64_t qc = 5 % d, kc = d / 2 + 1, dc = d - 3;
+  // +-inf in column kc of k must score +-inf with every row that sees its key: that column of q made
+  // positive in KV head hk's query heads (in the clean call too).
+  for (int64_t hh = hk * group; hh < (hk + 1) * group; ++hh)
+    for (int64_t i = 0; i < c.sq; ++i) {
+      float& x = in.q[((b * c.sq + i) * c.hq + hh) * c.d + kc];
+      x = std::fabs(x);
+    }
+  const Outputs clean = run_fwd_bwd(c, in, bwd);
+  const int64_t clean_nonfinite =
+      count_nonfinite(clean.out) + count_nonfinite(clean.dq) + count_nonfinite(clean.dk) + count_nonfinite(clean.dv);
+  const float nan = std::numeric_limits<float>::quiet_NaN(), inf = std::numeric_limits<float>::infinity();
+  std::vector<Poison> poisons = {
+      {Operand::kQ, b, s.row, h, qc, nan},      {Operand::kQ, b, s.row, h, qc, inf},
+      {Operand::kK, b, s.key, hk, kc, nan},     {Operand::kK, b, s.key, hk, kc, inf},
+      {Operand::kK, b, s.key, hk, kc, -inf},    {Operand::kDout, b, s.row, h, dc, nan},
+      {Operand::kDout, b, s.row, h, dc, inf},
+  };
+  if (s.empty_row >= 0) {
+    poisons.push_back({Operand::kQ, b, s.empty_row, h, qc, nan});
+    poisons.push_back({Operand::kDout, b, s.empty_row, h, dc, nan});
+  }
+  int failed = 0;
+  for (const Poison& p : poisons) {
+    ++*total;
+    failed += !run_nonfinite_case(c, in, clean, clean_nonfinite, p, path, bwd, deterministic);
+  }
+  return failed;
+}
+
 // The bench's inputs for one (seqlen, head dim): B * S = kBenchTokens, H * D = kBenchWidth, bf16, drawn
 // once and shared by every path and both masks (drawing 4 x 33M values on the host per bench call took
 // seconds each, most of the bench's time: runs under a 100 s limit were cut off).
@@ -637,6 +928,41 @@ int main(int argc, char** argv) {
                             flash_bwd_two_kernel_det, true, rng);
       }
   }
+  // Non-finite containment: every kernel family at two head dims, both dtypes (alternating over head dims
+  // and shapes), with seqlen_q = / < / > seqlen_k. The poison sits next to the hidden pairs of tiles that
+  // cross the diagonal (diag = sk - sq). The query row (q, dout): row + diag = 40 (mod 64), its last key,
+  // so that the keys after it in the same 64- / 128-key block are hidden from it, and row = 38..42
+  // (mod 64), mid query tile. The key (k): key - diag = 40 (mod 64), the first row that sees it, so that
+  // the rows before that one in its query tile (40 of a 64-row tile, 40 or 104 of a 128-row one) do not
+  // see it. With seqlen_q > seqlen_k, also row 129: it sees no key, in the query tile from row 128 whose
+  // rows 130- see keys. flash_bwd_fp32_check.cu uses the same places.
+  const ContainmentShape containment_shapes[] = {
+      {300, 300, 168, 104, -1}, {200, 330, 102, 298, -1}, {330, 200, 234, 38, 129}};
+  struct ContainmentPath {
+    const char* name;
+    BwdFn fn;
+    bool deterministic;
+    std::vector<int64_t> dims;
+  };
+  // The wgmma kernels (head dims 32 / 64 / 128) on Hopper; the mma.sync kernel's two configurations
+  // (128-key blocks up to head dim 128, here 40 padded to 64; 64-key blocks with dK / dV's columns split
+  // over two warps at 192 / 256), on Hopper through flash_bwd_sm80.
+  const std::vector<int64_t> wgmma_dims = {64, 128}, mma_dims = {40, 256};
+  const bool hopper = prop.major == 9;
+  std::vector<ContainmentPath> containment_paths = {
+      {"flash_bwd", fa::cuda::flash_bwd, false, hopper ? wgmma_dims : mma_dims},
+      {"flash_bwd-det", flash_bwd_deterministic, true, hopper ? wgmma_dims : mma_dims}};
+  if (hopper) {
+    containment_paths.push_back({"two-kernel", flash_bwd_two_kernel, true, wgmma_dims});
+    containment_paths.push_back({"sm80-mma", fa::cuda::flash_bwd_sm80, false, mma_dims});
+  }
+  for (const ContainmentPath& path : setup.run_checks ? containment_paths : std::vector<ContainmentPath>{})
+    for (size_t di = 0; di < path.dims.size(); ++di)
+      for (size_t si = 0; si < std::size(containment_shapes); ++si) {
+        const DType t = (di + si) % 2 == 0 ? DType::kFloat16 : DType::kBFloat16;
+        failed += run_containment_cases(containment_shapes[si], path.dims[di], t, path.name, path.fn,
+                                        path.deterministic, rng, &total);
+      }
   if (setup.run_checks) std::printf("%s: %d of %d cases failed\n", failed ? "FAIL" : "PASS", failed, total);
   if (run_bench)
     for (int64_t seqlen : {512, 1024, 2048, 8192})

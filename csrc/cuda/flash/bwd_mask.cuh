@@ -12,8 +12,9 @@
 // Each of these would reach dV = P^T dO, dK = dS^T Q or dQ = dS K. The kernels select either P and dS
 // themselves to 0, or the argument of 2^x to -inf (2^-inf = +0 exactly) and dP - D to 0 (then dS =
 // 0 * 0), whichever ptxas compiled with fewer registers; visible pairs keep the unmasked formulas bit
-// for bit. (Not covered here: those products still multiply the zeros by their other operand, so a
-// non-finite element of dO, Q or K at a hidden pair gives 0 * Inf = NaN inside the mma.)
+// for bit. Those products still multiply the zeros by their other operand, so a non-finite element of
+// dO, Q or K at a hidden pair would give 0 * Inf = NaN inside the mma: bwd_nonfinite.cuh's rare path
+// (bug B2) handles that.
 #pragma once
 
 namespace fa::cuda::flash {

@@ -24,6 +24,25 @@
 // holding -inf would score 0 * (-inf) = NaN there); the accumulator has rows up to the next multiple of
 // kBlockM, so its atomics need no bounds checks.
 //
+// NaN / ±Inf at hidden pairs (bug B2, bwd_nonfinite.cuh): the three products multiply the zero P^T /
+// dS^T of a hidden pair by their other operand, and 0 * Inf = 0 * NaN = NaN. Causal kernels, on query
+// tiles that cross the diagonal only (hidden pairs elsewhere hold zero-filled rows), run rare paths:
+//   Q, dO: the loop-top barrier is a vote (__syncthreads_or) on whether a row of a crossing tile has a
+//     non-finite lse or D (bwd_row_suspect: a NaN / ±Inf in its q or dO makes one so). If one has:
+//     P^T -> sdS, barrier, every thread zeroes the NaN / ±Inf of its chunks of this stage's Q and dO
+//     (tile_nonfinite), barrier, the dV / dK products as always, then each thread adds P_ij dO_i[d] (dO
+//     from global memory) to its dV elements for the flagged rows i that see key j, barrier (P^T is read
+//     before dS^T overwrites it). 2 + 1 barriers, only on such tiles. A row that sees no key (lse =
+//     +inf) is flagged too: its tile takes the rare path on clean data (exact, only slower).
+//   K: once per K/V tile (causal blocks with a crossing tile), a scan of sK and a vote (one barrier; the
+//     result in a padding word of sdS). If K holds NaN / ±Inf, the dQ product of a crossing tile sets
+//     them to 0 in its B registers (sK itself feeds S^T of every query tile) and adds dS_ij K_j[d] back
+//     for the visible pairs (dS from sdS, K from sK): dq_product_nonfinite_k.
+// The common path's arithmetic is unchanged (the same instructions on the same operands), and on the
+// rare paths every output element without a term from a non-finite value at a visible pair is
+// bit-identical to a run with a finite value there. Non-causal kernels compile to the same code as
+// without any of this.
+//
 // Operands (mma_tf32.cuh). ldmatrix .b16 moves 8 rows of 4 floats, lane l getting row l / 4, float l % 4:
 // that is the A fragment of a row-major, k-contiguous tile (K, V: rows = keys, k = head dim) and the B
 // fragment of an n-major, k-contiguous tile (Q, dO: n = queries), as in the forward. The three products
@@ -48,6 +67,7 @@
 
 #include "common/attention_params.h"
 #include "cuda/flash/bwd_mask.cuh"
+#include "cuda/flash/bwd_nonfinite.cuh"
 #include "cuda/flash/dq_accum.cuh"
 #include "cuda/flash/flash_bwd_fp32_traits.h"
 #include "cuda/flash/mma_tf32.cuh"
@@ -74,6 +94,121 @@ __device__ __forceinline__ Tf32Operand<2> permuted_b_operand(const float* rows) 
   return to_tf32<kPrecision>(b);
 }
 
+// A P or dS value as the dV / dK / dQ product multiplied it, for the terms that bug B2's rare path adds
+// back (bwd_nonfinite.cuh): kTf32 multiplies tf32(x) (cvt.rna), so a term is tf32(x) * y, exactly the
+// term the product would have formed from the non-finite y (an x that rounds to 0 gives NaN there too).
+// kHighest multiplies big + small, which stands for the fp32 x (the products were made 3xTF32 to give
+// fp32 results); with a non-finite y the split itself would give NaN (y - tf32(y) = Inf - Inf), so
+// there is no "as the tensor core saw it" to match, and the term is the fp32 one, x * y.
+template <Fp32Precision kPrecision>
+__device__ __forceinline__ float mma_operand_value(float x) {
+  if constexpr (kPrecision == Fp32Precision::kTf32) return tf32_as_float(tf32_round(x));
+  else return x;
+}
+
+// threadIdx.x read anew for bug B2's rare paths (asm volatile: not merged with the kernel's read), so
+// that the warp and lane indices they derive from it keep no extra registers live through the loop.
+// With the kernel's own indices (ptxas, CUDA 13.0) the causal kernels took 3-6 more registers (d32 to
+// d128) or spilled 12-24 more bytes (d256).
+__device__ __forceinline__ int fresh_thread_index() {
+  int x;
+  asm volatile("mov.u32 %0, %%tid.x;\n" : "=r"(x));
+  return x;
+}
+
+// Bug B2's dV add-back (bwd_nonfinite.cuh) for one thread: dv[dt][2h + e] is key n0 + key_row0 + g + 8h,
+// column kv_col0 + 8dt + 2t + e (the kernel's dK / dV layout). For every flagged row i of the tile
+// (bwd_row_suspect on its lse and D; a row with NaN / ±Inf in dO always is) that sees the key, a NaN /
+// ±Inf dO_i[d] adds P_ij dO_i[d]: dO from global memory (the original; the shared tile holds zeros
+// there), P from sPt (P^T [key][query] in sdS, stored for this) as the product multiplied it. A runtime
+// loop over the rows: P from the registers of S^T would need unrolled, compile-time register indices
+// (quad shuffles per row and register) for every row.
+template <typename Traits, bool kIsCausal, Fp32Precision kPrecision>
+__device__ __forceinline__ void add_nonfinite_do_dv(float (&dv)[Traits::kKvTiles][4], const float* sPt,
+                                                    const float* lse2, const float* dvec, const float* dout,
+                                                    int64_t row_stride, int m0, int n0, int seqlen_q, int seqlen_k,
+                                                    int diag, int head_dim) {
+  const int tid = fresh_thread_index();
+  const int warp = tid / 32, g = tid % 32 / 4, t = tid % 4;
+  const int key_row0 = warp % Traits::kKeyTiles * Traits::kMmaM;
+  const int kv_col0 = warp / Traits::kKeyTiles * Traits::kDPart;
+#pragma unroll 1
+  for (int qi = 0; qi < Traits::kBlockM; ++qi) {
+    const int row = m0 + qi;
+    if (!bwd_row_suspect(row, seqlen_q, lse2[qi], dvec[qi])) continue;
+    const float* orow = dout + static_cast<int64_t>(row) * row_stride + kv_col0 + 2 * t;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int key = key_row0 + g + 8 * h;
+      if (bwd_hidden<kIsCausal>(row, n0 + key, seqlen_q, seqlen_k, diag)) continue;
+      const float pij = mma_operand_value<kPrecision>(sPt[key * Traits::kDsPitch + qi]);
+#pragma unroll
+      for (int dt = 0; dt < Traits::kKvTiles; ++dt) {
+        if (kv_col0 + Traits::kMmaN * dt >= head_dim) continue;  // no dO there (head_dim: whole n8 tiles)
+        const float2 x = *reinterpret_cast<const float2*>(orow + Traits::kMmaN * dt);
+        if (!isfinite(x.x)) dv[dt][2 * h] += pij * x.x;
+        if (!isfinite(x.y)) dv[dt][2 * h + 1] += pij * x.y;
+      }
+    }
+  }
+}
+
+// Bug B2's dQ product with K's NaN / ±Inf entering as 0 (in the B registers: sK stays as it is), then
+// their terms dS_ij K_j[d] added back for the visible pairs: the kernel's dQ product otherwise (its
+// fragment layouts; dq[dt][e] is row m0 + dq_row0 + g + 8 (e / 2), column dq_col0 + 8 dt + 2t + e % 2).
+// dS from sdS as the product read it; K from sK (never written during the loop: the original values,
+// and zeros past seqlen_k and head_dim, which add nothing). Row g + 8h sees the tile's keys below
+// key_end[h] (bwd_hidden as a bound: none past seqlen_q, none past seqlen_k or the row's diagonal).
+template <typename Traits, Fp32Precision kPrecision>
+__device__ __forceinline__ void dq_product_nonfinite_k(float (&dq)[Traits::kDqTiles][4], const float* sdS,
+                                                       const float* sK, int m0, int n0, int seqlen_q, int seqlen_k,
+                                                       int diag) {
+  constexpr int kPitch = Traits::kSmemPitch, kDsPitch = Traits::kDsPitch, kMmaK = Traits::kMmaK, kMmaN = Traits::kMmaN;
+  constexpr int kBlockN = Traits::kBlockN;
+  const int tid = fresh_thread_index();
+  const int warp = tid / 32, g = tid % 32 / 4, t = tid % 4;
+  const int dq_row0 = warp % Traits::kDqRowTiles * Traits::kMmaM;
+  const int dq_col0 = warp / Traits::kDqRowTiles * Traits::kDqCols;
+#pragma unroll 1
+  for (int kk = 0; kk < Traits::kDqKSteps; ++kk) {
+    const float* ds_rows = sdS + (kk * kMmaK + 2 * t) * kDsPitch + dq_row0 + g;
+    const float af[4] = {ds_rows[0], ds_rows[8], ds_rows[kDsPitch], ds_rows[kDsPitch + 8]};
+    const Tf32Operand<4> a = to_tf32<kPrecision>(af);
+    const float* k_rows = sK + (kk * kMmaK + 2 * t) * kPitch + dq_col0 + g;
+#pragma unroll
+    for (int dt = 0; dt < Traits::kDqTiles; ++dt) {
+      float b[2] = {k_rows[dt * kMmaN], k_rows[kPitch + dt * kMmaN]};
+#pragma unroll
+      for (int e = 0; e < 2; ++e) b[e] = isfinite(b[e]) ? b[e] : 0.0f;
+      mma_fp32_operands<kPrecision>(dq[dt], a, to_tf32<kPrecision>(b));
+    }
+  }
+  int key_end[2];
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int row = m0 + dq_row0 + g + 8 * h;
+    key_end[h] = row < seqlen_q ? min(seqlen_k, row + diag + 1) - n0 : 0;
+  }
+  const int keys = min(kBlockN, max(key_end[0], key_end[1]));  // row g + 8 may lie past seqlen_q
+#pragma unroll 1
+  for (int key = 0; key < keys; ++key) {
+    const float* k_row = sK + key * kPitch + dq_col0 + 2 * t;
+    const float* ds_col = sdS + key * kDsPitch + dq_row0 + g;
+#pragma unroll
+    for (int dt = 0; dt < Traits::kDqTiles; ++dt) {
+      const float2 x2 = *reinterpret_cast<const float2*>(k_row + kMmaN * dt);
+      const float x[2] = {x2.x, x2.y};
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        if (isfinite(x[e])) continue;
+#pragma unroll
+        for (int h = 0; h < 2; ++h)
+          if (key < key_end[h]) dq[dt][2 * h + e] += mma_operand_value<kPrecision>(ds_col[8 * h]) * x[e];
+      }
+    }
+  }
+}
+
 template <typename Traits, bool kIsCausal, Fp32Precision kPrecision>
 __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSm)
     flash_bwd_fp32_kernel(const AttentionBwdParams p, const FlashBwdWorkspace ws) {
@@ -90,6 +225,9 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSm)
   float* sdS = sdO + Traits::kStages * Traits::kQTileElems;  // dS^T [kBlockN][kDsPitch]
   float* sLse2 = sdS + Traits::kDsElems;                  // [kStages][kBlockM]
   float* sD = sLse2 + Traits::kStages * kBlockM;          // [kStages][kBlockM]
+  // Bug B2's K flag (below) in the padding of dS^T's row 0: the products read columns < kBlockM only.
+  static_assert(Traits::kDsPitch >= kBlockM + 1, "dS^T rows must have a padding column");
+  int* const sKNonfinite = reinterpret_cast<int*>(sdS + kBlockM);
 
   const int seqlen_q = static_cast<int>(p.seqlen_q), seqlen_k = static_cast<int>(p.seqlen_k);
   const int head_dim = static_cast<int>(p.head_dim);
@@ -150,25 +288,58 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSm)
       }
     };
 
+    // Bug B2, K (bwd_nonfinite.cuh): whether the K tile holds NaN / ±Inf, found once per K/V tile by a
+    // scan and a vote, for the dQ products of the query tiles that cross the diagonal (block-uniform).
+    // Only causal blocks that have such a tile scan: the first query tile has the smallest m0, so when it
+    // does not cross, none does. The vote's result goes to sKNonfinite, read on crossing tiles only
+    // (the loop-top barrier of iteration 0 orders the store before them): kept in a register through
+    // the loop, it was spilled and reloaded in every iteration of the d192 'highest' kernel (sm_90a).
     if (iters > 0) {
       load_tile_async<Traits, kBlockN>(sK, k, p.k_row_stride, n0, seqlen_k, head_dim);
       load_tile_async<Traits, kBlockN>(sV, v, p.v_row_stride, n0, seqlen_k, head_dim);
       load_iter(0, 0);
       cp_async_commit();
+      if constexpr (kIsCausal) {
+        if (n0 + kBlockN - 1 > m_begin * kBlockM + diag) {
+          // Each thread scans the K chunks that it copied itself (tile_nonfinite deals them as
+          // load_tile_async does), visible to it after its own wait: the vote is the only barrier.
+          cp_async_wait<0>();
+          const bool k_nonfinite =
+              __syncthreads_or(tile_nonfinite<float, kBlockN, Traits::kHeadDim, kPitch, Traits::kNThreads, false>(sK));
+          if (threadIdx.x == 0) *sKNonfinite = k_nonfinite;
+        }
+      }
     }
 
     for (int it = 0; it < iters; ++it) {
       const int stage = it % Traits::kStages;
       const int head = head_kv * group + it / m_count;
       const int m0 = (m_begin + it % m_count) * kBlockM;
+      // The query tile holds hidden pairs with real data (bug B2's rare paths run on such tiles only).
+      const bool crosses_diag = kIsCausal && n0 + kBlockN - 1 > m0 + diag;
       cp_async_wait<0>();
-      __syncthreads();  // tile it has landed everywhere; iteration it - 1 is done with the other stage and sdS
+      // Barrier: tile it has landed everywhere; iteration it - 1 is done with the other stage and sdS.
+      // Causal: it also votes whether a row of a crossing tile may hold NaN / ±Inf in q or dO (its lse or
+      // D is not finite, bwd_row_suspect). Thread r < kBlockM reads the lse and D of row r that it stored
+      // itself in load_iter(it) (the latest load_iter call before this point with either stage count), so
+      // it needs no barrier for them and the flag is this iteration's. One unconditional barrier for both
+      // kinds of tile, no barrier in a branch of the common path (bench/NOTES.md suspects one of costing
+      // the causal sm90 forward a few %).
+      bool q_do_suspect = false;
+      if constexpr (kIsCausal) {
+        const int r = static_cast<int>(threadIdx.x);
+        q_do_suspect =
+            __syncthreads_or(crosses_diag && r < kBlockM &&
+                             bwd_row_suspect(m0 + r, seqlen_q, sLse2[stage * kBlockM + r], sD[stage * kBlockM + r]));
+      } else {
+        __syncthreads();
+      }
       if (Traits::kStages == 2 && it + 1 < iters) {
         load_iter(it + 1, (it + 1) % Traits::kStages);
         cp_async_commit();
       }
-      const float* sQs = sQ + stage * Traits::kQTileElems;
-      const float* sdOs = sdO + stage * Traits::kQTileElems;
+      float* const sQs = sQ + stage * Traits::kQTileElems;
+      float* const sdOs = sdO + stage * Traits::kQTileElems;
       const float* lse2 = sLse2 + stage * kBlockM;
       const float* dvec = sD + stage * kBlockM;
 
@@ -233,6 +404,34 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSm)
       else
         p_and_ds(std::false_type{});
 
+      // x^T (this warp's 16 keys x kBlockM queries, in S^T's accumulator layout) to sdS [key][query] in
+      // fp32, by the first warp of each key tile (the others hold copies): dS^T for the dQ product, and
+      // P^T on the rare path below.
+      const auto store_keys_by_queries = [&](const float(&x)[kSTiles][4]) {
+        if (warp < Traits::kKeyTiles) {
+#pragma unroll
+          for (int j = 0; j < kSTiles; ++j)
+#pragma unroll
+            for (int h = 0; h < 2; ++h)
+              *reinterpret_cast<float2*>(sdS + (key_row0 + g + 8 * h) * kDsPitch + kMmaN * j + 2 * t) =
+                  make_float2(x[j][2 * h], x[j][2 * h + 1]);
+        }
+      };
+
+      // Bug B2, Q and dO (bwd_nonfinite.cuh), on a crossing tile where a row is flagged (the vote above,
+      // block-uniform): their NaN / ±Inf are set to 0 in shared memory for the dV and dK products (S^T and
+      // dP^T above read the originals; nothing reads this stage's Q and dO after the products), and P^T
+      // goes to sdS (free until dS^T is stored) for the dO add-back after the products. Q needs none.
+      if constexpr (kIsCausal) {
+        if (q_do_suspect) {
+          store_keys_by_queries(st);
+          __syncthreads();  // P^T is complete; every warp is done reading Q and dO for S^T and dP^T
+          tile_nonfinite<float, kBlockM, Traits::kHeadDim, kPitch, Traits::kNThreads, true>(sQs);
+          tile_nonfinite<float, kBlockM, Traits::kHeadDim, kPitch, Traits::kNThreads, true>(sdOs);
+          __syncthreads();  // the zeros are in place for every warp's products
+        }
+      }
+
       // dV += P^T dO and dK += dS^T Q over this warp's columns. k-step kk = the tile's queries 8 kk ..
       // 8 kk + 7 = S^T's n8 tile kk, in the permuted order: A = {c0, c2, c1, c3} of that tile, B = dO / Q
       // rows 8 kk + 2t and 8 kk + 2t + 1 at column g of each n8 column tile.
@@ -277,15 +476,18 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSm)
         }
       }
 
-      // dS^T to shared memory [key][query] in fp32 (the first warp of each key tile; the others hold copies).
-      if (warp < Traits::kKeyTiles) {
-#pragma unroll
-        for (int j = 0; j < kSTiles; ++j)
-#pragma unroll
-          for (int h = 0; h < 2; ++h)
-            *reinterpret_cast<float2*>(sdS + (key_row0 + g + 8 * h) * kDsPitch + kMmaN * j + 2 * t) =
-                make_float2(dpt[j][2 * h], dpt[j][2 * h + 1]);
+      // Bug B2, dO: the terms P_ij dO_i[d] of the zeroed dO elements, added back to dV for the visible
+      // pairs (add_nonfinite_do_dv; dO from global memory). After the products rather than before them:
+      // st is dead here, and ptxas spilled less in the d256 kernels.
+      if constexpr (kIsCausal) {
+        if (q_do_suspect) {
+          const float* dout = static_cast<const float*>(p.dout) + batch * p.o_batch_stride + head * p.o_head_stride;
+          add_nonfinite_do_dv<Traits, kIsCausal, kPrecision>(dv, sdS, lse2, dvec, dout, p.o_row_stride, m0, n0,
+                                                             seqlen_q, seqlen_k, diag, head_dim);
+          __syncthreads();  // P^T is read before dS^T lands
+        }
       }
+      store_keys_by_queries(dpt);
       __syncthreads();  // dS^T is complete; every warp is done with this stage's Q, dO, lse and D
       if (Traits::kStages == 1 && it + 1 < iters) {
         load_iter(it + 1, 0);  // lands during the dQ product, which reads only sK and sdS
@@ -300,17 +502,25 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSm)
       for (int j = 0; j < kDqTiles; ++j)
 #pragma unroll
         for (int e = 0; e < 4; ++e) dq[j][e] = 0.0f;
-      // Unrolled by 2, as the k-steps of S^T.
+      // Bug B2, K (bwd_nonfinite.cuh), on a crossing tile when the K tile holds NaN / ±Inf (the flag is read
+      // on crossing tiles only): the product with those as 0, and their terms added back for the visible
+      // pairs (dq_product_nonfinite_k). The same mma in the same order otherwise, so every dq element
+      // without such a term is bit-identical to the common loop's.
+      if (kIsCausal && crosses_diag && *sKNonfinite) {
+        dq_product_nonfinite_k<Traits, kPrecision>(dq, sdS, sK, m0, n0, seqlen_q, seqlen_k, diag);
+      } else {
+        // Unrolled by 2, as the k-steps of S^T.
 #pragma unroll 2
-      for (int kk = 0; kk < Traits::kDqKSteps; ++kk) {
-        const float* ds_rows = sdS + (kk * kMmaK + 2 * t) * kDsPitch + dq_row0 + g;
-        // a0 = (row g, key 2t), a1 = (row g + 8, key 2t), a2 = (row g, key 2t + 1), a3 = (row g + 8, key 2t + 1).
-        const float af[4] = {ds_rows[0], ds_rows[8], ds_rows[kDsPitch], ds_rows[kDsPitch + 8]};
-        const Tf32Operand<4> a = to_tf32<kPrecision>(af);
-        const float* k_rows = sK + (kk * kMmaK + 2 * t) * kPitch + dq_col0 + g;
+        for (int kk = 0; kk < Traits::kDqKSteps; ++kk) {
+          const float* ds_rows = sdS + (kk * kMmaK + 2 * t) * kDsPitch + dq_row0 + g;
+          // a0 = (row g, key 2t), a1 = (row g + 8, key 2t), a2 = (row g, key 2t + 1), a3 = (row g + 8, key 2t + 1).
+          const float af[4] = {ds_rows[0], ds_rows[8], ds_rows[kDsPitch], ds_rows[kDsPitch + 8]};
+          const Tf32Operand<4> a = to_tf32<kPrecision>(af);
+          const float* k_rows = sK + (kk * kMmaK + 2 * t) * kPitch + dq_col0 + g;
 #pragma unroll
-        for (int dt = 0; dt < kDqTiles; ++dt)
-          mma_fp32_operands<kPrecision>(dq[dt], a, permuted_b_operand<kPrecision, kPitch>(k_rows + dt * kMmaN));
+          for (int dt = 0; dt < kDqTiles; ++dt)
+            mma_fp32_operands<kPrecision>(dq[dt], a, permuted_b_operand<kPrecision, kPitch>(k_rows + dt * kMmaN));
+        }
       }
       // Element (dt, e): query row m0 + dq_row0 + g + 8 (e / 2), column dq_col0 + 8 dt + 2t + e % 2.
       float* acc = dq_accum + ((batch * p.heads_q + head) * ws.dq_rows + m0 + dq_row0 + g) * Traits::kHeadDim +

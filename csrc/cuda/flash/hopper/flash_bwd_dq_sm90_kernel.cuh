@@ -12,6 +12,8 @@
 //   hidden pairs (bwd_mask.cuh: keys >= seqlen_k, rows >= seqlen_q, causal keys past the row's
 //   diagonal) get dS = 0 by a select (0 * NaN would leak otherwise), on tiles that hold one only
 //   dQ += dS K      wgmma rs: A = dS from registers, B = K (MN-major)
+// NaN / ±Inf in K on tiles that cross the diagonal: a rare path zeroes them for dQ += dS K and adds
+// their visible terms back (bwd_nonfinite.cuh).
 // Epilogue: dq = dQ * softmax_scale rounded to Elem (rows >= seqlen_q and columns >= head_dim skipped).
 // Rows past seqlen_q arrive as zeros and see no key (dS selected to 0). Rows that see no key get dq = 0.
 #pragma once
@@ -24,6 +26,7 @@
 
 #include "common/attention_params.h"
 #include "cuda/flash/bwd_mask.cuh"
+#include "cuda/flash/bwd_nonfinite.cuh"
 #include "cuda/flash/fragment_softmax.cuh"
 #include "cuda/flash/hopper/flash_bwd_dq_sm90_traits.h"
 #include "cuda/flash/hopper/tma.cuh"
@@ -38,7 +41,7 @@ struct BwdDqTensorMaps {
 };
 
 template <typename Traits, bool kIsCausal>
-__global__ void __launch_bounds__(Traits::kNThreads, 1)
+__global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSm)
     flash_bwd_dq_sm90_kernel(const __grid_constant__ AttentionBwdParams p, const __grid_constant__ BwdDqTensorMaps maps,
                              const float* __restrict__ d_rows) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -66,7 +69,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
   const int m0 = m_block * kBlockM;
   const int diag = seqlen_k - seqlen_q;
 
-  const int wg = static_cast<int>(threadIdx.x) / 128;
+  const int wg = warp_uniform_int(static_cast<int>(threadIdx.x) / 128);
   const int warp = (static_cast<int>(threadIdx.x) / 32) % 4, lane = static_cast<int>(threadIdx.x) % 32;
   const int g = lane / 4, t = lane % 4;
   const int row0 = m0 + wg * Traits::kWgRows + warp * 16 + g;  // this thread's rows: row0, row0 + 8
@@ -130,69 +133,128 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
   const uint32_t sdO_wg = sdO + wg * Traits::kWgRows * kSw128RowBytes;
   for (int nb = 0; nb < n_blocks; ++nb) {
     const int stage = nb % kStages;
-    mbarrier_wait(bar_kv(stage), static_cast<uint32_t>((nb / kStages) & 1));
-    __syncthreads();  // both warpgroups are done with tile nb - 1: its stage may be refilled
-    if (threadIdx.x == 0 && nb + 1 < n_blocks) issue_kv(nb + 1);
-    const uint32_t sK_tile = sK + static_cast<uint32_t>(stage * Traits::kKvTileBytes);
-    const uint32_t sV_tile = sV + static_cast<uint32_t>(stage * Traits::kKvTileBytes);
-
-    // S = Q K^T and dP = dO V^T: (64 rows, kBlockN keys) per warpgroup.
-    float s[kSTiles][4], dp[kSTiles][4];
-    wgmma_fence();
-#pragma unroll
-    for (int ks = 0; ks < Traits::kKSteps; ++ks)
-      Wgmma<kBlockN, Elem>::ss(s, desc_k_major<kBlockM>(sQ_wg, ks), desc_k_major<kBlockN>(sK_tile, ks), ks > 0);
-#pragma unroll
-    for (int ks = 0; ks < Traits::kKSteps; ++ks)
-      Wgmma<kBlockN, Elem>::ss(dp, desc_k_major<kBlockM>(sdO_wg, ks), desc_k_major<kBlockN>(sV_tile, ks), ks > 0);
-    wgmma_commit();
-    wgmma_wait<0>();
-    fence_operands(s);
-    fence_operands(dp);
-
-    // dS = P o (dP - D), P = 2^(S c - lse2). Element (j, e): row row0 + 8 (e / 2), key n0 + 8 j + 2 t + e % 2.
-    // On a tile that holds a hidden pair (`masked`, a std::bool_constant: the other tiles compile without
-    // the test), a hidden element gets dS = 0 by a select (bwd_mask.cuh), whatever S, lse, dP, D hold.
     const int n0 = nb * kBlockN;
-    const auto ds_of_tile = [&](auto masked) {
-      constexpr bool kMasked = decltype(masked)::value;
-      // The keys that row h sees: offsets below end[h] from n0 + 2 t, so that element (j, e) compares its
-      // constant offset 8 j + e % 2. INT_MIN: a row >= seqlen_q sees none.
-      int end[2] = {0, 0};
-      if constexpr (kMasked) {
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          const int row = row0 + 8 * h;
-          end[h] = row < seqlen_q ? (kIsCausal ? min(seqlen_k, row + diag + 1) : seqlen_k) - n0 - 2 * t : INT_MIN;
-        }
-      }
-#pragma unroll
-      for (int j = 0; j < kSTiles; ++j)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int h = e / 2;
-          const bool hidden = kMasked & (8 * j + e % 2 >= end[h]);
-          const float pe = exp2_approx(s[j][e] * p.scale_log2 - lse2[h]);
-          const float ds = pe * (dp[j][e] - dval[h]);
-          dp[j][e] = hidden ? 0.0f : ds;
-        }
-    };
-    if (bwd_tile_needs_mask<kBlockM, kBlockN, kIsCausal>(m0, n0, seqlen_q, seqlen_k, diag))
-      ds_of_tile(std::true_type{});
-    else
-      ds_of_tile(std::false_type{});
-    uint32_t dsa[Traits::kDqKSteps][4];
-#pragma unroll
-    for (int ks = 0; ks < Traits::kDqKSteps; ++ks) p_to_a_operand<Elem>(dp, ks, dsa[ks]);
+    // One tile. Tiles that cross the causal diagonal (kCross) get the rare path of bug B2 and its vote;
+    // the others compile to the loop without them (flash_bwd_sm90_kernel.cuh has the measurement).
+    const auto tile = [&](auto cross) {
+      constexpr bool kCross = decltype(cross)::value;
+      mbarrier_wait(bar_kv(stage), static_cast<uint32_t>((nb / kStages) & 1));
+      const uint32_t sK_tile = sK + static_cast<uint32_t>(stage * Traits::kKvTileBytes);
+      Elem* const sK_ptr = reinterpret_cast<Elem*>(smem_raw + (sK_tile - smem_u32(smem_raw)));
+      // Both warpgroups are done with tile nb - 1 after this barrier: its stage may be refilled. On a
+      // tile that crosses the diagonal the barrier also votes on NaN / ±Inf in K (each thread scans its
+      // chunks, visible to it after the mbarrier wait) for the rare path below.
+      bool k_flag = false;
+      if constexpr (kCross)
+        k_flag = warp_uniform(__syncthreads_or(
+            tile_nonfinite<Elem, Traits::kColBlocks * kBlockN, kSw128BlockCols, kSw128BlockCols, Traits::kNThreads, false>(sK_ptr)));
+      else
+        __syncthreads();
+      if (threadIdx.x == 0 && nb + 1 < n_blocks) issue_kv(nb + 1);
+      const uint32_t sV_tile = sV + static_cast<uint32_t>(stage * Traits::kKvTileBytes);
 
-    // dQ += dS K over this tile's keys.
-    wgmma_fence();
+      // S = Q K^T and dP = dO V^T: (64 rows, kBlockN keys) per warpgroup.
+      float s[kSTiles][4], dp[kSTiles][4];
+      wgmma_fence();
 #pragma unroll
-    for (int ks = 0; ks < Traits::kDqKSteps; ++ks)
-      Wgmma<Traits::kHeadDim, Elem>::rs_tb(dq, dsa[ks], desc_mn_major<kBlockN>(sK_tile, ks), 1);
-    wgmma_commit();
-    wgmma_wait<0>();
-    fence_operands(dq);
+      for (int ks = 0; ks < Traits::kKSteps; ++ks)
+        Wgmma<kBlockN, Elem>::ss(s, desc_k_major<kBlockM>(sQ_wg, ks), desc_k_major<kBlockN>(sK_tile, ks), ks > 0);
+#pragma unroll
+      for (int ks = 0; ks < Traits::kKSteps; ++ks)
+        Wgmma<kBlockN, Elem>::ss(dp, desc_k_major<kBlockM>(sdO_wg, ks), desc_k_major<kBlockN>(sV_tile, ks), ks > 0);
+      wgmma_commit();
+      wgmma_wait<0>();
+      fence_operands(s);
+      fence_operands(dp);
+
+      // dS = P o (dP - D), P = 2^(S c - lse2). Element (j, e): row row0 + 8 (e / 2), key n0 + 8 j + 2 t + e % 2.
+      // On a tile that holds a hidden pair (`masked`, a std::bool_constant: the other tiles compile without
+      // the test), a hidden element gets dS = 0 by a select (bwd_mask.cuh), whatever S, lse, dP, D hold.
+      const auto ds_of_tile = [&](auto masked) {
+        constexpr bool kMasked = decltype(masked)::value;
+        // The keys that row h sees: offsets below end[h] from n0 + 2 t, so that element (j, e) compares its
+        // constant offset 8 j + e % 2. INT_MIN: a row >= seqlen_q sees none.
+        int end[2] = {0, 0};
+        if constexpr (kMasked) {
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {
+            const int row = row0 + 8 * h;
+            end[h] = row < seqlen_q ? (kIsCausal ? min(seqlen_k, row + diag + 1) : seqlen_k) - n0 - 2 * t : INT_MIN;
+          }
+        }
+#pragma unroll
+        for (int j = 0; j < kSTiles; ++j)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const int h = e / 2;
+            const bool hidden = kMasked & (8 * j + e % 2 >= end[h]);
+            const float pe = exp2_approx(s[j][e] * p.scale_log2 - lse2[h]);
+            const float ds = pe * (dp[j][e] - dval[h]);
+            dp[j][e] = hidden ? 0.0f : ds;
+          }
+      };
+      if (bwd_tile_needs_mask<kBlockM, kBlockN, kIsCausal>(m0, n0, seqlen_q, seqlen_k, diag))
+        ds_of_tile(std::true_type{});
+      else
+        ds_of_tile(std::false_type{});
+
+      // Rare path (bwd_nonfinite.cuh): K holds NaN / ±Inf on a tile that crosses the diagonal. Its
+      // elements are zeroed in shared memory for dQ = dS K (a hidden dS = 0 would multiply them), and
+      // their terms dS_ij K_j[c] are added for the rows that see key j (K from global memory). The stage
+      // is refilled by TMA later (after the fence and the next iteration's barrier), so nothing is
+      // restored.
+      if (kCross && k_flag) {
+        __syncthreads();  // both warpgroups' S products have read K
+        tile_nonfinite<Elem, Traits::kColBlocks * kBlockN, kSw128BlockCols, kSw128BlockCols, Traits::kNThreads, true>(sK_ptr);
+        fence_proxy_async_smem();
+        const Elem* k_tile = static_cast<const Elem*>(p.k) + batch * p.k_batch_stride + head_kv * p.k_head_stride +
+                             static_cast<int64_t>(n0) * p.k_row_stride;
+        // dS (row h, key j) for this thread's rows sits in lane (g, (j % 8) / 2) of this quad.
+        // Key j = 8 jq + r: the tile index jq is a compile-time constant (a runtime index into dp would
+        // move dp to local memory, session 6), r a runtime one.
+#pragma unroll
+        for (int jq = 0; jq < kSTiles; ++jq)
+#pragma unroll 1
+        for (int r = 0; r < 8; ++r) {
+          const int j = 8 * jq + r;
+          if (n0 + j >= seqlen_k) break;
+          const float own[2] = {r % 2 ? dp[jq][1] : dp[jq][0], r % 2 ? dp[jq][3] : dp[jq][2]};
+          const int src = (lane & ~3) | (r / 2);
+          const float ds[2] = {as_operand<Elem>(__shfl_sync(0xffffffffu, own[0], src)),
+                               as_operand<Elem>(__shfl_sync(0xffffffffu, own[1], src))};
+          const Elem* krow = k_tile + static_cast<int64_t>(j) * p.k_row_stride;
+#pragma unroll
+          for (int jt = 0; jt < kDqTiles; ++jt)
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+              const int col = 8 * jt + 2 * t + e;
+              if (col >= head_dim) continue;
+              const float x = to_float(krow[col]);
+              if (isfinite(x)) continue;
+#pragma unroll
+              for (int h = 0; h < 2; ++h)
+                if (n0 + j <= row0 + 8 * h + diag) dq[jt][2 * h + e] += ds[h] * x;
+            }
+        }
+        __syncthreads();  // the zeroed tile is in place for the tensor cores
+      }
+      uint32_t dsa[Traits::kDqKSteps][4];
+#pragma unroll
+      for (int ks = 0; ks < Traits::kDqKSteps; ++ks) p_to_a_operand<Elem>(dp, ks, dsa[ks]);
+
+      // dQ += dS K over this tile's keys.
+      wgmma_fence();
+#pragma unroll
+      for (int ks = 0; ks < Traits::kDqKSteps; ++ks)
+        Wgmma<Traits::kHeadDim, Elem>::rs_tb(dq, dsa[ks], desc_mn_major<kBlockN>(sK_tile, ks), 1);
+      wgmma_commit();
+      wgmma_wait<0>();
+      fence_operands(dq);
+    };
+    if (kIsCausal && n0 + kBlockN - 1 > m0 + diag)
+      tile(std::true_type{});
+    else
+      tile(std::false_type{});
   }
 
   // Epilogue: dq * scale, rounded to Elem.

@@ -15,6 +15,10 @@ struct FlashBwdDqSm90Traits {
   static constexpr int kBlockM = kWgRows * kNWarpGroups;  // query rows per thread block
   static constexpr int kBlockN = kBlockN_;                // keys per K/V tile
   static constexpr int kStages = 2;                       // K/V double buffering
+  // Blocks per SM that the register budget must allow (__launch_bounds__): two up to d64, whose 256
+  // threads fit 128 registers (and twice the shared memory) without spills. B2's rare path (session 7)
+  // took d64 causal to 141 registers, one block per SM, and the two-kernel backward 1.2x slower.
+  static constexpr int kMinBlocksPerSm = kHeadDim <= 64 ? 2 : 1;
 
   static constexpr int kMmaK = 16;
   static constexpr int kKSteps = kHeadDim / kMmaK;   // k-steps of S = Q K^T and dP = dO V^T

@@ -33,9 +33,11 @@
 
 #include "common/attention_params.h"
 #include "cuda/flash/bwd_mask.cuh"
+#include "cuda/flash/bwd_nonfinite.cuh"
 #include "cuda/flash/dq_accum.cuh"
 #include "cuda/flash/fragment_softmax.cuh"
 #include "cuda/flash/hopper/flash_bwd_sm90_traits.h"
+#include "cuda/flash/hopper/sw128_nonfinite.cuh"
 #include "cuda/flash/hopper/tma.cuh"
 #include "cuda/flash/hopper/wgmma.cuh"
 #include "cuda/flash/ptx.cuh"
@@ -48,13 +50,8 @@ struct BwdTensorMaps {
   CUtensorMap q, dout, k, v;
 };
 
-// Orders this thread's generic-proxy shared-memory writes before later async-proxy reads (wgmma).
-__device__ __forceinline__ void fence_proxy_async_smem() {
-  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-}
-
 template <typename Traits, bool kIsCausal, bool kComputeDq = true>
-__global__ void __launch_bounds__(Traits::kNThreads, 1)
+__global__ void __launch_bounds__(Traits::kNThreads, kComputeDq ? 1 : Traits::kDkDvMinBlocksPerSm)
     flash_bwd_sm90_kernel(const __grid_constant__ AttentionBwdParams p, const __grid_constant__ BwdTensorMaps maps,
                           const FlashBwdWorkspace ws) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -73,11 +70,14 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
   const uint32_t float_base = sdS + static_cast<uint32_t>(Traits::kDsBytes);
   const uint32_t bar_kv = float_base + static_cast<uint32_t>(Traits::kFloatBytes);
   const auto bar_q = [&](int stage) { return bar_kv + 8u * static_cast<uint32_t>(1 + stage); };
+  // After the barriers: the K tile's NaN / ±Inf flag (causal, with dQ).
+  int* const sKFlag = reinterpret_cast<int*>(smem_raw + (bar_q(kStages) - smem_u32(smem_raw)));
   // Generic pointers to the float arrays: lse2 [kStages][kBlockM] then D [kStages][kBlockM].
   float* sLse2 = reinterpret_cast<float*>(smem_raw + (float_base - smem_u32(smem_raw)));
   float* sD = sLse2 + kStages * kBlockM;
 
   const int seqlen_q = static_cast<int>(p.seqlen_q), seqlen_k = static_cast<int>(p.seqlen_k);
+  const int head_dim = static_cast<int>(p.head_dim);
   const int n_blocks = (seqlen_k + kBlockN - 1) / kBlockN;
   // Atomic mode: one K/V tile per block. Deterministic mode: block `split` of ws.splits takes the tiles
   // split, split + splits, ... in turn, so its dQ adds go to its own accumulator slice, in a fixed order.
@@ -93,7 +93,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
   const int diag = seqlen_k - seqlen_q;
   float* const dq_accum = ws.dq_accum + (split_tiles ? first_tile * ws.split_stride : 0);
 
-  const int wg = static_cast<int>(threadIdx.x) / 128;
+  const int wg = warp_uniform_int(static_cast<int>(threadIdx.x) / 128);
   const int warp = (static_cast<int>(threadIdx.x) / 32) % 4, lane = static_cast<int>(threadIdx.x) % 32;
   const int g = lane / 4, t = lane % 4;
   const int key_row0 = wg * Traits::kWgKeys + warp * 16 + g;  // this thread's keys: key_row0, +8 (in the tile)
@@ -158,6 +158,22 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
       mbarrier_wait(bar_kv, static_cast<uint32_t>(kv_loads & 1));
       ++kv_loads;
     }
+    Elem* const sK_ptr = reinterpret_cast<Elem*>(smem_raw + (sK - smem_u32(smem_raw)));
+    // The K tile in global memory, for the rare path (recomputed there: a pointer kept live across the
+    // loop cost d128 a spill).
+    const auto k_src = [&] {
+      return static_cast<const Elem*>(p.k) + batch * p.k_batch_stride + head_kv * p.k_head_stride +
+             static_cast<int64_t>(n0) * p.k_row_stride;
+    };
+    // Causal, with dQ: whether the K tile holds NaN / ±Inf (one scan and vote per K/V tile), for dQ's
+    // rare path on the query tiles that cross the diagonal. Kept in shared memory (sKFlag) and read
+    // there on those tiles only: in a register, live across the loop, d128 spilled it and reloaded it
+    // on every query tile. Written after the vote: every thread has read the last tile's value by then.
+    if constexpr (kIsCausal && kComputeDq) {
+      const bool k_flag = __syncthreads_or(iters > 0 && tile_nonfinite<Elem, Traits::kColBlocks * kBlockN, kSw128BlockCols,
+                                                                        kSw128BlockCols, Traits::kNThreads, false>(sK_ptr));
+      if (threadIdx.x == 0) *sKFlag = k_flag;  // read after the loop's barrier
+    }
 
     // This warpgroup's 64 keys in every column block of K and V (the A operands of S^T and dP^T).
     const uint32_t sK_wg = sK + wg * Traits::kWgKeys * kSw128RowBytes;
@@ -168,116 +184,240 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
       const int stage = use % kStages;
       const int head = head_kv * group + it / m_count;
       const int m0 = (m_begin + it % m_count) * kBlockM;
-      mbarrier_wait(bar_q(stage), static_cast<uint32_t>((use / kStages) & 1));
-      __syncthreads();  // both warpgroups are past iteration it - 1: its stage, sdS and lse/D rows are free
-      if (it + 1 < iters) load_iter(it + 1, (use + 1) % kStages);
-      const uint32_t sQs = sQ + static_cast<uint32_t>(stage * Traits::kQTileBytes);
-      const uint32_t sdOs = sdO + static_cast<uint32_t>(stage * Traits::kQTileBytes);
-      const float* lse2 = sLse2 + stage * kBlockM;
-      const float* dvec = sD + stage * kBlockM;
+      // One iteration. Tiles that cross the causal diagonal (kCross) get the rare path of bug B2 and its
+      // vote; the others compile to the loop without them. Measured on the H100 (session 7, causal bf16
+      // backward d32-d128, 512-8k, against the kernels before B2): one body for both tile kinds 1.08x the
+      // time; two bodies, with the votes and the warpgroup index made warp-uniform and no spills left,
+      // 1.015x (single kernel) and 1.027x (two kernels), the rest being the crossing tiles' own work
+      // (up to 1.05x at 512, where a quarter of the tiles cross; ~1.0x at 8k).
+      const auto iteration = [&](auto cross) {
+        constexpr bool kCross = decltype(cross)::value;
+        mbarrier_wait(bar_q(stage), static_cast<uint32_t>((use / kStages) & 1));
+        // Both warpgroups are past iteration it - 1 after this barrier: its stage, sdS and lse/D rows are
+        // free. On a tile that crosses the diagonal it also votes on whether the statistics of a row flag
+        // its q or dO (bwd_row_suspect; thread r < kBlockM stored row r's itself), for the rare path below.
+        bool rows_flagged = false;
+        if constexpr (kCross) {
+          const int r = static_cast<int>(threadIdx.x);
+          rows_flagged = warp_uniform(__syncthreads_or(
+              r < kBlockM && bwd_row_suspect(m0 + r, seqlen_q, sLse2[stage * kBlockM + r], sD[stage * kBlockM + r])));
+        } else {
+          __syncthreads();
+        }
+        if (it + 1 < iters) load_iter(it + 1, (use + 1) % kStages);
+        const uint32_t sQs = sQ + static_cast<uint32_t>(stage * Traits::kQTileBytes);
+        const uint32_t sdOs = sdO + static_cast<uint32_t>(stage * Traits::kQTileBytes);
+        const float* lse2 = sLse2 + stage * kBlockM;
+        const float* dvec = sD + stage * kBlockM;
 
-      // S^T = K_w Q^T and dP^T = V_w dO^T: (64 keys, kBlockM queries) per warpgroup.
-      float st[kSTiles][4], dpt[kSTiles][4];
-      wgmma_fence();
+        // S^T = K_w Q^T and dP^T = V_w dO^T: (64 keys, kBlockM queries) per warpgroup.
+        float st[kSTiles][4], dpt[kSTiles][4];
+        wgmma_fence();
 #pragma unroll
-      for (int ks = 0; ks < Traits::kKSteps; ++ks)
-        Wgmma<kBlockM, Elem>::ss(st, desc_k_major<kBlockN>(sK_wg, ks), desc_k_major<kBlockM>(sQs, ks), ks > 0);
+        for (int ks = 0; ks < Traits::kKSteps; ++ks)
+          Wgmma<kBlockM, Elem>::ss(st, desc_k_major<kBlockN>(sK_wg, ks), desc_k_major<kBlockM>(sQs, ks), ks > 0);
 #pragma unroll
-      for (int ks = 0; ks < Traits::kKSteps; ++ks)
-        Wgmma<kBlockM, Elem>::ss(dpt, desc_k_major<kBlockN>(sV_wg, ks), desc_k_major<kBlockM>(sdOs, ks), ks > 0);
-      wgmma_commit();
-      wgmma_wait<0>();
-      fence_operands(st);
-      fence_operands(dpt);
+        for (int ks = 0; ks < Traits::kKSteps; ++ks)
+          Wgmma<kBlockM, Elem>::ss(dpt, desc_k_major<kBlockN>(sV_wg, ks), desc_k_major<kBlockM>(sdOs, ks), ks > 0);
+        wgmma_commit();
+        wgmma_wait<0>();
+        fence_operands(st);
+        fence_operands(dpt);
 
-      // P^T and dS^T. Element (j, e): key n0 + key_row0 + 8 (e / 2), query m0 + 8 j + 2 t + e % 2.
-      // x = S^T scale_log2 is rounded before lse2 is subtracted (__fmul_rn: ptxas would contract a plain
-      // multiply and subtract into one fma and change P's bits). On a tile that holds a hidden pair
-      // (`masked`, a std::bool_constant: the other tiles compile without the test), a hidden element
-      // gets P^T = dS^T = 0 by selects (bwd_mask.cuh), whatever S, lse, dP and D hold. (Selecting the
-      // outputs here, the inputs in flash_bwd_kernel.cuh: each the form that cost ptxas fewer registers.)
-      const auto p_and_ds = [&](auto masked) {
-        constexpr bool kMasked = decltype(masked)::value;
+        // P^T and dS^T. Element (j, e): key n0 + key_row0 + 8 (e / 2), query m0 + 8 j + 2 t + e % 2.
+        // x = S^T scale_log2 is rounded before lse2 is subtracted (__fmul_rn: ptxas would contract a plain
+        // multiply and subtract into one fma and change P's bits). On a tile that holds a hidden pair
+        // (`masked`, a std::bool_constant: the other tiles compile without the test), a hidden element
+        // gets P^T = dS^T = 0 by selects (bwd_mask.cuh), whatever S, lse, dP and D hold. (Selecting the
+        // outputs here, the inputs in flash_bwd_kernel.cuh: each the form that cost ptxas fewer registers.)
+        const auto p_and_ds = [&](auto masked) {
+          constexpr bool kMasked = decltype(masked)::value;
 #pragma unroll
-        for (int j = 0; j < kSTiles; ++j) {
+          for (int j = 0; j < kSTiles; ++j) {
 #pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            const int qcol = 8 * j + 2 * t + e % 2;
-            const bool hidden =
-                kMasked & bwd_hidden<kIsCausal>(m0 + qcol, n0 + key_row0 + 8 * (e / 2), seqlen_q, seqlen_k, diag);
-            const float pe = exp2_approx(__fmul_rn(st[j][e], p.scale_log2) - lse2[qcol]);
-            const float ds = pe * (dpt[j][e] - dvec[qcol]);
-            st[j][e] = hidden ? 0.0f : pe;
-            dpt[j][e] = hidden ? 0.0f : ds;
+            for (int e = 0; e < 4; ++e) {
+              const int qcol = 8 * j + 2 * t + e % 2;
+              const bool hidden =
+                  kMasked & bwd_hidden<kIsCausal>(m0 + qcol, n0 + key_row0 + 8 * (e / 2), seqlen_q, seqlen_k, diag);
+              const float pe = exp2_approx(__fmul_rn(st[j][e], p.scale_log2) - lse2[qcol]);
+              const float ds = pe * (dpt[j][e] - dvec[qcol]);
+              st[j][e] = hidden ? 0.0f : pe;
+              dpt[j][e] = hidden ? 0.0f : ds;
+            }
+          }
+        };
+        if (bwd_tile_needs_mask<kBlockM, kBlockN, kIsCausal>(m0, n0, seqlen_q, seqlen_k, diag))
+          p_and_ds(std::true_type{});
+        else
+          p_and_ds(std::false_type{});
+
+        // sdS holds a (key, query) matrix of Elem: row = key (in the tile), queries along the row in 64-query
+        // column blocks of 128 bytes, 16-byte chunks swizzled with the row (wgmma.cuh's SW128 layout).
+        // The address of element (key, q), q even for a 4-byte pair (q, q + 1).
+        const auto sds_addr = [&](int key, int q) {
+          return sdS + static_cast<uint32_t>((q / 64) * kBlockN * kSw128RowBytes + key * kSw128RowBytes +
+                                             ((((q % 64) / 8) ^ (key % 8)) * 16) + (q % 8) * 2);
+        };
+        const auto sds_read = [&](int key, int q) {
+          return to_float(*reinterpret_cast<const Elem*>(smem_raw + (sds_addr(key, q) - smem_u32(smem_raw))));
+        };
+
+        // Rare path (bwd_nonfinite.cuh), on a tile that crosses the diagonal: NaN / ±Inf in the Q or dO
+        // rows that their lse / D flag, or in K. Their elements are zeroed in shared memory here for the
+        // products that would multiply a hidden P or dS = 0 by them (Q and dO for dK and dV; K for dQ, put
+        // back after it); dO's and K's terms of the visible pairs are added after the products, where
+        // fewer registers are live (the terms are non-finite: their order against the finite sum does not
+        // matter). Adding them here, from registers, cost d128 spills in the hot loop.
+        const bool rare_rows = kCross && rows_flagged;
+        const bool rare_k = kCross && kComputeDq && warp_uniform(*sKFlag != 0);
+        if (rare_rows || rare_k) {
+          __syncthreads();  // every warpgroup's S^T and dP^T have read Q, dO and K
+          if (rare_rows) {
+            constexpr int kQRows = Traits::kColBlocks * kBlockM;
+            tile_nonfinite<Elem, kQRows, kSw128BlockCols, kSw128BlockCols, Traits::kNThreads, true>(
+                reinterpret_cast<Elem*>(smem_raw + (sQs - smem_u32(smem_raw))));
+            tile_nonfinite<Elem, kQRows, kSw128BlockCols, kSw128BlockCols, Traits::kNThreads, true>(
+                reinterpret_cast<Elem*>(smem_raw + (sdOs - smem_u32(smem_raw))));
+          }
+          if constexpr (kComputeDq) {
+            if (rare_k) sw128_zero_nonfinite<Elem, kBlockN, Traits::kColBlocks, Traits::kNThreads>(sK_ptr);
+          }
+          fence_proxy_async_smem();
+          __syncthreads();  // the zeroed tiles are in place for the tensor cores
+        }
+        uint32_t pa[Traits::kQKSteps][4], dsa[Traits::kQKSteps][4];
+#pragma unroll
+        for (int ks = 0; ks < Traits::kQKSteps; ++ks) {
+          p_to_a_operand<Elem>(st, ks, pa[ks]);
+          p_to_a_operand<Elem>(dpt, ks, dsa[ks]);
+        }
+
+        // dV += P^T dO and dK += dS^T Q (asynchronous until the wait after dQ).
+        wgmma_fence();
+#pragma unroll
+        for (int ks = 0; ks < Traits::kQKSteps; ++ks)
+          Wgmma<kHeadDim, Elem>::rs_tb(dv, pa[ks], desc_mn_major<kBlockM>(sdOs, ks), 1);
+#pragma unroll
+        for (int ks = 0; ks < Traits::kQKSteps; ++ks)
+          Wgmma<kHeadDim, Elem>::rs_tb(dk, dsa[ks], desc_mn_major<kBlockM>(sQs, ks), 1);
+        wgmma_commit();
+
+        if constexpr (kComputeDq) {
+          // dS^T to shared memory (sds_addr's layout).
+#pragma unroll
+          for (int j = 0; j < kSTiles; ++j) {
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+              const uint32_t packed = dsa[j / 2][(j % 2) * 2 + h];  // dS^T (key, q .. q + 1), packed above
+              asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(sds_addr(key_row0 + 8 * h, 8 * j + 2 * t)), "r"(packed)
+                           : "memory");
+            }
+          }
+          fence_proxy_async_smem();
+          __syncthreads();  // both warpgroups' dS^T halves are in place
+
+          // dQ_i (this warpgroup's piece) = dS K_j over the block's 128 keys.
+          if (Traits::kDqSplitCols || wg == 0) {
+            float dq[kDqTiles][4];
+            const uint32_t sK_b = sK + (Traits::kDqSplitCols ? wg * (Traits::kDqN / 64) * kBlockN * kSw128RowBytes : 0);
+            wgmma_fence();
+#pragma unroll
+            for (int ks = 0; ks < Traits::kDqKSteps; ++ks)
+              Wgmma<Traits::kDqN, Elem>::ss_tt(dq, desc_mn_major<kBlockN>(sdS, ks), desc_mn_major<kBlockN>(sK_b, ks), ks > 0);
+            wgmma_commit();
+            wgmma_wait<0>();
+            fence_operands(dq);
+            const int dq_col = (Traits::kDqSplitCols ? wg * Traits::kDqN : 0) + 2 * t;
+            float* acc = dq_accum + ((batch * p.heads_q + head) * ws.dq_rows + m0 + warp * 16 + g) * kHeadDim + dq_col;
+#pragma unroll
+            for (int j = 0; j < kDqTiles; ++j) {
+              atomic_add_f32x2(acc + 8 * j, dq[j][0], dq[j][1]);
+              atomic_add_f32x2(acc + 8 * kHeadDim + 8 * j, dq[j][2], dq[j][3]);
+            }
+            if (rare_k) {
+              // dQ_i[c] += dS_ij K_j[c] for K's non-finite elements (from global memory: shared memory
+              // holds zeros there) and the pairs that are visible, dS^T (key j, query q) from sdS. Each
+              // accumulator element is added to by the thread that owns it (dq_accum.cuh's order).
+              const Elem* k_tile = k_src();
+#pragma unroll 1
+              for (int j = 0; j < kBlockN && n0 + j < seqlen_k; ++j) {
+                const Elem* krow = k_tile + static_cast<int64_t>(j) * p.k_row_stride;
+#pragma unroll
+                for (int jt = 0; jt < kDqTiles; ++jt)
+#pragma unroll
+                  for (int e = 0; e < 2; ++e) {
+                    const int col = dq_col + 8 * jt + e;
+                    if (col >= head_dim) continue;
+                    const float x = to_float(krow[col]);
+                    if (isfinite(x)) continue;
+#pragma unroll
+                    for (int h = 0; h < 2; ++h) {
+                      const int q = warp * 16 + g + 8 * h;
+                      if (!bwd_hidden<kIsCausal>(m0 + q, n0 + j, seqlen_q, seqlen_k, diag))
+                        atomicAdd(acc + 8 * h * kHeadDim + 8 * jt + e, sds_read(j, q) * x);
+                    }
+                  }
+              }
+            }
+          }
+        }
+        wgmma_wait<0>();  // dV and dK of this tile (their A registers are rewritten next iteration)
+        fence_operands(dk);
+        fence_operands(dv);
+        if (rare_rows || rare_k) __syncthreads();  // every dQ product has read sdS and the zeroed K
+        if (rare_rows) {
+          // dV_j += P_ij dO_i[c] for the flagged rows' non-finite dO elements (from global memory) and the
+          // keys they see. P^T (rounded to Elem, as the tensor core read it) goes through sdS: query i's P
+          // for this thread's keys lies in another lane of the quad. (The empty asm keeps ptxas from
+          // computing these addresses before the loop and holding them in registers, as it does for dS^T's:
+          // d32's dK/dV kernel, at 128 registers, spilled them.)
+          int key = key_row0;
+          asm volatile("" : "+r"(key));
+#pragma unroll
+          for (int j = 0; j < kSTiles; ++j)
+#pragma unroll
+            for (int h = 0; h < 2; ++h)
+              asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(sds_addr(key + 8 * h, 8 * j + 2 * t)),
+                           "r"(pa[j / 2][(j % 2) * 2 + h])
+                           : "memory");
+          __syncthreads();  // P^T is in place
+          const Elem* dout = static_cast<const Elem*>(p.dout) + batch * p.o_batch_stride + head * p.o_head_stride;
+#pragma unroll 1
+          for (int i = 0; i < kBlockM; ++i) {
+            const int row = m0 + i;
+            if (!bwd_row_suspect(row, seqlen_q, lse2[i], dvec[i])) continue;
+            const float pij[2] = {sds_read(key_row0, i), sds_read(key_row0 + 8, i)};
+            const Elem* drow = dout + static_cast<int64_t>(row) * p.o_row_stride;
+#pragma unroll
+            for (int j = 0; j < kKvTiles; ++j)
+#pragma unroll
+              for (int e = 0; e < 2; ++e) {
+                const int col = 8 * j + 2 * t + e;
+                if (col >= head_dim) continue;
+                const float x = to_float(drow[col]);
+                if (isfinite(x)) continue;
+#pragma unroll
+                for (int h = 0; h < 2; ++h)
+                  if (!bwd_hidden<kIsCausal>(row, n0 + key_row0 + 8 * h, seqlen_q, seqlen_k, diag))
+                    dv[j][2 * h + e] += pij[h] * x;
+              }
+          }
+        }
+        if constexpr (kComputeDq) {
+          if (rare_k) {
+            sw128_restore_nonfinite<Elem, kBlockN, Traits::kColBlocks, Traits::kNThreads>(sK_ptr, k_src(), p.k_row_stride,
+                                                                                          seqlen_k - n0, head_dim);
+            fence_proxy_async_smem();  // before the next S^T (after the loop's barrier) and the next K load
           }
         }
       };
-      if (bwd_tile_needs_mask<kBlockM, kBlockN, kIsCausal>(m0, n0, seqlen_q, seqlen_k, diag))
-        p_and_ds(std::true_type{});
+      if (kIsCausal && n0 + kBlockN - 1 > m0 + diag)
+        iteration(std::true_type{});
       else
-        p_and_ds(std::false_type{});
-      uint32_t pa[Traits::kQKSteps][4], dsa[Traits::kQKSteps][4];
-#pragma unroll
-      for (int ks = 0; ks < Traits::kQKSteps; ++ks) {
-        p_to_a_operand<Elem>(st, ks, pa[ks]);
-        p_to_a_operand<Elem>(dpt, ks, dsa[ks]);
-      }
-
-      // dV += P^T dO and dK += dS^T Q (asynchronous until the wait after dQ).
-      wgmma_fence();
-#pragma unroll
-      for (int ks = 0; ks < Traits::kQKSteps; ++ks)
-        Wgmma<kHeadDim, Elem>::rs_tb(dv, pa[ks], desc_mn_major<kBlockM>(sdOs, ks), 1);
-#pragma unroll
-      for (int ks = 0; ks < Traits::kQKSteps; ++ks)
-        Wgmma<kHeadDim, Elem>::rs_tb(dk, dsa[ks], desc_mn_major<kBlockM>(sQs, ks), 1);
-      wgmma_commit();
-
-      if constexpr (kComputeDq) {
-        // dS^T to shared memory: row = key (in the tile), queries along the row in 64-query column blocks
-        // of 128 bytes, 16-byte chunks swizzled with the row (wgmma.cuh's SW128 layout).
-#pragma unroll
-        for (int j = 0; j < kSTiles; ++j) {
-#pragma unroll
-          for (int h = 0; h < 2; ++h) {
-            const int row = key_row0 + 8 * h;
-            const int q = 8 * j + 2 * t;
-            const uint32_t addr = sdS + static_cast<uint32_t>((q / 64) * kBlockN * kSw128RowBytes + row * kSw128RowBytes +
-                                                              ((((q % 64) / 8) ^ (row % 8)) * 16) + (q % 8) * 2);
-            const uint32_t packed = dsa[j / 2][(j % 2) * 2 + h];  // dS^T (row, q .. q + 1), packed above
-            asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(addr), "r"(packed) : "memory");
-          }
-        }
-        fence_proxy_async_smem();
-        __syncthreads();  // both warpgroups' dS^T halves are in place
-
-        // dQ_i (this warpgroup's piece) = dS K_j over the block's 128 keys.
-        if (Traits::kDqSplitCols || wg == 0) {
-          float dq[kDqTiles][4];
-          const uint32_t sK_b = sK + (Traits::kDqSplitCols ? wg * (Traits::kDqN / 64) * kBlockN * kSw128RowBytes : 0);
-          wgmma_fence();
-#pragma unroll
-          for (int ks = 0; ks < Traits::kDqKSteps; ++ks)
-            Wgmma<Traits::kDqN, Elem>::ss_tt(dq, desc_mn_major<kBlockN>(sdS, ks), desc_mn_major<kBlockN>(sK_b, ks), ks > 0);
-          wgmma_commit();
-          wgmma_wait<0>();
-          fence_operands(dq);
-          const int dq_col = (Traits::kDqSplitCols ? wg * Traits::kDqN : 0) + 2 * t;
-          float* acc = dq_accum + ((batch * p.heads_q + head) * ws.dq_rows + m0 + warp * 16 + g) * kHeadDim + dq_col;
-#pragma unroll
-          for (int j = 0; j < kDqTiles; ++j) {
-            atomic_add_f32x2(acc + 8 * j, dq[j][0], dq[j][1]);
-            atomic_add_f32x2(acc + 8 * kHeadDim + 8 * j, dq[j][2], dq[j][3]);
-          }
-        }
-      }
-      wgmma_wait<0>();  // dV and dK of this tile (their A registers are rewritten next iteration)
-      fence_operands(dk);
-      fence_operands(dv);
+        iteration(std::false_type{});
     }
 
     // Epilogue: dK * scale and dV for this thread's keys (zeros when no query saw the tile).
-    const int head_dim = static_cast<int>(p.head_dim);
     Elem* dk_out = static_cast<Elem*>(p.dk) + batch * p.k_batch_stride + head_kv * p.k_head_stride;
     Elem* dv_out = static_cast<Elem*>(p.dv) + batch * p.v_batch_stride + head_kv * p.v_head_stride;
 #pragma unroll

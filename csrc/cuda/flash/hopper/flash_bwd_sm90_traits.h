@@ -11,6 +11,11 @@ struct FlashBwdSm90Traits {
   static constexpr int kHeadDim = kHeadDim_;
   static constexpr int kNWarpGroups = 2;
   static constexpr int kNThreads = kNWarpGroups * 128;
+  // Blocks per SM that the register budget must allow (__launch_bounds__) for the dK/dV kernel of the
+  // two-kernel backward: two at d32, whose 256 threads fit 128 registers (B2's rare path took its
+  // causal variant to 166, and its non-causal one to 129). The single kernel and larger head dims need
+  // more registers than that anyway: one.
+  static constexpr int kDkDvMinBlocksPerSm = kHeadDim <= 32 ? 2 : 1;
   static constexpr int kWgKeys = 64;                        // wgmma M of S^T = K Q^T: keys per warpgroup
   static constexpr int kBlockN = kWgKeys * kNWarpGroups;    // keys per thread block (its K / V tile)
   static constexpr int kBlockM = kBlockM_;                  // query rows per Q / dO tile (wgmma N of S^T)
@@ -38,9 +43,10 @@ struct FlashBwdSm90Traits {
   // 128-byte row per key).
   static constexpr size_t kDsBytes = static_cast<size_t>(kBlockN) * 128;
   // Layout: sK | sV | sQ [kStages] | sdO [kStages] | sdS (each 1024-aligned) | lse2, D [kStages][kBlockM]
-  // floats | mbarriers: K/V, then Q/dO per stage; +1024 to align the dynamic base.
+  // floats | mbarriers: K/V, then Q/dO per stage | the K tile's NaN / ±Inf flag (an int, in an 8-byte
+  // slot); +1024 to align the dynamic base.
   static constexpr size_t kFloatBytes = 2 * kStages * kBlockM * sizeof(float);
-  static constexpr size_t kBarrierBytes = 8 * (1 + kStages);
+  static constexpr size_t kBarrierBytes = 8 * (1 + kStages) + 8;
   static constexpr size_t kSmemBytes =
       2 * kKvTileBytes + 2 * kStages * kQTileBytes + kDsBytes + kFloatBytes + kBarrierBytes + 1024;
 
