@@ -75,7 +75,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSm) fl
   Elem* out = static_cast<Elem*>(p.out) + batch * p.o_batch_stride + head * p.o_head_stride;
   float* lse = p.lse + (batch * p.heads_q + head) * p.seqlen_q;
 
-  const int wg = static_cast<int>(threadIdx.x) / 128;
+  const int wg = warp_uniform_int(static_cast<int>(threadIdx.x) / 128);
   const int warp = (static_cast<int>(threadIdx.x) / 32) % 4, lane = static_cast<int>(threadIdx.x) % 32;
   const int g = lane / 4, t = lane % 4;
   const int row0 = m0 + wg * Traits::kWgRows + warp * 16 + g;  // this thread's rows: row0, row0 + 8
