@@ -37,7 +37,9 @@ import {
   flashAttentionWithGrad, memory, referenceAttentionBackward, synchronize, Tensor,
 } from '../lib';
 import { describeEachDevice, HAS_CUDA, liveMemory, synchronizeAll, trackMemory } from './helpers/backend';
-import { dqAccumulatorBounds, dqRunToRunViolations, GRAD_ATOL, gradientSlack } from './helpers/backward';
+import {
+  addSlack, dqAccumulatorBounds, dqRunToRunViolations, GRAD_ATOL, gradientSlack, outDifferenceSlack,
+} from './helpers/backward';
 import { caseName, Dims, ForwardShape, kShapeOf, maxFiniteAbs, optionsOf, qShapeOf, shapeOf } from './helpers/forward';
 import { LIB_ENTRY, runNodeChild, tsRequireHook } from './helpers/child';
 import { randn, Rng, rngFor } from './helpers/random';
@@ -192,7 +194,8 @@ describeEachDevice('load', (device: Device) => {
           const shape = shapeOf(p);
           const ref = referenceAttentionBackward(sd, sq, sk, sv, shape, optionsOf(p));
           const same = referenceAttentionBackward(sd, sq, sk, sv, shape, { ...optionsOf(p), precision: p.dtype });
-          const slack = gradientSlack(p, { q: sq, k: sk, v: sv, dout: sd, out: got.out, lse: got.lse }, ref, false);
+          const stored = { q: sq, k: sk, v: sv, dout: sd, out: got.out, lse: got.lse };
+          const slack = addSlack(gradientSlack(p, stored, ref, false), outDifferenceSlack(p, stored, same.out));
           for (const n of OUT_NAMES) {
             const grad = n === 'dq' || n === 'dk' || n === 'dv';
             expectFlashRule({
@@ -439,7 +442,8 @@ describe('worker_threads', () => {
           const shape = shapeOf(p);
           const ref = referenceAttentionBackward(s.dout, s.q, s.k, s.v, shape, optionsOf(p));
           const same = referenceAttentionBackward(s.dout, s.q, s.k, s.v, shape, { ...optionsOf(p), precision: r.dtype });
-          const slack = gradientSlack(p, { ...s, out: r.got.out, lse: r.got.lse }, ref, false);
+          const stored = { ...s, out: r.got.out, lse: r.got.lse };
+          const slack = addSlack(gradientSlack(p, stored, ref, false), outDifferenceSlack(p, stored, same.out));
           for (const n of OUT_NAMES) {
             const grad = n === 'dq' || n === 'dk' || n === 'dv';
             expectFlashRule({

@@ -28,7 +28,7 @@ import {
   referenceAttentionBackward, resetPeakMemory, synchronize, Tensor,
 } from '../lib';
 import { liveMemory, trackMemory } from './helpers/backend';
-import { GRAD_ATOL, gradientSlack } from './helpers/backward';
+import { addSlack, GRAD_ATOL, gradientSlack, outDifferenceSlack } from './helpers/backward';
 import { ForwardShape, kShapeOf, LSE_DIMS, lseShapeOf, maxFiniteAbs, Q_DIMS, qShapeOf, shapeOf } from './helpers/forward';
 import { randn, Rng, rngFor, seedHint } from './helpers/random';
 import { expectAllWritten, expectFlashRule } from './helpers/tolerance';
@@ -134,7 +134,8 @@ async function checkValid(c: ValidCase): Promise<void> {
     const shape = shapeOf(t);
     const ref = referenceAttentionBackward(sd, sq, sk, sv, shape, opts);
     const same = referenceAttentionBackward(sd, sq, sk, sv, shape, { ...opts, precision: c.dtype });
-    const slack = gradientSlack(t, { q: sq, k: sk, v: sv, dout: sd, out: got.out, lse: got.lse }, ref, false);
+    const stored = { q: sq, k: sk, v: sv, dout: sd, out: got.out, lse: got.lse };
+    const slack = addSlack(gradientSlack(t, stored, ref, false), outDifferenceSlack(t, stored, same.out));
     for (const n of OUT_NAMES) {
       const grad = n === 'dq' || n === 'dk' || n === 'dv';
       const layout = n === 'lse' ? { shape: lseShapeOf(t), dims: LSE_DIMS } : { shape: n === 'dk' || n === 'dv' ? kShapeOf(t) : qShapeOf(t), dims: Q_DIMS };
