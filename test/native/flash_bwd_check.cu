@@ -81,6 +81,7 @@
 #include "check_args.h"
 #include "check_cuda.h"
 #include "check_timing.h"
+#include "check_containment.h"
 
 
 namespace {
@@ -111,7 +112,6 @@ constexpr int64_t kNaiveBenchMaxSeqlen = 1024;  // the naive backward materialis
 // 2^-24 of their magnitude). NaN or inf leaking there is caught by the finiteness that kSame demands.
 constexpr double kAtomicDqFloor = 1.0 / 65536;
 constexpr double kFp16MinNormal = 1.0 / 16384;  // 2^-14
-constexpr size_t kShownViolations = 8;  // wrong elements printed per failing containment case
 
 const char* short_name(DType t) { return t == DType::kFloat16 ? "f16" : "bf16"; }
 
@@ -564,80 +564,6 @@ bool run_case(const Case& c, const char* path, BwdFn bwd, bool deterministic, st
 
 // ---- Non-finite containment (the rules are in the file comment) ----
 
-// What an output element of a poisoned call must hold.
-enum class Expect : uint8_t {
-  kSame,       // the clean call's value, bit for bit (dq through fp32 atomics: see kAtomicDqFloor)
-  kNonFinite,  // NaN or +-inf
-  kAny,        // not checked (rows whose score with a -inf key is -inf: see containment_pattern)
-};
-
-const char* expect_name(Expect e) {
-  return e == Expect::kSame ? "the clean value" : e == Expect::kNonFinite ? "non-finite" : "anything";
-}
-
-enum class Operand { kQ, kK, kDout };
-
-const char* operand_name(Operand o) { return o == Operand::kQ ? "q" : o == Operand::kK ? "k" : "dout"; }
-
-// operand[batch, row, head, col] = value; row and head are a query row and a query head for q and dout,
-// a key and a KV head for k.
-struct Poison {
-  Operand operand;
-  int64_t batch, row, head, col;
-  float value;
-};
-
-const char* value_name(float x) { return std::isnan(x) ? "NaN" : x > 0 ? "+inf" : "-inf"; }
-
-// The expected class of every output element of a poisoned call, in the layouts of q (out, dq), k (dk,
-// dv) and lse.
-struct Pattern {
-  std::vector<Expect> out, lse, dq, dk, dv;
-};
-
-// Standard attention's reach of `poison` (causal, bottom-right; the rules of the file comment): the query
-// rows whose results it makes non-finite, the keys those rows see, and kSame everywhere else.
-Pattern containment_pattern(const Case& c, const Poison& poison) {
-  const int64_t nq = c.batch * c.sq * c.hq * c.d, nk = c.batch * c.sk * c.hkv * c.d;
-  Pattern pat{std::vector<Expect>(nq, Expect::kSame), std::vector<Expect>(c.batch * c.hq * c.sq, Expect::kSame),
-              std::vector<Expect>(nq, Expect::kSame), std::vector<Expect>(nk, Expect::kSame),
-              std::vector<Expect>(nk, Expect::kSame)};
-  const int64_t group = c.hq / c.hkv, b = poison.batch;
-  const bool in_k = poison.operand == Operand::kK;
-  const int64_t kvh = in_k ? poison.head : poison.head / group;
-  // -inf in k scores -inf with every row that sees its key (run_containment_cases makes their q column
-  // positive): standard attention drops the key from those rows, which changes their results without
-  // making them non-finite, and arithmetic that splits -inf (3xTF32) may give NaN there instead; only
-  // the elements outside that reach are checked.
-  const Expect reach = in_k && std::isinf(poison.value) && poison.value < 0 ? Expect::kAny : Expect::kNonFinite;
-  int64_t keys = 0;  // the rows reached see keys [0, keys) of KV head kvh (causal: a prefix)
-  for (int64_t h = kvh * group; h < (kvh + 1) * group; ++h)
-    for (int64_t i = 0; i < c.sq; ++i) {
-      const int64_t n = visible_keys(c, i);
-      // k: every row that sees the key. q, dout: the poisoned row, unless it sees no key (then its dq
-      // stays 0 and it adds nothing to dk / dv).
-      const bool reached = in_k ? poison.row < n : h == poison.head && i == poison.row && n > 0;
-      if (!reached) continue;
-      const int64_t qo = ((b * c.sq + i) * c.hq + h) * c.d;
-      std::fill_n(pat.dq.begin() + qo, c.d, reach);
-      if (poison.operand != Operand::kDout) {  // dout is no input of the forward
-        std::fill_n(pat.out.begin() + qo, c.d, reach);
-        pat.lse[(b * c.hq + h) * c.sq + i] = reach;
-      }
-      keys = std::max(keys, n);
-    }
-  for (int64_t j = 0; j < keys; ++j) {
-    const int64_t ko = ((b * c.sk + j) * c.hkv + kvh) * c.d;
-    std::fill_n(pat.dk.begin() + ko, c.d, reach);
-    // dv_j = sum_i P_ij dout_i: a poisoned dout reaches its own column only; q and k reach P itself.
-    if (poison.operand == Operand::kDout)
-      pat.dv[ko + poison.col] = reach;
-    else
-      std::fill_n(pat.dv.begin() + ko, c.d, reach);
-  }
-  return pat;
-}
-
 // Inputs of a containment call (values of the dtype).
 struct Inputs {
   std::vector<float> q, k, v, dout;
@@ -680,44 +606,6 @@ Outputs run_fwd_bwd(const Case& c, const Inputs& in, BwdFn bwd) {
   return o;
 }
 
-int64_t count_nonfinite(const std::vector<float>& v) {
-  return std::count_if(v.begin(), v.end(), [](float x) { return !std::isfinite(x); });
-}
-
-// Bit identity of two floats (+0 and -0 differ; dtype values convert to float one to one).
-bool same_bits(float x, float y) { return std::memcmp(&x, &y, sizeof x) == 0; }
-
-// Checks output `name` of a poisoned call (`got`) against `want` element by element, `clean` being the
-// clean call's; returns how many elements break it and appends the first kShownViolations of all
-// outputs to `shown`. same(clean, got) decides kSame. rows, heads, d: the [B, rows, heads, d] layout,
-// or d = 0 for lse [B, heads, rows].
-template <typename Same>
-int64_t count_wrong(const char* name, const std::vector<float>& clean, const std::vector<float>& got,
-                    const std::vector<Expect>& want, int64_t rows, int64_t heads, int64_t d, Same same,
-                    std::vector<std::string>* shown) {
-  int64_t wrong = 0;
-  for (size_t x = 0; x < got.size(); ++x) {
-    const bool ok = want[x] == Expect::kSame        ? same(clean[x], got[x])
-                    : want[x] == Expect::kNonFinite ? !std::isfinite(got[x])
-                                                    : true;
-    if (ok) continue;
-    ++wrong;
-    if (shown->size() >= kShownViolations) continue;
-    const int64_t i = static_cast<int64_t>(x);
-    char line[160];
-    if (d == 0)
-      std::snprintf(line, sizeof line, "%s[b%" PRId64 ",h%" PRId64 ",row%" PRId64 "]", name, i / (heads * rows),
-                    i / rows % heads, i % rows);
-    else
-      std::snprintf(line, sizeof line, "%s[b%" PRId64 ",row%" PRId64 ",h%" PRId64 ",c%" PRId64 "]", name,
-                    i / (rows * heads * d), i / (heads * d) % rows, i / d % heads, i % d);
-    std::string s = line;
-    std::snprintf(line, sizeof line, ": want %s, got %.6g (clean %.6g)", expect_name(want[x]), got[x], clean[x]);
-    shown->push_back(s + line);
-  }
-  return wrong;
-}
-
 // One containment case: the call with `poison` in its inputs against `clean`, the same call on the clean
 // inputs `in` (clean_nonfinite: its non-finite out, dq, dk, dv elements, which must be none), element by
 // element against containment_pattern. dq is compared bit for bit where `bwd` gives bit-identical dq
@@ -742,35 +630,14 @@ bool run_nonfinite_case(const Case& c, const Inputs& in, const Outputs& clean, i
     return std::isfinite(y) && std::fabs(static_cast<double>(y) - x) <= ulp + dq_floor;
   };
   std::vector<std::string> shown;
-  const int64_t w_out = count_wrong("out", clean.out, got.out, want.out, c.sq, c.hq, c.d, exact, &shown);
-  const int64_t w_lse = count_wrong("lse", clean.lse, got.lse, want.lse, c.sq, c.hq, 0, exact, &shown);
-  const int64_t w_dq = deterministic ? count_wrong("dq", clean.dq, got.dq, want.dq, c.sq, c.hq, c.d, exact, &shown)
-                                     : count_wrong("dq", clean.dq, got.dq, want.dq, c.sq, c.hq, c.d, near, &shown);
-  const int64_t w_dk = count_wrong("dk", clean.dk, got.dk, want.dk, c.sk, c.hkv, c.d, exact, &shown);
-  const int64_t w_dv = count_wrong("dv", clean.dv, got.dv, want.dv, c.sk, c.hkv, c.d, exact, &shown);
-  int64_t wanted = 0, unchecked = 0;
-  for (const auto* p : {&want.out, &want.lse, &want.dq, &want.dk, &want.dv}) {
-    wanted += std::count(p->begin(), p->end(), Expect::kNonFinite);
-    unchecked += std::count(p->begin(), p->end(), Expect::kAny);
-  }
-
-  // Which rows the poison reaches in standard attention, for the output line.
-  char reach[64];
-  if (in_k) {
-    std::snprintf(reach, sizeof reach, "seen by rows %" PRId64 "-%" PRId64, std::max<int64_t>(poison.row - (c.sk - c.sq), 0),
-                  c.sq - 1);
-  } else if (visible_keys(c, poison.row) == 0) {
-    std::snprintf(reach, sizeof reach, "sees no key");
-  } else {
-    std::snprintf(reach, sizeof reach, "sees keys 0-%" PRId64, visible_keys(c, poison.row) - 1);
-  }
-  const bool ok = w_out + w_lse + w_dq + w_dk + w_dv == 0 && clean_nonfinite == 0;
+  const ContainmentCounts n = count_containment(c, poison, clean, got, want, deterministic, exact, near, &shown);
+  const bool ok = n.wrong() == 0 && clean_nonfinite == 0;
   print_case_head(ok, c);
   std::printf(" containment %-4s in %s[%" PRId64 ",%" PRId64 ",%" PRId64 ",%" PRId64 "] (%s): %" PRId64
               " non-finite wanted, %" PRId64 " unchecked; wrong: out %" PRId64 " lse %" PRId64 " dq %" PRId64
               " (%s) dk %" PRId64 " dv %" PRId64 "; clean_nonfinite=%" PRId64 " fwd=%s bwd=%s\n",
               value_name(poison.value), operand_name(poison.operand), poison.batch, poison.row, poison.head, poison.col,
-              reach, wanted, unchecked, w_out, w_lse, w_dq, deterministic ? "bits" : "atomics: 1 ulp", w_dk, w_dv,
+              n.reach, n.wanted, n.unchecked, n.out, n.lse, n.dq, deterministic ? "bits" : "atomics: 1 ulp", n.dk, n.dv,
               clean_nonfinite, got.fwd_path, path);
   for (const std::string& s : shown) std::printf("    %s\n", s.c_str());
   return ok;
@@ -793,31 +660,14 @@ int run_containment_cases(const ContainmentShape& s, int64_t d, DType t, const c
   const int64_t nq = c.batch * c.sq * c.hq * c.d, nk = c.batch * c.sk * c.hkv * c.d;
   Inputs in{random_values(nq, t, kQkMaxMag, rng), random_values(nk, t, kQkMaxMag, rng),
             random_values(nk, t, kVMaxMag, rng), random_values(nq, t, kDoutMaxMag, rng)};
-  const int64_t b = c.batch - 1, h = c.hq - 1, hk = c.hkv - 1, group = c.hq / c.hkv;
+  const int64_t b = c.batch - 1, h = c.hq - 1, hk = c.hkv - 1;
   // Poisoned columns: in q, k and dout at different places of the head dim (both halves of it, for the
   // kernels that split dK / dV's columns over two warps).
   const int64_t qc = 5 % d, kc = d / 2 + 1, dc = d - 3;
-  // +-inf in column kc of k must score +-inf with every row that sees its key: that column of q made
-  // positive in KV head hk's query heads (in the clean call too).
-  for (int64_t hh = hk * group; hh < (hk + 1) * group; ++hh)
-    for (int64_t i = 0; i < c.sq; ++i) {
-      float& x = in.q[((b * c.sq + i) * c.hq + hh) * c.d + kc];
-      x = std::fabs(x);
-    }
+  make_q_column_positive(c, in.q, b, hk, kc);  // in the clean call too
   const Outputs clean = run_fwd_bwd(c, in, bwd);
-  const int64_t clean_nonfinite =
-      count_nonfinite(clean.out) + count_nonfinite(clean.dq) + count_nonfinite(clean.dk) + count_nonfinite(clean.dv);
-  const float nan = std::numeric_limits<float>::quiet_NaN(), inf = std::numeric_limits<float>::infinity();
-  std::vector<Poison> poisons = {
-      {Operand::kQ, b, s.row, h, qc, nan},      {Operand::kQ, b, s.row, h, qc, inf},
-      {Operand::kK, b, s.key, hk, kc, nan},     {Operand::kK, b, s.key, hk, kc, inf},
-      {Operand::kK, b, s.key, hk, kc, -inf},    {Operand::kDout, b, s.row, h, dc, nan},
-      {Operand::kDout, b, s.row, h, dc, inf},
-  };
-  if (s.empty_row >= 0) {
-    poisons.push_back({Operand::kQ, b, s.empty_row, h, qc, nan});
-    poisons.push_back({Operand::kDout, b, s.empty_row, h, dc, nan});
-  }
+  const int64_t clean_nonfinite = count_nonfinite_outputs(clean);
+  const std::vector<Poison> poisons = containment_poisons(s, b, h, hk, qc, kc, dc);
   int failed = 0;
   for (const Poison& p : poisons) {
     ++*total;
