@@ -215,6 +215,7 @@ function checkQKV(q: unknown, k: unknown, v: unknown, options: unknown, backward
   checkRank4(Q, 'q');
   checkRank4(K, 'k');
   checkRank4(V, 'v');
+  if (Q.dtype === 'int32') throw typeError("q to have dtype 'float32', 'float16' or 'bfloat16'", "'int32'");
   checkLike(K, 'k', Q, 'q');
   checkLike(V, 'v', Q, 'q');
   const [batch, seqlenQ, headsQ, headDim] = Q.shape;

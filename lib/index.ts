@@ -9,9 +9,9 @@
  * @packageDocumentation
  */
 export {
-  Tensor, DTYPES, DEVICES, dtypeSize, defaultDevice, memory, resetPeakMemory, synchronize, emptyCache, debug,
+  Tensor, DTYPES, FLOAT_DTYPES, DEVICES, dtypeSize, contiguousStrides, defaultDevice, memory, resetPeakMemory, synchronize, emptyCache, debug,
 } from './tensor';
-export type { Device, DType, TensorOptions, DeviceMemory, MemoryReport, ReadRange } from './tensor';
+export type { Device, DType, TensorDType, TensorOptions, DeviceMemory, MemoryReport, ReadRange } from './tensor';
 export {
   flashAttention, flashAttentionBackward, flashAttentionWithGrad, AttentionContext,
 } from './attention';

@@ -53,11 +53,11 @@ export interface NativeBinding {
   cudaCompiled: boolean;
   cpuThreads: number;
   createFromFloat32(device: number, dtype: number, data: Float32Array): NativeBuffer;
-  createFromBits(device: number, dtype: number, data: Uint16Array | Float32Array): NativeBuffer;
+  createFromBits(device: number, dtype: number, data: Uint16Array | Float32Array | Int32Array): NativeBuffer;
   createZeros(device: number, dtype: number, numel: number): NativeBuffer;
   injectCudaFault(kind: 'illegal-address'): void;
   readFloat32(buf: NativeBuffer, offset?: number, count?: number): Promise<Float32Array>;
-  readBits(buf: NativeBuffer, offset?: number, count?: number): Promise<Uint16Array | Float32Array>;
+  readBits(buf: NativeBuffer, offset?: number, count?: number): Promise<Uint16Array | Float32Array | Int32Array>;
   synchronize(device: number, trimCache?: boolean): Promise<void>;
   memory(): { cpu: NativeCounters; cuda: NativeCounters };
   resetPeakMemory(device: number): void;
@@ -78,7 +78,7 @@ export interface NativeBinding {
 }
 
 /** Numeric codes shared with csrc/common/dtype.h and csrc/runtime/runtime.h. */
-export const DTYPE_CODE = { float32: 0, float16: 1, bfloat16: 2 } as const;
+export const DTYPE_CODE = { float32: 0, float16: 1, bfloat16: 2, int32: 3 } as const;
 export const DEVICE_CODE = { cpu: 0, cuda: 1 } as const;
 export const KERNEL_CODE = { auto: 0, flash: 1, naive: 2 } as const;
 /** `Fp32Precision` of csrc/common/attention_params.h. */

@@ -20,25 +20,33 @@ import { binding, DEVICE_CODE, DTYPE_CODE, NativeBuffer } from './native';
 
 export type { DType } from './half';
 
+/**
+ * The element type of a tensor: a floating {@link DType}, or 'int32' for token ids and class
+ * targets (which no arithmetic op takes as a floating operand).
+ */
+export type TensorDType = DType | 'int32';
+
 /** Where a tensor's memory lives: host memory for the CPU backend, or CUDA device 0. */
 export type Device = 'cpu' | 'cuda';
 
 /** The dtypes a tensor can hold. */
-export const DTYPES: readonly DType[] = ['float32', 'float16', 'bfloat16'];
+export const DTYPES: readonly TensorDType[] = ['float32', 'float16', 'bfloat16', 'int32'];
+/** The floating dtypes (every op's floating operands take one of these). */
+export const FLOAT_DTYPES: readonly DType[] = ['float32', 'float16', 'bfloat16'];
 /** The devices a tensor can live on. */
 export const DEVICES: readonly Device[] = ['cpu', 'cuda'];
 
 /** Options of the tensor factories. */
 export interface TensorOptions {
   /** Element type of the new tensor. Default 'float32'. */
-  dtype?: DType;
+  dtype?: TensorDType;
   /** Device of the new tensor. Default {@link defaultDevice}(): 'cuda' when usable, else 'cpu'. */
   device?: Device;
 }
 
 /** Bytes of one element of `dtype`. */
-export function dtypeSize(dtype: DType): number {
-  return dtype === 'float32' ? 4 : 2;
+export function dtypeSize(dtype: TensorDType): number {
+  return dtype === 'float32' || dtype === 'int32' ? 4 : 2;
 }
 
 let cachedDefault: Device | undefined;
@@ -66,11 +74,11 @@ const registry = new FinalizationRegistry<NativeBuffer>((buf) => {
 
 const handles = new WeakMap<Tensor, NativeBuffer>();
 
-function checkDType(dtype: unknown, arg: string): DType {
-  if (typeof dtype !== 'string' || !(DTYPES as readonly string[]).includes(dtype)) {
-    throw typeError(`${arg} to be one of ${DTYPES.map((d) => `'${d}'`).join(', ')}`, describeValue(dtype));
+function checkDType(dtype: unknown, arg: string, allowed: readonly TensorDType[] = DTYPES): TensorDType {
+  if (typeof dtype !== 'string' || !(allowed as readonly string[]).includes(dtype)) {
+    throw typeError(`${arg} to be one of ${allowed.map((d) => `'${d}'`).join(', ')}`, describeValue(dtype));
   }
-  return dtype as DType;
+  return dtype as TensorDType;
 }
 
 function checkDevice(device: unknown, arg: string): Device {
@@ -121,41 +129,93 @@ function checkRange(range: unknown, numel: number): { offset: number; length: nu
   return { offset, length };
 }
 
-function resolveOptions(options: unknown): { dtype: DType; device: Device } {
+function resolveOptions(
+  options: unknown, allowed: readonly TensorDType[] = DTYPES,
+): { dtype: TensorDType; device: Device } {
   if (options !== undefined && (options === null || typeof options !== 'object')) {
     throw typeError('options to be an object or undefined', describeValue(options));
   }
   const o = (options ?? {}) as TensorOptions;
-  const dtype = o.dtype === undefined ? 'float32' : checkDType(o.dtype, 'options.dtype');
+  const dtype = o.dtype === undefined ? allowed[0] : checkDType(o.dtype, 'options.dtype', allowed);
   const device = o.device === undefined ? defaultDevice() : checkDevice(o.device, 'options.device');
   return { dtype, device };
 }
 
+/** Row-major strides (in elements) of a contiguous tensor of `shape`. */
+export function contiguousStrides(shape: readonly number[]): number[] {
+  const strides = new Array<number>(shape.length);
+  let s = 1;
+  for (let i = shape.length - 1; i >= 0; i -= 1) {
+    strides[i] = s;
+    s *= shape[i];
+  }
+  return strides;
+}
+
 /**
- * A dense, contiguous, row-major tensor on a device. Create it with {@link Tensor.fromFloat32Array}
- * or {@link Tensor.fromBits}; operations such as `flashAttention` return new tensors.
+ * A tensor on a device: a shape, a dtype, and a view (element offset and strides) into storage
+ * that the addon owns. Create it with {@link Tensor.fromFloat32Array}, {@link Tensor.fromBits},
+ * {@link Tensor.fromInt32Array} or {@link Tensor.zeros}; operations such as `flashAttention`
+ * return new tensors.
  */
 export class Tensor implements Disposable {
-  /** Dimensions, outermost first (row-major, contiguous). Frozen. */
+  /** Dimensions, outermost first. Frozen. */
   readonly shape: readonly number[];
   /** Element type. */
-  readonly dtype: DType;
+  readonly dtype: TensorDType;
   /** Device the memory lives on. */
   readonly device: Device;
   /** Number of elements (product of the shape). */
   readonly numel: number;
+  /** Element strides of each dim (row-major contiguous for a new tensor). Frozen. */
+  readonly strides: readonly number[];
+  /** Offset of the first element in the storage, in elements. */
+  readonly offset: number;
 
-  /** @internal Use the static factories; this wraps an existing native buffer. */
-  constructor(buf: NativeBuffer, shape: readonly number[], dtype: DType, device: Device) {
+  /**
+   * @internal Use the static factories; this wraps an existing native buffer. Without `view`, the
+   * tensor is the whole buffer, contiguous.
+   */
+  constructor(
+    buf: NativeBuffer, shape: readonly number[], dtype: TensorDType, device: Device,
+    view?: { offset: number; strides: readonly number[] },
+  ) {
     this.shape = shape;
     this.dtype = dtype;
     this.device = device;
     this.numel = shape.reduce((a, b) => a * b, 1);
-    if (buf.bytes !== this.numel * dtypeSize(dtype)) {
+    this.offset = view?.offset ?? 0;
+    this.strides = Object.freeze(view ? [...view.strides] : contiguousStrides(shape));
+    if (!view && buf.bytes !== this.numel * dtypeSize(dtype)) {
       throw new Error(`internal: buffer of ${buf.bytes} bytes does not match ${formatShape(shape)} ${dtype}`);
     }
     handles.set(this, buf);
     registry.register(this, buf, this);
+  }
+
+  /** Whether the elements are laid out row-major without gaps (the offset may be anything). */
+  get isContiguous(): boolean {
+    let s = 1;
+    for (let i = this.shape.length - 1; i >= 0; i -= 1) {
+      if (this.shape[i] !== 1 && this.strides[i] !== s) return false;
+      s *= this.shape[i];
+    }
+    return true;
+  }
+
+  /**
+   * A new int32 tensor (token ids, class targets) holding a copy of `data`. `data.length` must equal
+   * the product of `shape`. `options.dtype` may be omitted or 'int32'.
+   */
+  static fromInt32Array(data: Int32Array, shape: readonly number[], options?: TensorOptions): Tensor {
+    const s = checkShape(shape);
+    const { dtype, device } = resolveOptions(options, ['int32']);
+    if (!(data instanceof Int32Array)) throw typeError('data to be an Int32Array', describeValue(data));
+    if (data.length !== s.numel) {
+      throw rangeError(`data to have ${s.numel} elements for shape ${formatShape(s.shape)}`, `${data.length}`);
+    }
+    const buf = binding().createFromBits(DEVICE_CODE[device], DTYPE_CODE[dtype], data);
+    return new Tensor(buf, s.shape, dtype, device);
   }
 
   /**
@@ -165,7 +225,7 @@ export class Tensor implements Disposable {
    */
   static fromFloat32Array(data: Float32Array, shape: readonly number[], options?: TensorOptions): Tensor {
     const s = checkShape(shape);
-    const { dtype, device } = resolveOptions(options);
+    const { dtype, device } = resolveOptions(options, FLOAT_DTYPES);
     if (!(data instanceof Float32Array)) throw typeError('data to be a Float32Array', describeValue(data));
     if (data.length !== s.numel) {
       throw rangeError(`data to have ${s.numel} elements for shape ${formatShape(s.shape)}`, `${data.length}`);
@@ -176,15 +236,16 @@ export class Tensor implements Disposable {
 
   /**
    * A new tensor from raw element bits: a Uint16Array of IEEE binary16 or bfloat16 bit patterns for
-   * those dtypes, or a Float32Array for 'float32'. `options.dtype` is required. Copied.
+   * those dtypes, a Float32Array for 'float32', an Int32Array for 'int32'. `options.dtype` is
+   * required. Copied.
    */
-  static fromBits(bits: Uint16Array | Float32Array, shape: readonly number[], options: TensorOptions): Tensor {
+  static fromBits(bits: Uint16Array | Float32Array | Int32Array, shape: readonly number[], options: TensorOptions): Tensor {
     const s = checkShape(shape);
     if (options === undefined || options === null || typeof options !== 'object' || options.dtype === undefined) {
-      throw typeError("options.dtype to be given for fromBits ('float32', 'float16' or 'bfloat16')", 'none');
+      throw typeError("options.dtype to be given for fromBits ('float32', 'float16', 'bfloat16' or 'int32')", 'none');
     }
     const { dtype, device } = resolveOptions(options);
-    const want = dtype === 'float32' ? Float32Array : Uint16Array;
+    const want = dtype === 'float32' ? Float32Array : dtype === 'int32' ? Int32Array : Uint16Array;
     if (!(bits instanceof want)) throw typeError(`bits to be a ${want.name} for dtype ${dtype}`, describeValue(bits));
     if (bits.length !== s.numel) {
       throw rangeError(`bits to have ${s.numel} elements for shape ${formatShape(s.shape)}`, `${bits.length}`);
@@ -229,10 +290,10 @@ export class Tensor implements Disposable {
   }
 
   /**
-   * Reads the raw element bits back: a Uint16Array for float16/bfloat16, a Float32Array for float32.
-   * `range` as for {@link toFloat32Array}.
+   * Reads the raw element bits back: a Uint16Array for float16/bfloat16, a Float32Array for float32,
+   * an Int32Array for int32. `range` as for {@link toFloat32Array}.
    */
-  toBits(range?: ReadRange): Promise<Uint16Array | Float32Array> {
+  toBits(range?: ReadRange): Promise<Uint16Array | Float32Array | Int32Array> {
     const h = handleOf(this, 'tensor');
     if (range === undefined) return binding().readBits(h);
     const { offset, length } = checkRange(range, this.numel);
@@ -271,8 +332,17 @@ export function handleOf(t: unknown, arg: string): NativeBuffer {
 }
 
 /** @internal Wraps a native buffer that an operation returned. */
-export function wrapNative(buf: NativeBuffer, shape: readonly number[], dtype: DType, device: Device): Tensor {
+export function wrapNative(buf: NativeBuffer, shape: readonly number[], dtype: TensorDType, device: Device): Tensor {
   return new Tensor(buf, Object.freeze([...shape]), dtype, device);
+}
+
+/**
+ * @internal A live tensor's storage as the addon's ops take it: `[buffer, offset]` (csrc/napi/
+ * dispatch.h `tensor_arg`). Throws a TypeError naming `arg` for a non-Tensor or a disposed one.
+ */
+export function storageOf(t: unknown, arg: string): [NativeBuffer, number] {
+  const h = handleOf(t, arg);
+  return [h, (t as Tensor).offset];
 }
 
 /** Memory held by live tensors on one device. */

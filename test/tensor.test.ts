@@ -12,6 +12,7 @@ import {
   Device,
   DType,
   DTYPES,
+  FLOAT_DTYPES,
   dtypeSize,
   flashAttention,
   float32ToHalfBits,
@@ -24,6 +25,8 @@ import {
   Tensor,
 } from '../lib';
 import type { HalfDType } from '../lib/half';
+import { binding } from '../lib/native';
+import { storageOf } from '../lib/tensor';
 import {
   describeEachDevice,
   liveMemory,
@@ -255,8 +258,55 @@ describeEachDevice('Tensor', (device: Device) => {
     });
   });
 
+  describe('int32', () => {
+    test('fromInt32Array round trips through toBits and toFloat32Array; strides and offset describe a whole tensor', async () => {
+      const data = Int32Array.from([0, -1, 7, 2147483647, -2147483648, 65, 12345, 3]);
+      const t = Tensor.fromInt32Array(data, [2, 4], { device });
+      try {
+        expect(DTYPES).toContain('int32');
+        expect(t.dtype).toBe('int32');
+        expect(t.bytes).toBe(32);
+        expect(t.strides).toEqual([4, 1]);
+        expect(t.offset).toBe(0);
+        expect(t.isContiguous).toBe(true);
+        const bits = await t.toBits();
+        expect(bits.constructor.name).toBe('Int32Array');
+        expect(Array.from(bits)).toEqual(Array.from(data));
+        expect(Array.from(await t.toBits({ offset: 2, length: 3 }))).toEqual([7, 2147483647, -2147483648]);
+        expect(Array.from(await t.toFloat32Array({ offset: 5, length: 3 }))).toEqual([65, 12345, 3]);
+      } finally {
+        t.dispose();
+      }
+    });
+
+    test('int32 is refused where a floating dtype is needed, with the argument named', () => {
+      expect(() => Tensor.fromFloat32Array(new Float32Array(2), [2], { dtype: 'int32', device })).toThrow(
+        "Expected options.dtype to be one of 'float32', 'float16', 'bfloat16' but received \"int32\" of type string",
+      );
+      expect(() => Tensor.fromInt32Array(new Int32Array(2), [2], { dtype: 'float32', device })).toThrow(
+        "Expected options.dtype to be one of 'int32' but received \"float32\" of type string",
+      );
+      expect(() => Tensor.fromInt32Array(new Float32Array(2) as unknown as Int32Array, [2], { device })).toThrow(
+        'Expected data to be an Int32Array but received a Float32Array',
+      );
+      const ids = Tensor.fromInt32Array(new Int32Array(2 * 3 * 1 * 8).fill(1), [2, 3, 1, 8], { device });
+      try {
+        expect(() => flashAttention(ids, ids, ids)).toThrow(
+          "Expected q to have dtype 'float32', 'float16' or 'bfloat16' but received 'int32'",
+        );
+        // The raw binding re-checks.
+        const [h] = storageOf(ids, 'ids');
+        expect(() => binding().attentionForward(h, h, h, [2, 3, 3, 1, 1, 8], false, 1, 0, 0)).toThrow(
+          'Expected q to have dtype float32, float16 or bfloat16 but received int32',
+        );
+      } finally {
+        ids.dispose();
+      }
+    });
+  });
+
   describe('fields', () => {
-    test.each(DTYPES)('%s: shape, dtype, device, numel, bytes, toString', (dtype: DType) => {
+    test.each(FLOAT_DTYPES)('%s: shape, dtype, device, numel, bytes, toString', (dtype: DType) => {
       const shape = [2, 3, 5, 8];
       const t = Tensor.fromFloat32Array(randn(240, rngFor(`fields/${dtype}`)), shape, { dtype, device });
       try {

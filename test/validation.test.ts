@@ -405,7 +405,7 @@ describe('Tensor factories', () => {
     expectThrows(() => Tensor.fromFloat32Array(new Float32Array(2), [2], { device: 'gpu' as 'cpu' }), 'TypeError',
       "Expected options.device to be 'cpu' or 'cuda' but received \"gpu\" of type string");
     expectThrows(() => Tensor.fromBits(new Uint16Array(2), [2], { dtype: 'half' as 'float16', device: 'cpu' }), 'TypeError',
-      "Expected options.dtype to be one of 'float32', 'float16', 'bfloat16' but received \"half\" of type string");
+      "Expected options.dtype to be one of 'float32', 'float16', 'bfloat16', 'int32' but received \"half\" of type string");
     expectThrows(() => Tensor.fromFloat32Array(new Float32Array(2), [2], 5 as unknown as object), 'TypeError',
       'Expected options to be an object or undefined but received 5 of type number');
     expectThrows(() => Tensor.fromFloat32Array(new Float32Array(2), [2], null as unknown as object), 'TypeError',
@@ -426,7 +426,7 @@ describe('Tensor factories', () => {
       'Expected bits to be a Float32Array for dtype float32 but received a Uint16Array');
     expectThrows(() => Tensor.fromBits(new Uint32Array(2) as unknown as Uint16Array, [2], { dtype: 'float16', device: 'cpu' }), 'TypeError',
       'Expected bits to be a Uint16Array for dtype float16 but received a Uint32Array');
-    const none = "Expected options.dtype to be given for fromBits ('float32', 'float16' or 'bfloat16') but received none";
+    const none = "Expected options.dtype to be given for fromBits ('float32', 'float16', 'bfloat16' or 'int32') but received none";
     expectThrows(() => Tensor.fromBits(new Uint16Array(2), [2], {}), 'TypeError', none);
     expectThrows(() => Tensor.fromBits(new Uint16Array(2), [2], undefined as unknown as object), 'TypeError', none);
   });
@@ -540,7 +540,9 @@ describe('raw native binding (lib/native.ts binding())', () => {
     ['createFromFloat32: device a string', call('createFromFloat32', '0', 0, new Float32Array(2)), 'TypeError', 'Expected device to be an integer but received "0" of type string'],
     ['createFromFloat32: device 2', call('createFromFloat32', 2, 0, new Float32Array(2)), 'RangeError', 'Expected device to be an integer in [0, 1] but received 2 of type number'],
     ['createFromFloat32: device 0.5', call('createFromFloat32', 0.5, 0, new Float32Array(2)), 'RangeError', 'Expected device to be an integer in [0, 1] but received 0.5 of type number'],
-    ['createFromFloat32: dtype 3', call('createFromFloat32', 0, 3, new Float32Array(2)), 'RangeError', 'Expected dtype to be an integer in [0, 2] but received 3 of type number'],
+    ['createFromFloat32: dtype 4', call('createFromFloat32', 0, 4, new Float32Array(2)), 'RangeError', 'Expected dtype to be an integer in [0, 3] but received 4 of type number'],
+    ['createFromFloat32: dtype 3 (int32)', call('createFromFloat32', 0, 3, new Float32Array(2)), 'TypeError', 'Expected dtype to be float32, float16 or bfloat16 for data from a Float32Array but received int32'],
+    ['createFromBits: int32 from a Float32Array', call('createFromBits', 0, 3, new Float32Array(2)), 'TypeError', 'Expected data to be an Int32Array for dtype int32 but received a Float32Array'],
     ['createFromFloat32: data a plain Array', call('createFromFloat32', 0, 0, [1, 2]), 'TypeError', 'Expected data to be a Float32Array but received an Array of length 2'],
     ['createFromFloat32: data a Uint16Array', call('createFromFloat32', 0, 1, new Uint16Array(2)), 'TypeError', 'Expected data to be a Float32Array but received a Uint16Array'],
     ['createFromFloat32: data missing', call('createFromFloat32', 0, 0), 'TypeError', 'Expected data to be a Float32Array but received undefined'],

@@ -50,6 +50,7 @@ cudaError_t dispatch_dtype(DType t, F&& f) {
     case DType::kFloat32: return f(TypeTag<float>{});
     case DType::kFloat16: return f(TypeTag<__half>{});
     case DType::kBFloat16: return f(TypeTag<__nv_bfloat16>{});
+    case DType::kInt32: break;  // not a floating dtype: the callers' validation refuses it first
   }
   return cudaErrorInvalidValue;
 }

@@ -88,7 +88,7 @@ Device device_arg(const Napi::Value& v, const char* arg) {
 }
 
 DType dtype_arg(const Napi::Value& v, const char* arg) {
-  int64_t d = int_arg(v, arg, 0, 2);
+  int64_t d = int_arg(v, arg, 0, 3);
   DType t = DType::kFloat32;
   dtype_from_int(static_cast<int32_t>(d), &t);
   return t;

@@ -6,6 +6,7 @@
 #include "common/attention_params.h"
 #include "cpu/flash_cpu.h"
 #include "napi/addon.h"
+#include "napi/dispatch.h"
 #include "runtime/format.h"
 #ifdef FA_WITH_CUDA
 #include "cuda/flash/flash_bwd.h"
@@ -63,22 +64,6 @@ Dims dims_arg(const Napi::Value& v) {
                       std::to_string(d.heads_q));
   }
   return d;
-}
-
-// Element count of a tensor with these dims, refusing anything whose byte size would not fit in 62 bits.
-int64_t checked_numel(std::initializer_list<int64_t> dims, const char* what) {
-  constexpr int64_t kLimit = int64_t{1} << 60;
-  int64_t n = 1;
-  for (int64_t d : dims) {
-    if (d != 0 && n > kLimit / d) {
-      std::string shape;
-      for (int64_t x : dims) shape += (shape.empty() ? "" : ", ") + std::to_string(x);
-      throw range_error(std::string("Expected ") + what + " to have fewer than 2^60 elements but received [" + shape +
-                        "]");
-    }
-    n *= d;
-  }
-  return n;
 }
 
 void expect_buffer(const BufferPtr& b, const char* arg, Device device, DType dtype, int64_t numel) {
@@ -164,44 +149,6 @@ const char* kernel_name(Kernel k) {
   return k == Kernel::kNaive ? "naive" : "flash";
 }
 
-// Runs `fn` on the CPU executor; if an input failed upstream or `fn` throws, the outputs carry the
-// error and reads of them reject with it.
-void submit_cpu(Runtime& rt, std::vector<BufferPtr> inputs, std::vector<BufferPtr> outputs, std::function<void()> fn) {
-  rt.executor().submit([inputs = std::move(inputs), outputs = std::move(outputs), fn = std::move(fn)] {
-    std::string err;
-    for (const auto& in : inputs) {
-      err = in->error();
-      if (!err.empty()) break;
-    }
-    if (err.empty()) {
-      try {
-        fn();
-      } catch (const std::bad_alloc&) {
-        err = "out of host memory for the CPU attention workspace";
-      } catch (const std::exception& e) {
-        err = e.what();
-      }
-    }
-    if (!err.empty()) {
-      for (const auto& out : outputs) out->set_error(err);
-    }
-  });
-}
-
-#ifdef FA_WITH_CUDA
-void check_launch(Runtime& rt, cudaError_t err, const char* what, size_t workspace_bytes) {
-  if (err == cudaErrorMemoryAllocation) {
-    cudaGetLastError();
-    size_t free_bytes = 0, total_bytes = 0;
-    cudaMemGetInfo(&free_bytes, &total_bytes);
-    throw Error(std::string("CUDA out of memory in ") + what + ": its workspace needs " + format_bytes(workspace_bytes) +
-                " (" + std::to_string(workspace_bytes) + " bytes) and the device has " + format_bytes(free_bytes) +
-                " free of " + format_bytes(total_bytes));
-  }
-  rt.cuda().check(err, what);
-}
-#endif
-
 // attentionForward(q, k, v, dims, causal, softmaxScale, kernel, float32Precision): [out, lse, kernel]
 Napi::Value AttentionForward(const Napi::CallbackInfo& info) {
   Napi::Env env = info.Env();
@@ -214,6 +161,7 @@ Napi::Value AttentionForward(const Napi::CallbackInfo& info) {
   const float scale = scale_arg(info[5]);
   const Device device = q->device();
   const DType dtype = q->dtype();
+  expect_float(dtype, "q");
   const int64_t q_numel = checked_numel({d.batch, d.seqlen_q, d.heads_q, d.head_dim}, "q");
   const int64_t kv_numel = checked_numel({d.batch, d.seqlen_k, d.heads_kv, d.head_dim}, "k");
   const int64_t lse_numel = checked_numel({d.batch, d.heads_q, d.seqlen_q}, "lse");
@@ -291,6 +239,7 @@ Napi::Value AttentionBackward(const Napi::CallbackInfo& info) {
   const Fp32Precision fp32_precision = fp32_precision_arg(info[12]);
   const Device device = q->device();
   const DType dtype = q->dtype();
+  expect_float(dtype, "q");
   const int64_t q_numel = checked_numel({d.batch, d.seqlen_q, d.heads_q, d.head_dim}, "q");
   const int64_t kv_numel = checked_numel({d.batch, d.seqlen_k, d.heads_kv, d.head_dim}, "k");
   const int64_t lse_numel = checked_numel({d.batch, d.heads_q, d.seqlen_q}, "lse");

@@ -29,6 +29,8 @@ void convert_from_f32(const float* src, void* dst, size_t n, DType t) {
       for (size_t i = 0; i < n; ++i) d[i] = f32_to_bf16(src[i]);
       break;
     }
+    case DType::kInt32:  // CreateFromFloat32 refuses int32 before converting
+      break;
   }
 }
 
@@ -47,7 +49,20 @@ void convert_to_f32(const void* src, float* dst, size_t n, DType t) {
       for (size_t i = 0; i < n; ++i) dst[i] = bf16_to_f32(s[i]);
       break;
     }
+    case DType::kInt32: {  // exact for |x| <= 2^24, rounded to nearest beyond
+      const auto* s = static_cast<const int32_t*>(src);
+      for (size_t i = 0; i < n; ++i) dst[i] = static_cast<float>(s[i]);
+      break;
+    }
   }
+}
+
+// The typed array that holds a dtype's raw elements (createFromBits, readBits).
+napi_typedarray_type bits_array_type(DType t) {
+  return t == DType::kFloat32 ? napi_float32_array : t == DType::kInt32 ? napi_int32_array : napi_uint16_array;
+}
+const char* bits_array_name(DType t) {
+  return t == DType::kFloat32 ? "a Float32Array" : t == DType::kInt32 ? "an Int32Array" : "a Uint16Array";
 }
 
 // Allocates a buffer on `device` and fills it from host bytes that are already in the buffer's dtype.
@@ -81,6 +96,10 @@ Napi::Value CreateFromFloat32(const Napi::CallbackInfo& info) {
   Runtime& rt = runtime(env);
   Device device = device_arg(info[0], "device");
   DType dtype = dtype_arg(info[1], "dtype");
+  if (!dtype_is_float(dtype)) {
+    throw type_error(std::string("Expected dtype to be float32, float16 or bfloat16 for data from a Float32Array but "
+                                 "received ") + dtype_name(dtype));
+  }
   if (!info[2].IsTypedArray() || info[2].As<Napi::TypedArray>().TypedArrayType() != napi_float32_array) {
     throw type_error("Expected data to be a Float32Array but received " + describe(info[2]));
   }
@@ -100,11 +119,10 @@ Napi::Value CreateFromBits(const Napi::CallbackInfo& info) {
   Runtime& rt = runtime(env);
   Device device = device_arg(info[0], "device");
   DType dtype = dtype_arg(info[1], "dtype");
-  const napi_typedarray_type want = dtype == DType::kFloat32 ? napi_float32_array : napi_uint16_array;
+  const napi_typedarray_type want = bits_array_type(dtype);
   if (!info[2].IsTypedArray() || info[2].As<Napi::TypedArray>().TypedArrayType() != want) {
-    throw type_error(std::string("Expected data to be a ") +
-                     (dtype == DType::kFloat32 ? "Float32Array" : "Uint16Array") + " for dtype " + dtype_name(dtype) +
-                     " but received " + describe(info[2]));
+    throw type_error(std::string("Expected data to be ") + bits_array_name(dtype) + " for dtype " +
+                     dtype_name(dtype) + " but received " + describe(info[2]));
   }
   require_device(rt, device);
   auto arr = info[2].As<Napi::TypedArray>();
@@ -169,6 +187,8 @@ class ReadWorker : public PromiseWorker {
     Napi::TypedArray out;
     if (as_f32_ || buf_->dtype() == DType::kFloat32) {
       out = Napi::Float32Array::New(env, n);
+    } else if (buf_->dtype() == DType::kInt32) {
+      out = Napi::Int32Array::New(env, n);
     } else {
       out = Napi::Uint16Array::New(env, n);
     }
@@ -203,7 +223,7 @@ class ReadWorker : public PromiseWorker {
       if (!err.empty()) SetError(err);
       return;
     }
-    std::vector<uint16_t> staging(n);
+    std::vector<uint8_t> staging(bytes);
     std::string err = cuda->read_after(fence_.event, staging.data(), src, bytes);
     if (!err.empty()) return SetError(err);
     convert_to_f32(staging.data(), reinterpret_cast<float*>(dst_), n, buf_->dtype());
