@@ -174,6 +174,8 @@ Napi::Object Init(Napi::Env env, Napi::Object exports) {
   InitTensorOps(env, exports);
   InitAttentionOps(env, exports);
   InitTimingOps(env, exports);
+  InitTrainOps(env, exports);
+  InitNnOps(env, exports);
   return exports;
 }
 

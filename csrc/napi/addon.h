@@ -89,5 +89,7 @@ bool bool_arg(const Napi::Value& v, const char* arg);
 void InitTensorOps(Napi::Env env, Napi::Object exports);
 void InitAttentionOps(Napi::Env env, Napi::Object exports);
 void InitTimingOps(Napi::Env env, Napi::Object exports);
+void InitTrainOps(Napi::Env env, Napi::Object exports);  // embedding, linear, cross-entropy, AdamW, reductions
+void InitNnOps(Napi::Env env, Napi::Object exports);     // norms, RoPE, activations, residual add
 
 }  // namespace fa::napi

@@ -1,0 +1,2 @@
+// CPU GEMM (gemm_cpu.h).
+#include "cpu/gemm/gemm_cpu.h"
