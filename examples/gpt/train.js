@@ -1,0 +1,20 @@
+#!/usr/bin/env node
+// Launcher of examples/gpt/train.ts: `node examples/gpt/train.js --help`. Loads the TypeScript
+// sources of the example and of lib/ through TypeScript's transpiler (a devDependency), so a
+// checkout needs no build step beyond the native addon.
+'use strict';
+const fs = require('fs');
+const ts = require('typescript');
+
+require.extensions['.ts'] = (module, filename) => {
+  const out = ts.transpileModule(fs.readFileSync(filename, 'utf8'), {
+    fileName: filename,
+    compilerOptions: { module: ts.ModuleKind.CommonJS, target: ts.ScriptTarget.ES2022, esModuleInterop: true, sourceMap: false },
+  });
+  module._compile(out.outputText, filename);
+};
+
+require('./train.ts').main(process.argv.slice(2)).then(
+  (status) => { process.exitCode = status; },
+  (err) => { console.error(err); process.exitCode = 1; },
+);

@@ -1,0 +1,258 @@
+/**
+ * The layer API's foundation: {@link Parameter} (a value, its float32 gradient and, for float16 or
+ * bfloat16 values, a float32 master copy) and {@link Module} (a tree of layers that owns
+ * parameters).
+ *
+ * Design: layers have an explicit `forward` and `backward`, as llm.c's layers do, instead of a tape
+ * autograd. In training mode `forward` keeps the activations its `backward` needs; `backward`
+ * consumes them and disposes them. So the order of the kernels and the memory held between the
+ * forward and the backward are visible in the code, there is no graph bookkeeping, and every tensor
+ * has exactly one owner:
+ * - a layer owns the tensors it creates and keeps (statistics, pre-activations) and frees them in
+ *   `backward` (or {@link Module.release});
+ * - a layer only references its input: the caller, which created it, keeps it alive until the
+ *   layer's `backward` has run and then disposes it;
+ * - `forward` returns a new tensor the caller owns; `backward(dout)` leaves `dout` to the caller and
+ *   returns a new input gradient the caller owns.
+ * Parameter gradients are accumulated (+=) by `backward`; {@link Module.zeroGrad} clears them.
+ * @packageDocumentation
+ */
+import { describeValue, formatShape, rangeError, typeError } from '../errors';
+import type { DType } from '../half';
+import { Device, Tensor } from '../tensor';
+
+/** Options of a new {@link Parameter}. */
+export interface ParameterOptions {
+  /** dtype of the value (the model's dtype). Default 'float32'. */
+  dtype?: DType;
+  /** Device of every tensor of the parameter. Required. */
+  device: Device;
+  /**
+   * Whether AdamW applies weight decay to it. Default: true for a parameter of 2 or more dims
+   * (matrices and embeddings), false for vectors (biases, norm weights), as nanoGPT groups them.
+   */
+  decay?: boolean;
+}
+
+/**
+ * A trainable tensor: `value` in the model's dtype, `grad` (float32, same shape, accumulated by the
+ * layers' backward), and `master` (float32) when the value is float16 or bfloat16, which the
+ * optimizer updates and rounds into `value`. The optimizer's moment estimates live in the optimizer.
+ */
+export class Parameter implements Disposable {
+  /** dtype of {@link value}. */
+  readonly dtype: DType;
+  /** Device of every tensor of the parameter. */
+  readonly device: Device;
+  /** Shape of the value, the gradient and the master. */
+  readonly shape: readonly number[];
+  /** Whether AdamW applies weight decay to it. */
+  readonly decay: boolean;
+  #value: Tensor;
+  #grad: Tensor;
+  #master: Tensor | null;
+
+  /** A parameter holding `data` (float32 values, rounded to `dtype` for the value), gradient zero. */
+  constructor(data: Float32Array, shape: readonly number[], options: ParameterOptions) {
+    this.dtype = options.dtype ?? 'float32';
+    this.device = options.device;
+    this.shape = Object.freeze([...shape]);
+    this.decay = options.decay ?? shape.length >= 2;
+    const n = shape.reduce((a, b) => a * b, 1);
+    if (data.length !== n) throw rangeError(`data to have ${n} elements for shape ${formatShape(shape)}`, `${data.length}`);
+    this.#value = Tensor.fromFloat32Array(data, shape, { dtype: this.dtype, device: this.device });
+    this.#grad = Tensor.zeros(shape, { dtype: 'float32', device: this.device });
+    this.#master = this.dtype === 'float32' ? null : Tensor.fromFloat32Array(data, shape, { dtype: 'float32', device: this.device });
+  }
+
+  /** The value, in the model's dtype (read by the forward and the backward). */
+  get value(): Tensor {
+    return this.#value;
+  }
+
+  /** float32 gradient, accumulated (+=) by backward passes. */
+  get grad(): Tensor {
+    return this.#grad;
+  }
+
+  /** float32 master copy of the value (float16/bfloat16 parameters), or null (float32). */
+  get master(): Tensor | null {
+    return this.#master;
+  }
+
+  /** Number of elements. */
+  get numel(): number {
+    return this.#value.numel;
+  }
+
+  /** The weights as the optimizer sees them: the master when there is one, else the value (float32). */
+  get weights(): Tensor {
+    return this.#master ?? this.#value;
+  }
+
+  /** Sets the gradient to zero (in place, queued on the device). */
+  zeroGrad(): void {
+    this.#grad.fill(0);
+  }
+
+  /** Replaces the value (and master) with `data` (float32, rounded to the dtype for the value). */
+  setData(data: Float32Array): void {
+    if (!(data instanceof Float32Array) || data.length !== this.numel) {
+      throw typeError(`data to be a Float32Array of ${this.numel} elements`, describeValue(data));
+    }
+    const value = Tensor.fromFloat32Array(data, this.shape, { dtype: this.dtype, device: this.device });
+    const master = this.#master ? Tensor.fromFloat32Array(data, this.shape, { dtype: 'float32', device: this.device }) : null;
+    this.#value.dispose();
+    this.#master?.dispose();
+    this.#value = value;
+    this.#master = master;
+  }
+
+  /** Frees the value, the gradient and the master. */
+  dispose(): void {
+    this.#value.dispose();
+    this.#grad.dispose();
+    this.#master?.dispose();
+  }
+
+  /** Same as {@link dispose}. */
+  [Symbol.dispose](): void {
+    this.dispose();
+  }
+}
+
+/** A parameter with its dotted name in the module tree (e.g. 'transformer.h.0.attn.c_attn.weight'). */
+export interface NamedParameter {
+  name: string;
+  parameter: Parameter;
+}
+
+/**
+ * A layer or a tree of layers. Subclasses register their parameters and child modules under
+ * names (nanoGPT's, so that checkpoints map one to one onto its state_dict) and implement
+ * `forward`/`backward` with the signatures that fit them.
+ */
+export abstract class Module implements Disposable {
+  readonly #params: [string, Parameter][] = [];
+  readonly #children: [string, Module][] = [];
+  #training = true;
+
+  /** Registers a parameter under `name`; returns it. */
+  protected addParameter(name: string, p: Parameter): Parameter {
+    this.#params.push([name, p]);
+    return p;
+  }
+
+  /** Registers a child module under `name`; returns it. */
+  protected addModule<M extends Module>(name: string, m: M): M {
+    this.#children.push([name, m]);
+    return m;
+  }
+
+  /** Whether forward passes keep what the backward needs (training mode, the default). */
+  get training(): boolean {
+    return this.#training;
+  }
+
+  /**
+   * Training mode (`true`, default): `forward` keeps what `backward` needs. Evaluation mode
+   * (`false`): `forward` keeps nothing and `backward` throws. Applies to the whole tree. Also
+   * releases anything kept from a forward without a backward.
+   */
+  train(mode = true): this {
+    this.release();
+    this.#training = mode;
+    for (const [, c] of this.#children) c.train(mode);
+    return this;
+  }
+
+  /** Same as `train(false)`. */
+  eval(): this {
+    return this.train(false);
+  }
+
+  /** Every parameter of the tree with its dotted name, in registration order (depth first). */
+  namedParameters(prefix = ''): NamedParameter[] {
+    const out: NamedParameter[] = this.#params.map(([n, parameter]) => ({ name: prefix + n, parameter }));
+    for (const [n, c] of this.#children) out.push(...c.namedParameters(`${prefix}${n}.`));
+    return out;
+  }
+
+  /** Every parameter of the tree (each once). */
+  parameters(): Parameter[] {
+    return [...new Set(this.namedParameters().map((p) => p.parameter))];
+  }
+
+  /** Total number of parameter elements. */
+  numParameters(): number {
+    return this.parameters().reduce((a, p) => a + p.numel, 0);
+  }
+
+  /** Sets every parameter gradient to zero (queued on the device). */
+  zeroGrad(): void {
+    for (const p of this.parameters()) p.zeroGrad();
+  }
+
+  /**
+   * Frees what this layer kept from a `forward` whose `backward` will not run. Subclasses that keep
+   * activations override {@link releaseSaved}; this recurses into the children.
+   */
+  release(): void {
+    this.releaseSaved();
+    for (const [, c] of this.#children) c.release();
+  }
+
+  /** Frees this layer's own saved activations (not the children's). Default: nothing kept. */
+  protected releaseSaved(): void {}
+
+  /** Throws unless in training mode: `backward` needs what a training-mode forward kept. */
+  protected requireSaved<T>(saved: T | null, layer: string): T {
+    if (saved === null) {
+      throw new Error(`${layer}.backward() needs a forward() in training mode first (and runs once per forward)`);
+    }
+    return saved;
+  }
+
+  /**
+   * The parameters as float32 tensors by dotted name (the masters of float16/bfloat16 parameters,
+   * else the values): what a checkpoint stores. The tensors are the parameters' own (not copies).
+   */
+  stateDict(): Record<string, Tensor> {
+    const out: Record<string, Tensor> = {};
+    for (const { name, parameter } of this.namedParameters()) out[name] = parameter.weights;
+    return out;
+  }
+
+  /**
+   * Loads every parameter from `state` (tensors by dotted name, any dtype and device, e.g. from
+   * `load()` of lib/safetensors): reads each to the host and replaces the parameter's value (and
+   * master). Throws, changing nothing, when a name is missing or extra, or a shape differs.
+   */
+  async loadStateDict(state: Record<string, Tensor>): Promise<void> {
+    const named = this.namedParameters();
+    const names = new Set(named.map((p) => p.name));
+    for (const key of Object.keys(state)) {
+      if (!names.has(key)) throw rangeError(`state to hold only this model's parameters`, `an extra '${key}'`);
+    }
+    for (const { name, parameter } of named) {
+      const t = state[name];
+      if (!(t instanceof Tensor)) throw typeError(`state['${name}'] to be a Tensor`, describeValue(t));
+      if (t.shape.length !== parameter.shape.length || t.shape.some((d, i) => d !== parameter.shape[i])) {
+        throw rangeError(`state['${name}'] to have shape ${formatShape(parameter.shape)}`, formatShape(t.shape));
+      }
+    }
+    const data = await Promise.all(named.map(({ name }) => state[name].toFloat32Array()));
+    named.forEach(({ parameter }, i) => parameter.setData(data[i]));
+  }
+
+  /** Frees every parameter and anything kept from a forward. The module is unusable afterwards. */
+  dispose(): void {
+    this.release();
+    for (const p of this.parameters()) p.dispose();
+  }
+
+  /** Same as {@link dispose}. */
+  [Symbol.dispose](): void {
+    this.dispose();
+  }
+}

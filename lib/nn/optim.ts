@@ -1,0 +1,160 @@
+/**
+ * AdamW over a model's parameters, every step on the device: the global gradient norm is computed
+ * by one `gradNorm` launch and handed to the update kernels as a device scalar (`clip`), so a step
+ * never waits for the host.
+ * @packageDocumentation
+ */
+import { describeValue, rangeError, typeError } from '../errors';
+import { adamwStep, gradNorm } from '../ops/optim';
+import { Tensor } from '../tensor';
+import { Parameter } from './module';
+
+/** Options of {@link AdamW}. */
+export interface AdamWOptions {
+  /**
+   * Learning rate: a number, or a schedule `(step) => lr` called with the 1-based step number
+   * before each update. Default 1e-3.
+   */
+  lr?: number | ((step: number) => number);
+  /** Default 0.9. */
+  beta1?: number;
+  /** Default 0.999 (nanoGPT's GPT-2 runs use 0.95). */
+  beta2?: number;
+  /** Default 1e-8. */
+  eps?: number;
+  /**
+   * Decoupled weight decay (PyTorch's AdamW), applied only to parameters whose `decay` is true
+   * (2-D weights and embeddings, as nanoGPT groups them). Default 0.01 (PyTorch's default).
+   */
+  weightDecay?: number;
+  /**
+   * Clip the global L2 norm of all gradients to this value (PyTorch's clip_grad_norm_: every
+   * gradient is scaled by min(1, maxGradNorm / (norm + 1e-6))). Default: no clipping (0 or undefined).
+   */
+  maxGradNorm?: number;
+}
+
+const OPTION_KEYS = ['lr', 'beta1', 'beta2', 'eps', 'weightDecay', 'maxGradNorm'];
+
+function checkRate(value: unknown, arg: string, lo: number, hi: number): number {
+  if (typeof value !== 'number' || !Number.isFinite(value) || value < lo || value > hi) {
+    throw rangeError(`${arg} to be a finite number in [${lo}, ${hi}]`, describeValue(value));
+  }
+  return value;
+}
+
+/** One parameter's optimizer state. */
+interface Slot {
+  parameter: Parameter;
+  m: Tensor;
+  v: Tensor;
+}
+
+/**
+ * AdamW (PyTorch's semantics) with float32 moments, float32 master weights for float16/bfloat16
+ * parameters (the parameter's `master`), weight decay on the decay group only, a learning-rate
+ * schedule and optional global gradient-norm clipping computed on the device.
+ *
+ * ```ts
+ * const opt = new AdamW(model.parameters(), { lr: (s) => 1e-3, weightDecay: 0.1, maxGradNorm: 1 });
+ * opt.zeroGrad(); const loss = model.forward(ids, { targets }); model.backward(); opt.step();
+ * ```
+ */
+export class AdamW implements Disposable {
+  readonly #slots: Slot[];
+  readonly #lr: (step: number) => number;
+  readonly beta1: number;
+  readonly beta2: number;
+  readonly eps: number;
+  readonly weightDecay: number;
+  readonly maxGradNorm: number;
+  #step = 0;
+  #norm: Tensor | null = null;
+
+  constructor(parameters: readonly Parameter[], options: AdamWOptions = {}) {
+    if (!Array.isArray(parameters) || parameters.length === 0 || !parameters.every((p) => p instanceof Parameter)) {
+      throw typeError('parameters to be a non-empty Array of Parameters', describeValue(parameters));
+    }
+    if (options === null || typeof options !== 'object') throw typeError('options to be an object', describeValue(options));
+    for (const k of Object.keys(options)) {
+      if (!OPTION_KEYS.includes(k)) throw typeError(`options to have only the keys ${OPTION_KEYS.join(', ')}`, `'${k}'`);
+    }
+    const lr = options.lr ?? 1e-3;
+    if (typeof lr === 'function') this.#lr = lr;
+    else {
+      checkRate(lr, 'options.lr', 0, Infinity);
+      this.#lr = () => lr;
+    }
+    this.beta1 = checkRate(options.beta1 ?? 0.9, 'options.beta1', 0, 0.999999);
+    this.beta2 = checkRate(options.beta2 ?? 0.999, 'options.beta2', 0, 0.999999);
+    this.eps = checkRate(options.eps ?? 1e-8, 'options.eps', 0, 1);
+    this.weightDecay = checkRate(options.weightDecay ?? 0.01, 'options.weightDecay', 0, Infinity);
+    this.maxGradNorm = checkRate(options.maxGradNorm ?? 0, 'options.maxGradNorm', 0, Infinity);
+    const unique = [...new Set(parameters)];
+    this.#slots = unique.map((parameter) => ({
+      parameter,
+      m: Tensor.zeros(parameter.shape, { dtype: 'float32', device: parameter.device }),
+      v: Tensor.zeros(parameter.shape, { dtype: 'float32', device: parameter.device }),
+    }));
+  }
+
+  /** Number of updates done so far. */
+  get stepCount(): number {
+    return this.#step;
+  }
+
+  /** The learning rate of update `step` (1-based). */
+  learningRate(step: number): number {
+    const lr = this.#lr(step);
+    return checkRate(lr, `the learning rate of step ${step}`, 0, Infinity);
+  }
+
+  /**
+   * The global L2 norm of the gradients before clipping, from the last {@link step} (float32 [1] on
+   * the device; read it with `toFloat32Array()` only when logging). Null before the first step or
+   * without clipping. Owned by the optimizer: valid until the next step.
+   */
+  get lastGradNorm(): Tensor | null {
+    return this.#norm;
+  }
+
+  /** Sets the gradients of every parameter to zero. */
+  zeroGrad(): void {
+    for (const s of this.#slots) s.parameter.zeroGrad();
+  }
+
+  /**
+   * One AdamW update of every parameter from its accumulated gradient (queued on the device; no host
+   * synchronisation). With maxGradNorm, the gradients' global norm is computed first, on the device.
+   */
+  step(): void {
+    const step = this.#step + 1;
+    const lr = this.learningRate(step);
+    this.#norm?.dispose();
+    this.#norm = this.maxGradNorm > 0 ? gradNorm(this.#slots.map((s) => s.parameter.grad)) : null;
+    const clip = this.#norm ? { norm: this.#norm, maxNorm: this.maxGradNorm } : undefined;
+    for (const s of this.#slots) {
+      const p = s.parameter;
+      adamwStep({ param: p.value, grad: p.grad, m: s.m, v: s.v, master: p.master }, {
+        lr, beta1: this.beta1, beta2: this.beta2, eps: this.eps,
+        weightDecay: p.decay ? this.weightDecay : 0, step, ...(clip ? { clip } : {}),
+      });
+    }
+    this.#step = step;
+  }
+
+  /** Frees the moments and the last gradient norm (not the parameters). */
+  dispose(): void {
+    for (const s of this.#slots) {
+      s.m.dispose();
+      s.v.dispose();
+    }
+    this.#norm?.dispose();
+    this.#norm = null;
+  }
+
+  /** Same as {@link dispose}. */
+  [Symbol.dispose](): void {
+    this.dispose();
+  }
+}
