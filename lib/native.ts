@@ -75,7 +75,33 @@ export interface NativeBinding {
     dims: number[], causal: boolean, softmaxScale: number, kernel: number, deterministic: boolean, algorithm: number,
     float32Precision: number,
   ): [NativeBuffer, NativeBuffer, NativeBuffer, 'flash' | 'naive', 'single-kernel' | 'two-kernel'];
+  // Training ops (csrc/napi/train_ops.cc); tensors are [buffer, element offset] pairs.
+  embeddingForward(ids: NativeView, table: NativeView, rows: number, vocab: number, dim: number): NativeBuffer;
+  embeddingBackward(ids: NativeView, dout: NativeView, dtable: NativeView, rows: number, vocab: number, dim: number): void;
+  linearForward(
+    x: NativeView, weight: NativeView, bias: NativeView | null, rows: number, inFeatures: number, outFeatures: number,
+    gelu: boolean, float32Precision: number,
+  ): [NativeBuffer, NativeBuffer | null];
+  linearBackward(
+    dy: NativeView, x: NativeView, weight: NativeView, dweight: NativeView | null, dbias: NativeView | null, dx: boolean,
+    rows: number, inFeatures: number, outFeatures: number, float32Precision: number,
+  ): NativeBuffer | null;
+  crossEntropy(
+    logits: NativeView, targets: NativeView, rows: number, vocab: number, ignoreIndex: number, reduction: number,
+    grad: boolean, gradScale: number,
+  ): [NativeBuffer, NativeBuffer | null];
+  adamwStep(
+    param: NativeView, grad: NativeView, m: NativeView, v: NativeView, master: NativeView | null, numel: number,
+    lr: number, beta1: number, beta2: number, eps: number, weightDecay: number, step: number, gradScale: number,
+    clipNorm: NativeView | null, maxNorm: number,
+  ): void;
+  gradNorm(tensors: NativeView[], numels: number[]): NativeBuffer;
+  sum(x: NativeView, numel: number): NativeBuffer;
+  columnSum(x: NativeView, rows: number, cols: number, out: NativeView | null): NativeBuffer | undefined;
 }
+
+/** A tensor argument of the ops: its storage and the element offset of its first element. */
+export type NativeView = [NativeBuffer, number];
 
 /** Numeric codes shared with csrc/common/dtype.h and csrc/runtime/runtime.h. */
 export const DTYPE_CODE = { float32: 0, float16: 1, bfloat16: 2, int32: 3 } as const;
@@ -83,6 +109,8 @@ export const DEVICE_CODE = { cpu: 0, cuda: 1 } as const;
 export const KERNEL_CODE = { auto: 0, flash: 1, naive: 2 } as const;
 /** `Fp32Precision` of csrc/common/attention_params.h. */
 export const FLOAT32_PRECISION_CODE = { tf32: 0, highest: 1 } as const;
+/** `Reduction` of csrc/common/op_params.h (cross-entropy). */
+export const REDUCTION_CODE = { none: 0, sum: 1, mean: 2 } as const;
 /** The backward's algorithm (csrc/napi/attention_ops.cc BwdAlgorithm). */
 export const BACKWARD_ALGORITHM_CODE = { auto: 0, 'single-kernel': 1, 'two-kernel': 2 } as const;
 
