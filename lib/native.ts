@@ -21,6 +21,9 @@ export interface NativeBuffer {
   share(): NativeBuffer;
 }
 
+/** A tensor argument of the native ops: `[buffer, element offset]`, or a bare buffer (offset 0). */
+export type NativeTensorArg = NativeBuffer | [NativeBuffer, number];
+
 /** An opaque running timer from `timerStart` (csrc/napi/timing_ops.cc). */
 export type NativeTimer = { readonly __nativeTimer: unique symbol };
 
@@ -55,6 +58,13 @@ export interface NativeBinding {
   createFromFloat32(device: number, dtype: number, data: Float32Array): NativeBuffer;
   createFromBits(device: number, dtype: number, data: Uint16Array | Float32Array | Int32Array): NativeBuffer;
   createZeros(device: number, dtype: number, numel: number): NativeBuffer;
+  createEmpty(device: number, dtype: number, numel: number): NativeBuffer;
+  copyStrided(
+    dst: NativeTensorArg, src: NativeTensorArg, sizes: number[], dstStrides?: number[], srcStrides?: number[],
+  ): void;
+  fillStrided(dst: NativeTensorArg, sizes: number[], strides: number[] | undefined, value: number): void;
+  transfer(src: NativeTensorArg, count: number, device: number): NativeBuffer;
+  readInto(buf: NativeBuffer, offset: number, count: number, target: Float32Array | Uint16Array | Int32Array): Promise<void>;
   injectCudaFault(kind: 'illegal-address'): void;
   readFloat32(buf: NativeBuffer, offset?: number, count?: number): Promise<Float32Array>;
   readBits(buf: NativeBuffer, offset?: number, count?: number): Promise<Uint16Array | Float32Array | Int32Array>;
