@@ -312,32 +312,49 @@ export class CausalSelfAttention extends Module {
     this.#precision = o.float32Precision ?? 'highest';
   }
 
+  /**
+   * q, k and v of a packed projection qkv [B, S, 3·C] as [B, S, H, D] tensors the attention takes
+   * (contiguous copies of the strided views; the caller disposes them).
+   */
+  #split(qkv: Tensor): Tensor[] {
+    const [B, S] = qkv.shape;
+    const packed = qkv.view([B, S, 3, this.heads, this.headDim]);
+    try {
+      return [0, 1, 2].map((i) => {
+        const view = packed.select(2, i);
+        try {
+          return view.contiguous();
+        } finally {
+          view.dispose();
+        }
+      });
+    } finally {
+      packed.dispose();
+    }
+  }
+
   /** @param x [B, S, dModel]; referenced until backward. @returns [B, S, dModel] (caller owns) */
   forward(x: Tensor): Tensor {
     this.releaseSaved();
     const [B, S, C] = x.shape;
-    const H = this.heads, D = this.headDim;
-    const qkv = this.c_attn.forward(x); // [B, S, 3C]
-    const packed = qkv.view([B, S, 3, H, D]);
-    const q = packed.select(2, 0), k = packed.select(2, 1), v = packed.select(2, 2); // [B, S, H, D] views
+    const qkv = this.c_attn.forward(x); // [B, S, 3C], read as [B, S, 3, H, D]
     if (this.#rope) {
-      applyRope(q, { base: this.#ropeBase });
-      applyRope(k, { base: this.#ropeBase });
+      // In place on the q and k views of the packed projection: the backward re-reads them rotated.
+      const packed = qkv.view([B, S, 3, this.heads, this.headDim]);
+      for (const i of [0, 1]) {
+        const view = packed.select(2, i);
+        applyRope(view, { base: this.#ropeBase });
+        view.dispose();
+      }
+      packed.dispose();
     }
+    const [q, k, v] = this.#split(qkv);
     const { out, lse } = flashAttention(q, k, v, { causal: true, float32Precision: this.#precision });
-    q.dispose();
-    k.dispose();
-    v.dispose();
-    packed.dispose();
+    for (const t of [q, k, v]) t.dispose();
     const y = out.view([B, S, C]);
     const result = this.c_proj.forward(y);
     if (this.training) this.#saved = { qkv, out, lse, y };
-    else {
-      qkv.dispose();
-      out.dispose();
-      lse.dispose();
-      y.dispose();
-    }
+    else for (const t of [qkv, out, lse, y]) t.dispose();
     return result;
   }
 
@@ -350,25 +367,30 @@ export class CausalSelfAttention extends Module {
     const dy = this.c_proj.backward(dout) as Tensor; // [B, S, C]
     y.dispose();
     const dout4 = dy.view([B, S, H, D]);
-    const packed = qkv.view([B, S, 3, H, D]);
-    const q = packed.select(2, 0), k = packed.select(2, 1), v = packed.select(2, 2);
-    const dqkv = Tensor.empty([B, S, 3, H, D], { dtype: qkv.dtype, device: qkv.device });
-    const dq = dqkv.select(2, 0), dk = dqkv.select(2, 1), dv = dqkv.select(2, 2);
-    // q and k are the rotated ones (RoPE was applied in place in the forward), as the backward needs.
+    const [q, k, v] = this.#split(qkv); // q and k as rotated in the forward
+    qkv.dispose();
     // deterministic: the same gradients on every run (--seed reproduces a CUDA run bit for bit).
-    flashAttentionBackward(dout4, q, k, v, out, lse,
-      { causal: true, float32Precision: this.#precision, deterministic: true, dq, dk, dv });
+    const grads = flashAttentionBackward(dout4, q, k, v, out, lse,
+      { causal: true, float32Precision: this.#precision, deterministic: true });
+    for (const t of [dout4, dy, q, k, v, out, lse]) t.dispose();
     if (this.#rope) {
-      applyRope(dq, { base: this.#ropeBase, inverse: true });
-      applyRope(dk, { base: this.#ropeBase, inverse: true });
+      applyRope(grads.dq, { base: this.#ropeBase, inverse: true });
+      applyRope(grads.dk, { base: this.#ropeBase, inverse: true });
     }
-    for (const t of [dout4, dy, q, k, v, packed, qkv, out, lse, dq, dk, dv]) t.dispose();
-    const dqkv3 = dqkv.view([B, S, 3 * C]);
-    dqkv.dispose();
+    // dqkv [B, S, 3, H, D] assembled from dq, dk, dv: the layout of c_attn's output.
+    const dqkv = Tensor.empty([B, S, 3 * C], { dtype: dout.dtype, device: dout.device });
+    const packed = dqkv.view([B, S, 3, H, D]);
+    [grads.dq, grads.dk, grads.dv].forEach((g, i) => {
+      const view = packed.select(2, i);
+      view.copyFrom(g);
+      view.dispose();
+      g.dispose();
+    });
+    packed.dispose();
     try {
-      return this.c_attn.backward(dqkv3) as Tensor;
+      return this.c_attn.backward(dqkv) as Tensor;
     } finally {
-      dqkv3.dispose();
+      dqkv.dispose();
     }
   }
 
