@@ -242,7 +242,8 @@ export abstract class Module implements Disposable {
       }
     }
     const data = await Promise.all(named.map(({ name }) => state[name].toFloat32Array()));
-    named.forEach(({ parameter }, i) => parameter.setData(data[i]));
+    // Copied into this realm's Float32Array (the addon's arrays may come from another, e.g. Jest's vm).
+    named.forEach(({ parameter }, i) => parameter.setData(new Float32Array(data[i])));
   }
 
   /** Frees every parameter and anything kept from a forward. The module is unusable afterwards. */

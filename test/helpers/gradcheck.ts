@@ -1,0 +1,105 @@
+/**
+ * Finite-difference checks of the layers' explicit backward passes (lib/nn): the directional
+ * derivative of a scalar function of a layer's input and parameters, computed by central
+ * differences of float32 forwards, against the same derivative from the analytic gradients.
+ */
+import { Module, Parameter } from '../../lib/nn/module';
+import { Device, synchronize, Tensor } from '../../lib/tensor';
+import { randn, Rng } from './random';
+
+/** Euclidean norm of the combined random direction (input and parameters). */
+const DIRECTION_NORM = 4;
+
+/** How a check runs a layer: build the input from values, run forward, and run backward. */
+export interface GradCheckCase {
+  /** The layer (float32, CPU). */
+  module: Module;
+  /** The differentiable input's values and shape, or null (ids only, e.g. an embedding). */
+  input: { values: Float32Array; shape: number[] } | null;
+  /**
+   * The scalar to differentiate: runs the forward on `x` (a new tensor, or null) and returns a
+   * tensor whose dot product with `weights` (or itself, for a [1] loss) is the scalar.
+   */
+  forward(x: Tensor | null): Tensor;
+  /** Runs the backward with the upstream gradient `dout` (null for a loss); returns dx or null. */
+  backward(dout: Tensor | null): Tensor | null;
+  /** Whether the forward's output is a scalar loss [1] (then the upstream gradient is 1). */
+  scalar?: boolean;
+}
+
+function dot(a: ArrayLike<number>, b: ArrayLike<number>): number {
+  let s = 0;
+  for (let i = 0; i < a.length; i += 1) s += a[i] * b[i];
+  return s;
+}
+
+/** Result of {@link directionalGradCheck}. */
+export interface GradCheckResult {
+  analytic: number;
+  numeric: number;
+  /** |analytic − numeric| / max(|numeric|, floor). */
+  relError: number;
+}
+
+/**
+ * Compares the directional derivative of f(x, θ) = <forward(x; θ), w> (w random, or 1 for a
+ * scalar loss) along a random direction (u for x, v_p for every parameter p) computed two ways:
+ * analytically, <dx, u> + Σ_p <dθ_p, v_p> from one forward and backward in training mode; and
+ * numerically, (f(+ε) − f(−ε)) / 2ε from two evaluation-mode forwards with every input and
+ * parameter moved by ±ε times its direction. Leaves the parameters at the (random) base point.
+ */
+export async function directionalGradCheck(c: GradCheckCase, rng: Rng, device: Device, eps = 1e-2): Promise<GradCheckResult> {
+  const params: Parameter[] = c.module.parameters();
+  // Random parameters (std 0.5) instead of the initial ones (zero biases, unit norm weights), so
+  // that every term of the backward is exercised.
+  const base = params.map((p) => randn(p.numel, rng, 0.5));
+  // Directions of total norm DIRECTION_NORM (every input and parameter element moves), so that a
+  // step of ε changes the point by ε·DIRECTION_NORM however many elements there are.
+  const total = params.reduce((a, p) => a + p.numel, 0) + (c.input ? c.input.values.length : 0);
+  const std = DIRECTION_NORM / Math.sqrt(total);
+  const dirs = params.map((p) => randn(p.numel, rng, std));
+  const u = c.input ? randn(c.input.values.length, rng, std) : null;
+  const makeInput = (t: number): Tensor | null => {
+    if (!c.input) return null;
+    const v = Float32Array.from(c.input.values, (x, i) => x + t * (u as Float32Array)[i]);
+    return Tensor.fromFloat32Array(v, c.input.shape, { device });
+  };
+  const setParams = (t: number): void => {
+    params.forEach((p, i) => p.setData(Float32Array.from(base[i], (x, j) => x + t * dirs[i][j])));
+  };
+
+  // Analytic, at the base point.
+  setParams(0);
+  c.module.train(true);
+  c.module.zeroGrad();
+  const x0 = makeInput(0);
+  const out0 = c.forward(x0);
+  const w = c.scalar ? null : randn(out0.numel, rng);
+  const dout = w ? Tensor.fromFloat32Array(w, [...out0.shape], { device }) : null;
+  const dx = c.backward(dout);
+  let analytic = 0;
+  if (dx && u) analytic += dot(await dx.toFloat32Array(), u);
+  const grads = await Promise.all(params.map((p) => p.grad.toFloat32Array()));
+  grads.forEach((g, i) => {
+    analytic += dot(g, dirs[i]);
+  });
+  for (const t of [x0, out0, dout, dx]) t?.dispose();
+
+  // Numeric: central differences in evaluation mode.
+  c.module.eval();
+  const f = async (t: number): Promise<number> => {
+    setParams(t);
+    const x = makeInput(t);
+    const out = c.forward(x);
+    const values = await out.toFloat32Array();
+    out.dispose();
+    x?.dispose();
+    return w ? dot(values, w) : values[0];
+  };
+  const numeric = ((await f(eps)) - (await f(-eps))) / (2 * eps);
+  setParams(0);
+  c.module.train(true);
+  await synchronize(device);
+  const relError = Math.abs(analytic - numeric) / Math.max(Math.abs(numeric), 1e-3);
+  return { analytic, numeric, relError };
+}
