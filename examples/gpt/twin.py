@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""PyTorch twin of examples/gpt/train.ts.
+"""PyTorch twin of examples/gpt/main.ts.
 
 Builds the same GPT (nanoGPT's architecture, with the options the Node run recorded in run.json),
 loads the Node run's initial weights (init.safetensors, step 0), trains on the exact batches the
@@ -22,7 +22,7 @@ The math matches lib/nn: GELU is the tanh approximation (GPT-2's), LayerNorm/RMS
 RoPE pairs x[i] with x[i + D/2] (rotate-half), attention scale 1/sqrt(head_dim), the LM head is the
 token embedding (tied: its gradient accumulates both uses), weight decay applies to parameters with
 2 or more dims, gradient clipping is clip_grad_norm_ (scale min(1, max / (norm + 1e-6))), and the
-schedule is nanoGPT's linear warm-up then cosine decay (learningRate in train.ts).
+schedule is nanoGPT's linear warm-up then cosine decay (learningRate in main.ts).
 """
 import argparse
 import json
@@ -178,7 +178,7 @@ class GPT(nn.Module):
 
 
 def learning_rate(step, o):
-    """train.ts learningRate: 1-based step, linear warm-up, cosine decay to minLr at the last step."""
+    """main.ts learningRate: 1-based step, linear warm-up, cosine decay to minLr at the last step."""
     it = step - 1
     if it < o['warmup']:
         return o['lr'] * (it + 1) / (o['warmup'] + 1)
@@ -274,7 +274,7 @@ def main():
         opt.step()
         pending.append((step, loss.detach(), lr))
         if step % args.log_every == 0 or step == steps:
-            values = [p[1].item() for p in pending]  # synchronises, as train.ts does at its log points
+            values = [p[1].item() for p in pending]  # synchronises, as main.ts does at its log points
             seconds = time.perf_counter() - t0
             tps = len(pending) * B * (S1 - 1) / seconds
             for (s, _, lr_s), v in zip(pending, values):

@@ -312,6 +312,11 @@ export async function train(s: TrainSettings, log: (line: string) => void = (l) 
       inputs.dispose();
       targets.dispose();
       pending.push({ step, loss, lr: opt.learningRate(step) });
+      // The CPU backend runs queued work on its executor threads while JS queues more: without a
+      // wait, JS runs up to --log-every steps ahead and every queued step's activations stay
+      // alive (about 10x the memory of one step). CUDA frees into its stream-ordered pool in
+      // order, so there the queue may run ahead.
+      if (s.device === 'cpu') await synchronize('cpu');
       const last = step === s.steps;
       const evalNow = last || (s.evalEvery > 0 && step % s.evalEvery === 0);
       if (step % s.logEvery !== 0 && !last && !evalNow) continue;
