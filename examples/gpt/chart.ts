@@ -31,12 +31,15 @@ export function lossChartSpec(points: readonly LossPoint[], title: string, subti
     layer: [
       {
         data: { values: points.map((p) => ({ ...p })) },
-        mark: { type: 'line', point: points.length <= 60 },
         encoding: {
           x: { field: 'step', type: 'quantitative', title: 'step' },
           y: { field: 'loss', type: 'quantitative', title: 'cross-entropy (nats per character)', scale: { zero: false } },
-          color: { field: 'split', type: 'nominal', title: null },
+          color: { field: 'split', type: 'nominal', title: null, scale: { domain: ['train', 'validation'] } },
         },
+        layer: [
+          { transform: [{ filter: "datum.split === 'train'" }], mark: { type: 'line', strokeWidth: 1.5 } },
+          { transform: [{ filter: "datum.split === 'validation'" }], mark: { type: 'line', point: { filled: true, size: 40 } } },
+        ],
       },
       {
         data: { values: [{ entropy: unigramEntropy, label: `unigram entropy ${unigramEntropy.toFixed(3)}` }] },

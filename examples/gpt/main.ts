@@ -299,27 +299,48 @@ export async function train(s: TrainSettings, log: (line: string) => void = (l) 
   const pending: { step: number; loss: Tensor; lr: number }[] = [];
   let intervalStart = performance.now();
   let firstIntervalDone = false;
+  const isLogPoint = (step: number): boolean =>
+    step === s.steps || step % s.logEvery === 0 || (s.evalEvery > 0 && step % s.evalEvery === 0);
+  let chunk: { tensor: Tensor; first: number } | null = null;
   try {
     for (let step = 1; step <= s.steps; step += 1) {
-      const b = sampler.next();
-      tokens.append(b.windows);
-      const inputs = Tensor.fromInt32Array(b.inputs, [s.batch, s.context], { device: s.device });
-      const targets = Tensor.fromInt32Array(b.targets, [s.batch, s.context], { device: s.device });
+      if (chunk === null) {
+        // The batches up to the next log point, uploaded at once: creating a device tensor from host
+        // memory waits for the queued work, so one upload per interval keeps that wait where the
+        // log point synchronises anyway. [K, B, S + 1] int32 windows.
+        let k = 1;
+        while (!isLogPoint(step + k - 1)) k += 1;
+        const windows = new Int32Array(k * s.batch * (s.context + 1));
+        for (let i = 0; i < k; i += 1) {
+          const b = sampler.next();
+          tokens.append(b.windows);
+          windows.set(b.windows, i * b.windows.length);
+        }
+        chunk = { tensor: Tensor.fromInt32Array(windows, [k, s.batch, s.context + 1], { device: s.device }), first: step };
+      }
+      const window = chunk.tensor.select(0, step - chunk.first); // [B, S + 1]
+      const inputView = window.narrow(1, 0, s.context), targetView = window.narrow(1, 1, s.context);
+      const inputs = inputView.contiguous(); // [B, S] copies on the device
+      const targets = targetView.contiguous();
+      for (const t of [window, inputView, targetView]) t.dispose();
       opt.zeroGrad();
       const loss = model.forward(inputs, { targets });
       model.backward();
       opt.step();
       inputs.dispose();
       targets.dispose();
+      if (isLogPoint(step)) {
+        chunk.tensor.dispose();
+        chunk = null;
+      }
       pending.push({ step, loss, lr: opt.learningRate(step) });
       // The CPU backend runs queued work on its executor threads while JS queues more: without a
       // wait, JS runs up to --log-every steps ahead and every queued step's activations stay
       // alive (about 10x the memory of one step). CUDA frees into its stream-ordered pool in
       // order, so there the queue may run ahead.
       if (s.device === 'cpu') await synchronize('cpu');
-      const last = step === s.steps;
-      const evalNow = last || (s.evalEvery > 0 && step % s.evalEvery === 0);
-      if (step % s.logEvery !== 0 && !last && !evalNow) continue;
+      const evalNow = step === s.steps || (s.evalEvery > 0 && step % s.evalEvery === 0);
+      if (!isLogPoint(step)) continue;
       // A log point: read the losses of the interval (the only host synchronisation of training).
       const losses = await Promise.all(pending.map((p) => readScalar(p.loss)));
       const norm = opt.lastGradNorm ? await readScalar(opt.lastGradNorm) : undefined;
@@ -350,6 +371,7 @@ export async function train(s: TrainSettings, log: (line: string) => void = (l) 
   } finally {
     bar?.stop();
     tokens.close();
+    chunk?.tensor.dispose();
     for (const p of pending) p.loss.dispose();
     for (const b of valBatches) {
       b.inputs.dispose();
