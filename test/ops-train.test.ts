@@ -17,6 +17,8 @@ import {
   referenceAdamW, referenceColumnSum, referenceCrossEntropy, referenceEmbedding, referenceEmbeddingBackward,
   referenceGradNorm, referenceLinear, referenceLinearBackward, referenceSum, TrainReferencePrecision,
 } from '../lib/ops/reference/train';
+import { binding, NativeBuffer, NativeView } from '../lib/native';
+import { storageOf, wrapNative } from '../lib/tensor';
 import type { Device } from '../lib/tensor';
 import { describeEachDevice, trackMemory, usePoisonedOutputs } from './helpers/backend';
 import { randn, rngFor, Rng } from './helpers/random';
@@ -463,3 +465,69 @@ describeEachDevice('linear + cross-entropy gradients (finite differences)', (dev
     expect(Math.abs(numeric - analytic)).toBeLessThan(2e-3 * Math.max(1, Math.abs(analytic)));
   });
 });
+
+describeEachDevice('tensor arguments at an element offset (the raw bindings)', (device) => {
+  test('ops read and write from the offset, and only the extent they were given', async () => {
+    const rng = rngFor(`offsets ${device}`);
+    const b = binding();
+    const data = randn(20, rng);
+    const x = keep(Tensor.fromFloat32Array(data, [20], { device }));
+    const [buf] = storageOf(x, 'x');
+    // sum of elements [5, 12)
+    const s = keep(wrap(b.sum([buf, 5], 7), [1], device));
+    expect((await s.toFloat32Array())[0]).toBeCloseTo(referenceSum(data.slice(5, 12)), 5);
+    // column sums of the [3, 4] matrix at element 8, added into out[2..6) of a [10] accumulator
+    const out0 = randn(10, rng);
+    const out = keep(Tensor.fromFloat32Array(out0, [10], { device }));
+    b.columnSum([buf, 8], 3, 4, [storageOf(out, 'out')[0], 2]);
+    const got = await out.toFloat32Array();
+    const ref = referenceColumnSum(data.slice(8, 20), 3, 4, { out: out0.slice(2, 6) });
+    for (let c = 0; c < 10; c++) {
+      if (c >= 2 && c < 6) expect(got[c]).toBeCloseTo(ref[c - 2], 5);
+      else expect(got[c]).toBe(out0[c]);
+    }
+    // embedding of ids [1, 4) of an id tensor, from a table stored at element 6
+    const ids = ints(Int32Array.from([9, 0, 2, 1, 9]), [5], device);
+    const e = keep(wrap(b.embeddingForward([storageOf(ids, 'ids')[0], 1], [buf, 6], 3, 3, 4), [3, 4], device));
+    expect(Array.from(await e.toFloat32Array())).toEqual(Array.from(referenceEmbedding([0, 2, 1], data.slice(6, 18), 3, 4)));
+    // AdamW on elements [3, 7) of a parameter: the others stay as they were
+    const param = keep(Tensor.fromFloat32Array(data, [20], { device }));
+    const grad = keep(Tensor.fromFloat32Array(randn(4, rng), [4], { device }));
+    const m = keep(Tensor.zeros([4], { device }));
+    const v = keep(Tensor.zeros([4], { device }));
+    const view = (t: Tensor): NativeView => storageOf(t, 't');
+    b.adamwStep([storageOf(param, 'param')[0], 3], view(grad), view(m), view(v), null, 4, 0.1, 0.9, 0.999, 1e-8, 0, 1, 1, null, 0);
+    const p = await param.toFloat32Array();
+    for (let i = 0; i < 20; i++) {
+      if (i >= 3 && i < 7) expect(p[i]).not.toBe(data[i]);
+      else expect(p[i]).toBe(data[i]);
+    }
+  });
+});
+
+describeEachDevice('determinism', (device) => {
+  test('reductions and the embedding backward give the same bits twice', async () => {
+    const rng = rngFor(`determinism ${device}`);
+    const rows = 1025;
+    const dim = 129;
+    const vocab = 65;
+    const x = upload(randn(rows * dim, rng), [rows, dim], 'bfloat16', device);
+    const ids = ints(randomIds(rows, vocab, rng), [rows], device);
+    const run = async (): Promise<Float32Array[]> => {
+      const dtable = keep(Tensor.zeros([vocab, dim], { device }));
+      embeddingBackward(ids, x.t, dtable);
+      return Promise.all([
+        keep(sum(x.t)).toFloat32Array(), keep(columnSum(x.t)).toFloat32Array(), keep(gradNorm([x.t, dtable])).toFloat32Array(),
+        dtable.toFloat32Array(),
+      ]);
+    };
+    const first = await run();
+    const second = await run();
+    for (let i = 0; i < first.length; i++) expect(second[i]).toEqual(first[i]);
+  });
+});
+
+/** A float32 tensor on a buffer a raw binding returned. */
+function wrap(buf: NativeBuffer, shape: number[], device: Device): Tensor {
+  return wrapNative(buf, shape, 'float32', device);
+}

@@ -23,6 +23,7 @@ export type TrainReferencePrecision = 'float64' | DType | 'tf32';
 
 /** The `precision` option shared by every reference. Default 'float64'. */
 export interface TrainPrecisionOption {
+  /** 'float64' (the ground truth), a dtype (float32 math, results in that dtype), or 'tf32' (linear). */
   precision?: TrainReferencePrecision;
 }
 
@@ -169,11 +170,11 @@ export function referenceLinearBackward(
 
 /** Options of {@link referenceCrossEntropy}. */
 export interface ReferenceCrossEntropyOptions extends TrainPrecisionOption {
-  /** Default -100. */
+  /** Rows with this target are ignored (loss 0, gradient 0, not counted). Default -100. */
   ignoreIndex?: number;
-  /** Default 'mean'. */
+  /** 'mean' over counted rows, 'sum', or 'none' (one loss per row). Default 'mean'. */
   reduction?: 'mean' | 'sum' | 'none';
-  /** Default 1. */
+  /** Multiplies dlogits (the upstream gradient of the reduced loss). Default 1. */
   gradScale?: number;
   /** dtype of dlogits. Default: the precision's (float32 for 'float64'). */
   dtype?: DType;
@@ -233,8 +234,11 @@ export function referenceCrossEntropy(
 export interface ReferenceAdamWState {
   /** The parameter's values (of `dtype`). */
   param: TrainReferenceInput;
+  /** The float32 gradient. */
   grad: TrainReferenceInput;
+  /** The first moment before the step. */
   m: TrainReferenceInput;
+  /** The second moment before the step. */
   v: TrainReferenceInput;
   /** float32 master weights (half params); absent: the param is its own master. */
   master?: TrainReferenceInput;
@@ -242,12 +246,19 @@ export interface ReferenceAdamWState {
 
 /** Hyper-parameters of {@link referenceAdamW} (defaults as lib/ops/optim.ts). */
 export interface ReferenceAdamWOptions extends TrainPrecisionOption {
+  /** Learning rate. */
   lr: number;
+  /** First-moment decay (used as its float32 value). Default 0.9. */
   beta1?: number;
+  /** Second-moment decay (used as its float32 value). Default 0.999. */
   beta2?: number;
+  /** Added to the denominator. Default 1e-8. */
   eps?: number;
+  /** Decoupled weight decay. Default 0. */
   weightDecay?: number;
+  /** Step number, >= 1, for the bias corrections. */
   step: number;
+  /** Multiplies the gradient. Default 1. */
   gradScale?: number;
   /** The global gradient norm and the largest one let through, for clipping. */
   clip?: { norm: number; maxNorm: number };
