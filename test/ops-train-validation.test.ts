@@ -185,7 +185,10 @@ describe('adamwStep refuses, leaving every tensor unchanged', () => {
       'Expected options.beta1 to be a number >= 0 and < 1 (as a float32) but received 1', all));
   test('a negative lr', () =>
     refused(() => adamwStep({ param, grad, m, v }, { lr: -1, step: 1 }), RangeError,
-      'Expected options.lr to be a finite number >= 0 but received -1', all));
+      'Expected options.lr to be a finite number >= 0 <= 3.4028234663852886e+38 but received -1', all));
+  test('a gradScale beyond float32', () =>
+    refused(() => adamwStep({ param, grad, m, v }, { lr: 1, step: 1, gradScale: 1e39 }), RangeError,
+      'Expected options.gradScale to be a finite number >= -3.4028234663852886e+38 <= 3.4028234663852886e+38 but received 1e+39', all));
   test('a missing lr', () =>
     refused(() => adamwStep({ param, grad, m, v }, { step: 1 } as never), TypeError,
       'Expected options.lr to be a number but received undefined', all));
@@ -198,7 +201,7 @@ describe('adamwStep refuses, leaving every tensor unchanged', () => {
       'Expected options.clip.norm to have shape [1] but received [2]', all));
   test('a clip maxNorm of 0', () =>
     refused(() => adamwStep({ param, grad, m, v }, { lr: 1, step: 1, clip: { norm: f32([1]), maxNorm: 0 } }), RangeError,
-      'Expected options.clip.maxNorm to be a finite number > 0 but received 0', all));
+      'Expected options.clip.maxNorm to be a finite number > 0 <= 3.4028234663852886e+38 but received 0', all));
   test('m and v on one storage', () =>
     refused(() => adamwStep({ param, grad, m, v: m }, { lr: 1, step: 1 }), RangeError,
       'Expected m and v to be different tensors (storages) but received the same storage for both', all));
