@@ -47,6 +47,8 @@ export interface CrossEntropyOutput {
 const REDUCTIONS: readonly LossReduction[] = ['mean', 'sum', 'none'];
 const INT32_MIN = -2147483648;
 const INT32_MAX = 2147483647;
+/** The largest finite float32 (gradScale is used as a float32). */
+const FLOAT32_MAX = 3.4028234663852886e38;
 
 /**
  * Softmax cross-entropy of each row of `logits` against its target class:
@@ -74,7 +76,7 @@ export function crossEntropy(logits: Tensor, targets: Tensor, options?: CrossEnt
     : checkNumber(o.ignoreIndex, 'options.ignoreIndex', { integer: true, min: INT32_MIN, max: INT32_MAX });
   const reduction = o.reduction === undefined ? 'mean' : checkChoice(o.reduction, 'options.reduction', REDUCTIONS);
   const grad = o.grad === undefined ? false : checkBoolean(o.grad, 'options.grad');
-  const gradScale = o.gradScale === undefined ? 1 : checkNumber(o.gradScale, 'options.gradScale', { max: 3.4e38, min: -3.4e38 });
+  const gradScale = o.gradScale === undefined ? 1 : checkNumber(o.gradScale, 'options.gradScale', { min: -FLOAT32_MAX, max: FLOAT32_MAX });
   const vocab = l.shape[l.shape.length - 1];
   const [loss, dlogits] = binding().crossEntropy(
     arg(l, 'logits'), arg(t, 'targets'), t.numel, vocab, ignoreIndex, REDUCTION_CODE[reduction], grad, gradScale,

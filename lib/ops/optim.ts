@@ -59,6 +59,9 @@ export interface AdamWOptions {
   clip?: AdamWClip;
 }
 
+/** The largest finite float32: every hyper-parameter is used as a float32. */
+const FLOAT32_MAX = 3.4028234663852886e38;
+
 /**
  * One AdamW step on one parameter, in place, elementwise in float32:
  *
@@ -108,7 +111,7 @@ export function adamwStep(state: AdamWState, options: AdamWOptions): void {
   if (options === undefined) throw typeError('options to be an object { lr, step, ... }', 'undefined');
   const o = checkOptions<AdamWOptions>(options, 'options',
     ['lr', 'beta1', 'beta2', 'eps', 'weightDecay', 'step', 'gradScale', 'clip']);
-  const lr = checkNumber(o.lr, 'options.lr', { min: 0 });
+  const lr = checkNumber(o.lr, 'options.lr', { min: 0, max: FLOAT32_MAX });
   const beta = (x: unknown, name: string, dflt: number): number => {
     if (x === undefined) return dflt;
     const b = checkNumber(x, name, { min: 0 });
@@ -117,17 +120,17 @@ export function adamwStep(state: AdamWState, options: AdamWOptions): void {
   };
   const beta1 = beta(o.beta1, 'options.beta1', 0.9);
   const beta2 = beta(o.beta2, 'options.beta2', 0.999);
-  const eps = o.eps === undefined ? 1e-8 : checkNumber(o.eps, 'options.eps', { above: 0 });
-  const weightDecay = o.weightDecay === undefined ? 0 : checkNumber(o.weightDecay, 'options.weightDecay', { min: 0 });
+  const eps = o.eps === undefined ? 1e-8 : checkNumber(o.eps, 'options.eps', { above: 0, max: FLOAT32_MAX });
+  const weightDecay = o.weightDecay === undefined ? 0 : checkNumber(o.weightDecay, 'options.weightDecay', { min: 0, max: FLOAT32_MAX });
   const step = checkNumber(o.step, 'options.step', { integer: true, min: 1 });
-  const gradScale = o.gradScale === undefined ? 1 : checkNumber(o.gradScale, 'options.gradScale');
+  const gradScale = o.gradScale === undefined ? 1 : checkNumber(o.gradScale, 'options.gradScale', { min: -FLOAT32_MAX, max: FLOAT32_MAX });
   let clipNorm: Tensor | null = null;
   let maxNorm = 0;
   if (o.clip !== undefined) {
     if (o.clip === null) throw typeError('options.clip to be an object { norm, maxNorm } or undefined', 'null');
     const c = checkOptions<AdamWClip>(o.clip, 'options.clip', ['norm', 'maxNorm']);
     clipNorm = checkTensor(c.norm, 'options.clip.norm', { ...same, shape: [1] });
-    maxNorm = checkNumber(c.maxNorm, 'options.clip.maxNorm', { above: 0 });
+    maxNorm = checkNumber(c.maxNorm, 'options.clip.maxNorm', { above: 0, max: FLOAT32_MAX });
   }
   binding().adamwStep(
     arg(param, 'state.param'), arg(grad, 'state.grad'), arg(m, 'state.m'), arg(v, 'state.v'),

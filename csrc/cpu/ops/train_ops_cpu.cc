@@ -42,9 +42,17 @@ struct F32 {
   static float load(T x) { return x; }
   static T store(float x) { return x; }
 };
+// float16 -> float32 through a table of all 65536 values (256 KiB, built when the addon loads): the
+// scalar conversion's branches cost more than the rest of most ops.
+std::vector<float> make_f16_table() {
+  std::vector<float> t(size_t{1} << 16);
+  for (size_t h = 0; h < t.size(); ++h) t[h] = f16_to_f32(static_cast<uint16_t>(h));
+  return t;
+}
+const std::vector<float> kF16Table = make_f16_table();
 struct F16 {
   using T = uint16_t;
-  static float load(T x) { return f16_to_f32(x); }
+  static float load(T x) { return kF16Table[x]; }
   static T store(float x) { return f32_to_f16(x); }
 };
 struct BF16 {
@@ -283,31 +291,48 @@ void cross_entropy(const CrossEntropyParams& p, ThreadPool& pool) {
 
 // ---- AdamW -------------------------------------------------------------------------------------------
 
+namespace {
+
+// Elements [begin, end) of one AdamW step; kMaster: the float32 weights live in p.master.
+template <class S, bool kMaster>
+void adamw_range(const AdamWParams& p, float gmul, int64_t begin, int64_t end) {
+  using T = typename S::T;
+  T* __restrict__ param = static_cast<T*>(p.param);
+  float* __restrict__ master = p.master;
+  const float* __restrict__ grad = p.grad;
+  float* __restrict__ m1 = p.m;
+  float* __restrict__ m2 = p.v;
+  const float decay = p.lr * p.weight_decay;
+  const float b1 = p.beta1, b2 = p.beta2, c1 = 1.0f - p.beta1, c2 = 1.0f - p.beta2;
+  const float bc1 = p.bias_correction1, bc2 = p.bias_correction2, lr = p.lr, eps = p.eps;
+  for (int64_t i = begin; i < end; ++i) {
+    const float g = grad[i] * gmul;
+    float w = kMaster ? master[i] : S::load(param[i]);
+    w -= decay * w;
+    const float m = b1 * m1[i] + c1 * g;
+    const float v = b2 * m2[i] + c2 * (g * g);
+    m1[i] = m;
+    m2[i] = v;
+    w -= lr * (m / bc1) / (std::sqrt(v / bc2) + eps);
+    if (kMaster) master[i] = w;
+    param[i] = S::store(w);
+  }
+}
+
+}  // namespace
+
 void adamw(const AdamWParams& p, ThreadPool& pool) {
   float clip = 1.0f;
   if (p.clip_norm != nullptr) clip = std::min(1.0f, p.max_norm / (*p.clip_norm + 1e-6f));
   const float gmul = p.grad_scale * clip;
-  const float decay = p.lr * p.weight_decay;
-  const float one_minus_b1 = 1.0f - p.beta1;
-  const float one_minus_b2 = 1.0f - p.beta2;
   dispatch_float(p.dtype, [&](auto tag) {
     using S = decltype(tag);
-    using T = typename S::T;
-    T* param = static_cast<T*>(p.param);
-    float* master = p.master;
     pool.parallel_for(ceil_div(p.numel, kGrain), [&](int64_t b, int) {
-      const int64_t end = std::min(p.numel, (b + 1) * kGrain);
-      for (int64_t i = b * kGrain; i < end; ++i) {
-        const float g = p.grad[i] * gmul;
-        float w = master ? master[i] : S::load(param[i]);
-        w -= decay * w;
-        const float m = p.beta1 * p.m[i] + one_minus_b1 * g;
-        const float v = p.beta2 * p.v[i] + one_minus_b2 * (g * g);
-        p.m[i] = m;
-        p.v[i] = v;
-        w -= p.lr * (m / p.bias_correction1) / (std::sqrt(v / p.bias_correction2) + p.eps);
-        if (master) master[i] = w;
-        param[i] = S::store(w);
+      const int64_t begin = b * kGrain, end = std::min(p.numel, begin + kGrain);
+      if (p.master) {
+        adamw_range<S, true>(p, gmul, begin, end);
+      } else {
+        adamw_range<S, false>(p, gmul, begin, end);
       }
     });
   });
