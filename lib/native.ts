@@ -76,15 +76,21 @@ export interface NativeBinding {
   cudaDeviceCount(): { count: number; reason: string | null };
   timerStart(device: number): NativeTimer;
   timerStop(timer: NativeTimer): Promise<number>;
+  /** `strides`: the [batch, row, head] strides of q, k, v (9), or undefined for contiguous ones. */
   attentionForward(
-    q: NativeBuffer, k: NativeBuffer, v: NativeBuffer, dims: number[], causal: boolean, softmaxScale: number,
-    kernel: number, float32Precision: number,
+    q: NativeTensorArg, k: NativeTensorArg, v: NativeTensorArg, dims: number[], causal: boolean, softmaxScale: number,
+    kernel: number, float32Precision: number, strides?: number[],
   ): [NativeBuffer, NativeBuffer, 'flash' | 'naive'];
+  /**
+   * `strides`: those of dout, q, k, v, out (15) or undefined; `grads`: [dq, dk, dv] to write into (null:
+   * a new tensor, returned) and `gradStrides` their strides (9); a given gradient comes back as null.
+   */
   attentionBackward(
-    dout: NativeBuffer, q: NativeBuffer, k: NativeBuffer, v: NativeBuffer, out: NativeBuffer, lse: NativeBuffer,
-    dims: number[], causal: boolean, softmaxScale: number, kernel: number, deterministic: boolean, algorithm: number,
-    float32Precision: number,
-  ): [NativeBuffer, NativeBuffer, NativeBuffer, 'flash' | 'naive', 'single-kernel' | 'two-kernel'];
+    dout: NativeTensorArg, q: NativeTensorArg, k: NativeTensorArg, v: NativeTensorArg, out: NativeTensorArg,
+    lse: NativeTensorArg, dims: number[], causal: boolean, softmaxScale: number, kernel: number, deterministic: boolean,
+    algorithm: number, float32Precision: number, strides?: number[], grads?: (NativeTensorArg | null)[],
+    gradStrides?: number[],
+  ): [NativeBuffer | null, NativeBuffer | null, NativeBuffer | null, 'flash' | 'naive', 'single-kernel' | 'two-kernel'];
 }
 
 /** Numeric codes shared with csrc/common/dtype.h and csrc/runtime/runtime.h. */
