@@ -65,6 +65,8 @@ export interface NativeBinding {
   fillStrided(dst: NativeTensorArg, sizes: number[], strides: number[] | undefined, value: number): void;
   transfer(src: NativeTensorArg, count: number, device: number): NativeBuffer;
   readInto(buf: NativeBuffer, offset: number, count: number, target: Float32Array | Uint16Array | Int32Array): Promise<void>;
+  exportPointer(buf: NativeBuffer): { ptr: bigint; stream: bigint };
+  importPointer(device: number, dtype: number, ptr: bigint, numel: number, stream: bigint): NativeBuffer;
   injectCudaFault(kind: 'illegal-address'): void;
   readFloat32(buf: NativeBuffer, offset?: number, count?: number): Promise<Float32Array>;
   readBits(buf: NativeBuffer, offset?: number, count?: number): Promise<Uint16Array | Float32Array | Int32Array>;
