@@ -119,7 +119,7 @@ function checkShape(shape: unknown): { shape: readonly number[]; numel: number }
   return { shape: Object.freeze([...(shape as number[])]), numel };
 }
 
-/** Elements [offset, offset + length) of a tensor's flat, row-major storage, for partial reads. */
+/** Elements [offset, offset + length) of a tensor's elements in row-major order, for partial reads. */
 export interface ReadRange {
   /** First element, 0 ≤ offset < numel. Default 0. */
   offset?: number;

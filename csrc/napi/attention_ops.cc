@@ -226,10 +226,11 @@ const char* kernel_name(Kernel k) {
 // FlashAttention-2 kernels (mma.sync, float32, Hopper wgmma + TMA) honour the strides too, but need
 // every stride to be a multiple of 16 bytes and every base 16-byte aligned (vector loads and stores;
 // the TMA descriptors of the Hopper kernels require both): their *_unsupported_reason checks say so.
-// For a view that breaks only that, the binding does not fall back to the naive kernel (N² memory):
-// when the FlashAttention-2 kernel would run on contiguous data, it copies each such input into a
-// contiguous staging buffer (queued before the kernel), and computes each such gradient into one that
-// is copied into the given view after the kernel. Staging buffers are freed stream-ordered at once.
+// When a call breaks only that, the binding does not fall back to the naive kernel (N² memory): if
+// the FlashAttention-2 kernel would run on contiguous data, it copies every input view that is not
+// contiguous or not 16-byte aligned into a contiguous staging buffer (queued before the kernel), and
+// computes every such given gradient into one that is copied into the view after the kernel. Staging
+// buffers are freed stream-ordered at once. Views that meet the alignment are read in place.
 // An explicit kernel 'naive' reads the views in place. lse and D stay contiguous.
 
 // attentionForward(q, k, v, dims, causal, softmaxScale, kernel, float32Precision, strides?): [out, lse, kernel]
