@@ -707,7 +707,10 @@ export function storageOf(t: unknown, arg: string): [NativeBuffer, number] {
 
 /** Memory held by live tensors on one device. */
 export interface DeviceMemory {
-  /** Live allocations (tensors, including ones kept alive by queued work). */
+  /**
+   * Live storages (allocations, including ones kept alive by queued work). A tensor and all its
+   * views count once; memory imported from another library (interop.ts) is not counted.
+   */
   tensors: number;
   /** Bytes they hold. */
   bytes: number;

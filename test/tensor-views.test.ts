@@ -218,6 +218,12 @@ describeEachDevice('copies, casts and fills', (device: Device) => {
       'Expected target to have 40 elements (the elements read) but received 39'));
     expect(() => t.readInto(new Int32Array(40))).toThrow(new TypeError(
       'Expected target to be a Float32Array (values) or a Uint16Array (raw bits) for dtype float16 but received an Int32Array'));
+    // A target detached before the read lands: the read rejects instead of writing.
+    const detached = new Float32Array(40);
+    const pending = t.readInto(detached);
+    structuredClone(detached.buffer, { transfer: [detached.buffer] });
+    await expect(pending).rejects.toThrow(
+      'readInto: the target array was detached or resized before the read finished; nothing was written');
     const ids = Tensor.fromInt32Array(Int32Array.from([1, -2, 3]), [3], { device });
     const into = new Int32Array(3);
     await ids.readInto(into);
