@@ -178,6 +178,21 @@ describeEachDevice('copies, casts and fills', (device: Device) => {
     for (const t of [dst, src, target]) t.dispose();
   });
 
+  test('long rows are split across the workers without losing an element', async () => {
+    // Rows longer than one task's share (65536 elements on the CPU), strided and dense.
+    const data = randn(3 * 70001, rng);
+    const base = Tensor.fromFloat32Array(data, [3, 70001], { device });
+    const view = base.narrow(1, 1, 70000);
+    const cast = view.cast('bfloat16');
+    const got = await cast.toFloat32Array();
+    const want = gather(data, [3, 70000], [70001, 1], 1).map((x) => roundToDtype(x, 'bfloat16'));
+    expect(Array.from(got).every((x, i) => x === want[i])).toBe(true);
+    const big = Tensor.empty([200003], { dtype: 'float16', device }).fill(0.1);
+    const bigBits = await big.toBits();
+    expect(bigBits.every((x) => x === f32ToF16Bits(0.1))).toBe(true);
+    for (const t of [base, view, cast, big]) t.dispose();
+  });
+
   test('fill of every dtype and Tensor.full / Tensor.empty', async () => {
     const f = Tensor.full([3, 5], 1 / 3, { dtype: 'float16', device });
     expect(Array.from(await f.toBits())).toEqual(new Array(15).fill(f32ToF16Bits(1 / 3)));
