@@ -65,6 +65,8 @@ export interface NativeBinding {
   fillStrided(dst: NativeTensorArg, sizes: number[], strides: number[] | undefined, value: number): void;
   transfer(src: NativeTensorArg, count: number, device: number): NativeBuffer;
   readInto(buf: NativeBuffer, offset: number, count: number, target: Float32Array | Uint16Array | Int32Array): Promise<void>;
+  exportPointer(buf: NativeBuffer): { ptr: bigint; stream: bigint };
+  importPointer(device: number, dtype: number, ptr: bigint, numel: number, stream: bigint): NativeBuffer;
   injectCudaFault(kind: 'illegal-address'): void;
   readFloat32(buf: NativeBuffer, offset?: number, count?: number): Promise<Float32Array>;
   readBits(buf: NativeBuffer, offset?: number, count?: number): Promise<Uint16Array | Float32Array | Int32Array>;
@@ -76,15 +78,21 @@ export interface NativeBinding {
   cudaDeviceCount(): { count: number; reason: string | null };
   timerStart(device: number): NativeTimer;
   timerStop(timer: NativeTimer): Promise<number>;
+  /** `strides`: the [batch, row, head] strides of q, k, v (9), or undefined for contiguous ones. */
   attentionForward(
-    q: NativeBuffer, k: NativeBuffer, v: NativeBuffer, dims: number[], causal: boolean, softmaxScale: number,
-    kernel: number, float32Precision: number,
+    q: NativeTensorArg, k: NativeTensorArg, v: NativeTensorArg, dims: number[], causal: boolean, softmaxScale: number,
+    kernel: number, float32Precision: number, strides?: number[],
   ): [NativeBuffer, NativeBuffer, 'flash' | 'naive'];
+  /**
+   * `strides`: those of dout, q, k, v, out (15) or undefined; `grads`: [dq, dk, dv] to write into (null:
+   * a new tensor, returned) and `gradStrides` their strides (9); a given gradient comes back as null.
+   */
   attentionBackward(
-    dout: NativeBuffer, q: NativeBuffer, k: NativeBuffer, v: NativeBuffer, out: NativeBuffer, lse: NativeBuffer,
-    dims: number[], causal: boolean, softmaxScale: number, kernel: number, deterministic: boolean, algorithm: number,
-    float32Precision: number,
-  ): [NativeBuffer, NativeBuffer, NativeBuffer, 'flash' | 'naive', 'single-kernel' | 'two-kernel'];
+    dout: NativeTensorArg, q: NativeTensorArg, k: NativeTensorArg, v: NativeTensorArg, out: NativeTensorArg,
+    lse: NativeTensorArg, dims: number[], causal: boolean, softmaxScale: number, kernel: number, deterministic: boolean,
+    algorithm: number, float32Precision: number, strides?: number[], grads?: (NativeTensorArg | null)[],
+    gradStrides?: number[],
+  ): [NativeBuffer | null, NativeBuffer | null, NativeBuffer | null, 'flash' | 'naive', 'single-kernel' | 'two-kernel'];
   // Training ops (csrc/napi/train_ops.cc); tensors are [buffer, element offset] pairs.
   embeddingForward(ids: NativeView, table: NativeView, rows: number, vocab: number, dim: number): NativeBuffer;
   embeddingBackward(ids: NativeView, dout: NativeView, dtable: NativeView, rows: number, vocab: number, dim: number): void;

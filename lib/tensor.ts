@@ -119,7 +119,7 @@ function checkShape(shape: unknown): { shape: readonly number[]; numel: number }
   return { shape: Object.freeze([...(shape as number[])]), numel };
 }
 
-/** Elements [offset, offset + length) of a tensor's flat, row-major storage, for partial reads. */
+/** Elements [offset, offset + length) of a tensor's elements in row-major order, for partial reads. */
 export interface ReadRange {
   /** First element, 0 ≤ offset < numel. Default 0. */
   offset?: number;
@@ -707,7 +707,10 @@ export function storageOf(t: unknown, arg: string): [NativeBuffer, number] {
 
 /** Memory held by live tensors on one device. */
 export interface DeviceMemory {
-  /** Live allocations (tensors, including ones kept alive by queued work). */
+  /**
+   * Live storages (allocations, including ones kept alive by queued work). A tensor and all its
+   * views count once; memory imported from another library (interop.ts) is not counted.
+   */
   tensors: number;
   /** Bytes they hold. */
   bytes: number;

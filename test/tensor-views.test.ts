@@ -178,6 +178,21 @@ describeEachDevice('copies, casts and fills', (device: Device) => {
     for (const t of [dst, src, target]) t.dispose();
   });
 
+  test('long rows are split across the workers without losing an element', async () => {
+    // Rows longer than one task's share (65536 elements on the CPU), strided and dense.
+    const data = randn(3 * 70001, rng);
+    const base = Tensor.fromFloat32Array(data, [3, 70001], { device });
+    const view = base.narrow(1, 1, 70000);
+    const cast = view.cast('bfloat16');
+    const got = await cast.toFloat32Array();
+    const want = gather(data, [3, 70000], [70001, 1], 1).map((x) => roundToDtype(x, 'bfloat16'));
+    expect(Array.from(got).every((x, i) => x === want[i])).toBe(true);
+    const big = Tensor.empty([200003], { dtype: 'float16', device }).fill(0.1);
+    const bigBits = await big.toBits();
+    expect(bigBits.every((x) => x === f32ToF16Bits(0.1))).toBe(true);
+    for (const t of [base, view, cast, big]) t.dispose();
+  });
+
   test('fill of every dtype and Tensor.full / Tensor.empty', async () => {
     const f = Tensor.full([3, 5], 1 / 3, { dtype: 'float16', device });
     expect(Array.from(await f.toBits())).toEqual(new Array(15).fill(f32ToF16Bits(1 / 3)));
@@ -218,6 +233,12 @@ describeEachDevice('copies, casts and fills', (device: Device) => {
       'Expected target to have 40 elements (the elements read) but received 39'));
     expect(() => t.readInto(new Int32Array(40))).toThrow(new TypeError(
       'Expected target to be a Float32Array (values) or a Uint16Array (raw bits) for dtype float16 but received an Int32Array'));
+    // A target detached before the read lands: the read rejects instead of writing.
+    const detached = new Float32Array(40);
+    const pending = t.readInto(detached);
+    structuredClone(detached.buffer, { transfer: [detached.buffer] });
+    await expect(pending).rejects.toThrow(
+      'readInto: the target array was detached or resized before the read finished; nothing was written');
     const ids = Tensor.fromInt32Array(Int32Array.from([1, -2, 3]), [3], { device });
     const into = new Int32Array(3);
     await ids.readInto(into);

@@ -64,32 +64,47 @@ void fill_row(const CopyParams& p, int64_t d0, int64_t n, int64_t ds) {
   for (int64_t k = 0; k < n; ++k) store_f32(p.dst, p.dst_dtype, d0 + k * ds, v);
 }
 
-// Runs row_fn(src_offset, dst_offset) for every row (all dims but the innermost) of a coalesced p,
-// in chunks over the pool.
+// Runs row_fn(src_offset, dst_offset, first, count) over every row (all dims but the innermost) of a
+// coalesced p, elements [first, first + count) of the row, in tasks of about kChunkElems elements over
+// the pool: several short rows per task, or a long row (a dense copy is one row) cut into pieces.
 template <typename RowFn>
 void for_each_row(const CopyParams& p, ThreadPool& pool, RowFn&& row_fn) {
   const int inner = p.rank - 1;
   const int64_t row_len = p.sizes[inner];
   const int64_t rows = p.numel / row_len;
-  const int64_t rows_per_chunk = std::max<int64_t>(1, kChunkElems / row_len);
-  const int64_t chunks = (rows + rows_per_chunk - 1) / rows_per_chunk;
-  auto run_chunk = [&](int64_t c, int) {
-    const int64_t r0 = c * rows_per_chunk, r1 = std::min(rows, r0 + rows_per_chunk);
-    for (int64_t r = r0; r < r1; ++r) {
-      int64_t rem = r, so = 0, dof = 0;
-      for (int d = inner - 1; d >= 0; --d) {
-        const int64_t i = rem % p.sizes[d];
-        rem /= p.sizes[d];
-        so += i * p.src_strides[d];
-        dof += i * p.dst_strides[d];
-      }
-      row_fn(so, dof);
+  const int64_t rows_per_task = std::max<int64_t>(1, kChunkElems / row_len);
+  const int64_t pieces = row_len > kChunkElems ? (row_len + kChunkElems - 1) / kChunkElems : 1;
+  const int64_t piece_len = (row_len + pieces - 1) / pieces;
+  const int64_t tasks = pieces > 1 ? rows * pieces : (rows + rows_per_task - 1) / rows_per_task;
+  const auto row_offsets = [&](int64_t r, int64_t* so, int64_t* dof) {
+    int64_t rem = r;
+    *so = 0;
+    *dof = 0;
+    for (int d = inner - 1; d >= 0; --d) {
+      const int64_t i = rem % p.sizes[d];
+      rem /= p.sizes[d];
+      *so += i * p.src_strides[d];
+      *dof += i * p.dst_strides[d];
     }
   };
-  if (chunks == 1) {
-    run_chunk(0, 0);
+  auto run_task = [&](int64_t task, int) {
+    int64_t so, dof;
+    if (pieces > 1) {
+      const int64_t r = task / pieces, first = (task % pieces) * piece_len;
+      row_offsets(r, &so, &dof);
+      row_fn(so, dof, first, std::min(piece_len, row_len - first));
+      return;
+    }
+    const int64_t r1 = std::min(rows, (task + 1) * rows_per_task);
+    for (int64_t r = task * rows_per_task; r < r1; ++r) {
+      row_offsets(r, &so, &dof);
+      row_fn(so, dof, int64_t{0}, row_len);
+    }
+  };
+  if (tasks == 1) {
+    run_task(0, 0);
   } else {
-    pool.parallel_for(chunks, run_chunk);
+    pool.parallel_for(tasks, run_task);
   }
 }
 
@@ -99,8 +114,9 @@ void copy(const CopyParams& params, ThreadPool& pool) {
   CopyParams p = params;
   coalesce_copy_dims(p);
   const int inner = p.rank - 1;
-  for_each_row(p, pool, [&](int64_t so, int64_t dof) {
-    copy_row(p, so, dof, p.sizes[inner], p.src_strides[inner], p.dst_strides[inner]);
+  const int64_t ss = p.src_strides[inner], ds = p.dst_strides[inner];
+  for_each_row(p, pool, [&](int64_t so, int64_t dof, int64_t first, int64_t count) {
+    copy_row(p, so + first * ss, dof + first * ds, count, ss, ds);
   });
 }
 
@@ -109,7 +125,10 @@ void fill(const CopyParams& params, ThreadPool& pool) {
   for (int d = 0; d < p.rank; ++d) p.src_strides[d] = p.dst_strides[d];  // coalesce by dst alone
   coalesce_copy_dims(p);
   const int inner = p.rank - 1;
-  for_each_row(p, pool, [&](int64_t, int64_t dof) { fill_row(p, dof, p.sizes[inner], p.dst_strides[inner]); });
+  const int64_t ds = p.dst_strides[inner];
+  for_each_row(p, pool, [&](int64_t, int64_t dof, int64_t first, int64_t count) {
+    fill_row(p, dof + first * ds, count, ds);
+  });
 }
 
 }  // namespace fa::cpu

@@ -650,6 +650,93 @@ Napi::Value ReadInto(const Napi::CallbackInfo& info) {
   return p;
 }
 
+// exportPointer(buf): { ptr: bigint, stream: bigint }: the address of the buffer's first byte and the
+// stream that orders work on it (the CUDA compute stream's handle; 0n on the CPU, whose queued work
+// is waited for with synchronize()). lib/interop.ts documents the ownership and ordering rules.
+Napi::Value ExportPointer(const Napi::CallbackInfo& info) {
+  Napi::Env env = info.Env();
+  BufferPtr buf = NativeBuffer::From(info[0], "tensor");
+  uint64_t stream = 0;
+#ifdef FA_WITH_CUDA
+  if (buf->device() == Device::kCuda) stream = reinterpret_cast<uint64_t>(runtime(env).cuda().stream());
+#endif
+  Napi::Object o = Napi::Object::New(env);
+  o.Set("ptr", Napi::BigInt::New(env, static_cast<uint64_t>(reinterpret_cast<uintptr_t>(buf->data()))));
+  o.Set("stream", Napi::BigInt::New(env, stream));
+  return o;
+}
+
+uint64_t bigint_arg(const Napi::Value& v, const char* arg) {
+  if (!v.IsBigInt()) throw type_error(std::string("Expected ") + arg + " to be a bigint but received " + describe(v));
+  bool lossless = false;
+  const uint64_t x = v.As<Napi::BigInt>().Uint64Value(&lossless);
+  if (!lossless) {
+    throw range_error(std::string("Expected ") + arg + " to be a bigint in [0, 2^64) but received " +
+                      v.ToString().Utf8Value());
+  }
+  return x;
+}
+
+// importPointer(device, dtype, ptr: bigint, numel, stream: bigint): a NativeBuffer over numel elements
+// at ptr that another library owns (not freed, not counted by memory()). On CUDA, a non-zero stream
+// is the producer's: the compute stream waits for the work queued on it so far before later work.
+Napi::Value ImportPointer(const Napi::CallbackInfo& info) {
+  Napi::Env env = info.Env();
+  Runtime& rt = runtime(env);
+  const Device device = device_arg(info[0], "device");
+  const DType dtype = dtype_arg(info[1], "dtype");
+  const uint64_t ptr = bigint_arg(info[2], "ptr");
+  const int64_t numel = int_arg(info[3], "numel", 1, kMaxSafeInteger);
+  const uint64_t stream = bigint_arg(info[4], "stream");
+  const size_t elem = dtype_size(dtype);
+  if (ptr == 0 || ptr % elem != 0) {
+    throw range_error(std::string("Expected ptr to be a non-null address aligned to ") + std::to_string(elem) +
+                      " bytes (the size of a " + dtype_name(dtype) + " element) but received " +
+                      info[2].ToString().Utf8Value());
+  }
+  if (static_cast<uint64_t>(numel) > (UINT64_MAX - ptr) / elem) {
+    throw range_error("Expected ptr + numel elements to stay below 2^64 but they do not");
+  }
+  require_device(rt, device);
+  if (device == Device::kCpu) {
+    if (stream != 0) {
+      throw range_error("Expected stream to be 0n for a cpu pointer (order host memory by finishing the producer's "
+                        "writes before the import) but received " + info[4].ToString().Utf8Value());
+    }
+    return NativeBuffer::Wrap(env, rt.wrap_external(device, dtype, static_cast<size_t>(numel) * elem,
+                                                    reinterpret_cast<void*>(static_cast<uintptr_t>(ptr))));
+  }
+#ifdef FA_WITH_CUDA
+  CudaContext& cuda = rt.cuda();
+  cuda.ensure_usable();
+  cudaPointerAttributes attr{};
+  const cudaError_t aerr = cudaPointerGetAttributes(&attr, reinterpret_cast<const void*>(static_cast<uintptr_t>(ptr)));
+  if (aerr != cudaSuccess) cudaGetLastError();
+  if (aerr != cudaSuccess || (attr.type != cudaMemoryTypeDevice && attr.type != cudaMemoryTypeManaged) ||
+      attr.device != cuda.info().ordinal) {
+    throw range_error("Expected ptr to be device (or managed) memory of CUDA device " +
+                      std::to_string(cuda.info().ordinal) + " but it is not");
+  }
+  if (stream != 0) {
+    cudaEvent_t ev = nullptr;
+    cuda.check(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming), "cudaEventCreateWithFlags");
+    cudaError_t err = cudaEventRecord(ev, reinterpret_cast<cudaStream_t>(static_cast<uintptr_t>(stream)));
+    if (err == cudaSuccess) err = cudaStreamWaitEvent(cuda.stream(), ev, 0);
+    cudaEventDestroy(ev);
+    if (err != cudaSuccess) {
+      cudaGetLastError();
+      throw range_error(std::string("Expected stream to be a CUDA stream of device ") +
+                        std::to_string(cuda.info().ordinal) + " but ordering against it failed: " +
+                        cudaGetErrorString(err));
+    }
+  }
+  return NativeBuffer::Wrap(env, rt.wrap_external(device, dtype, static_cast<size_t>(numel) * elem,
+                                                  reinterpret_cast<void*>(static_cast<uintptr_t>(ptr))));
+#else
+  throw Error("this build of flash-attn-node has no CUDA support");
+#endif
+}
+
 }  // namespace
 
 CopyParams make_copy_params(const Buffer& dst, const ViewLayout& dv, const Buffer& src, const ViewLayout& sv) {
@@ -690,6 +777,8 @@ void InitTensorOps(Napi::Env env, Napi::Object exports) {
   exports.Set("fillStrided", Napi::Function::New<guarded<FillStrided>>(env, "fillStrided"));
   exports.Set("transfer", Napi::Function::New<guarded<Transfer>>(env, "transfer"));
   exports.Set("readInto", Napi::Function::New<guarded<ReadInto>>(env, "readInto"));
+  exports.Set("exportPointer", Napi::Function::New<guarded<ExportPointer>>(env, "exportPointer"));
+  exports.Set("importPointer", Napi::Function::New<guarded<ImportPointer>>(env, "importPointer"));
   exports.Set("injectCudaFault", Napi::Function::New<guarded<InjectCudaFault>>(env, "injectCudaFault"));
   exports.Set("readFloat32", Napi::Function::New<guarded<ReadFloat32>>(env, "readFloat32"));
   exports.Set("readBits", Napi::Function::New<guarded<ReadBits>>(env, "readBits"));
