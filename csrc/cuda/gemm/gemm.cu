@@ -1,0 +1,172 @@
+// CUDA GEMM entry points (gemm.h): validation, the planner (kernel family, tile configuration, K
+// splits) and the split-K reduction.
+//
+// Paths: sm_90a (wgmma + TMA, gemm_sm90.cu) for fp16 / bf16 on compute capability 9.0 when the
+// operands suit TMA (16-byte aligned bases and leading dimensions); else the mma.sync kernel
+// (gemm_sm80_kernel.cuh) on sm_80+, with 16-byte cp.async loads when the pointers and leading
+// dimensions allow it and element-by-element loads otherwise.
+// Split-K: when the tiles of C alone would leave most SMs idle and K is long (the dW products: M, N
+// in the hundreds, K = 16384 rows), K is cut into `splits` ranges of whole K tiles; each writes raw
+// fp32 sums into its slice of the caller's workspace and a reduction kernel adds the slices in split
+// order (deterministic) and applies the epilogue. Without a workspace the call runs unsplit.
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdint>
+
+#include "cuda/cuda_utils.cuh"
+#include "cuda/flash/launch_checks.h"
+#include "cuda/gemm/gemm.h"
+#include "cuda/gemm/gemm_common.cuh"
+#include "cuda/gemm/gemm_plan.h"
+
+namespace fa::cuda {
+namespace gemm_kernels {
+namespace {
+
+// Split-K only when the unsplit grid fills less than this many waves of one block per SM...
+constexpr double kSplitBelowWaves = 0.75;
+// ...and aim for about this many blocks per SM after splitting.
+constexpr int kSplitTargetBlocksPerSm = 2;
+// Each split keeps at least this many K tiles (the pipeline's prologue and epilogue amortised).
+constexpr int kMinKTilesPerSplit = 8;
+constexpr int kMaxSplits = 32;
+
+bool is_16bit(DType d) { return d == DType::kFloat16 || d == DType::kBFloat16; }
+
+// 16-byte loads need 16-byte aligned bases and leading dimensions of whole 16-byte chunks.
+bool vec_ok(const GemmParams& p) {
+  const int64_t es = static_cast<int64_t>(dtype_size(p.ab_dtype));
+  return flash::aligned16(p.a) && flash::aligned16(p.b) && (p.lda * es) % 16 == 0 && (p.ldb * es) % 16 == 0;
+}
+
+struct Device {
+  int major = 0, sms = 0;
+};
+
+Device current_device() {
+  return {flash::device_major(), flash::device_attribute(cudaDevAttrMultiProcessorCount)};
+}
+
+}  // namespace
+
+GemmPlan make_plan(const GemmParams& p, bool allow_split, const PlanOverride& force) {
+  const Device dev = current_device();
+  GemmPlan plan;
+  plan.vec = force.vec >= 0 ? force.vec != 0 && vec_ok(p) : vec_ok(p);
+  const int sms = std::max(dev.sms, 1);
+  const bool sm90 = force.path >= 0 ? force.path == static_cast<int>(GemmPath::kSm90)
+                                    : dev.major == 9 && is_16bit(p.ab_dtype) && plan.vec && gemm_sm90_built();
+  if (sm90) {
+    plan.path = GemmPath::kSm90;
+    // Configuration 0 (128 x 256 per block? see gemm_sm90.cu) for shapes that fill the GPU with it,
+    // else the smaller configuration 1.
+    int bm = 0, bn = 0, bk = 0;
+    gemm_sm90_tile(0, &bm, &bn, &bk);
+    const int64_t big_tiles = ceil_div<int64_t>(p.m, bm) * ceil_div<int64_t>(p.n, bn);
+    plan.sm90_config = force.tile >= 0 ? force.tile : big_tiles >= sms ? 0 : 1;
+    gemm_sm90_tile(plan.sm90_config, &plan.block_m, &plan.block_n, &plan.block_k);
+  } else {
+    plan.path = GemmPath::kSm80;
+    const int64_t large_tiles = ceil_div<int64_t>(p.m, 128) * ceil_div<int64_t>(p.n, 128);
+    plan.tile = force.tile >= 0 ? static_cast<Sm80Tile>(force.tile)
+                : plan.vec && large_tiles >= sms ? Sm80Tile::kLarge : Sm80Tile::kSmall;
+    plan.block_m = plan.block_n = plan.tile == Sm80Tile::kLarge ? 128 : 64;
+    plan.block_k = p.ab_dtype == DType::kFloat32 ? 16 : 32;
+  }
+  const int64_t tiles = ceil_div<int64_t>(p.m, plan.block_m) * ceil_div<int64_t>(p.n, plan.block_n);
+  const int64_t k_tiles = ceil_div<int64_t>(p.k, plan.block_k);
+  int splits = 1;
+  if (allow_split && tiles < kSplitBelowWaves * sms) {
+    const int64_t want = ceil_div<int64_t>(static_cast<int64_t>(kSplitTargetBlocksPerSm) * sms, tiles);
+    const int64_t most = k_tiles / kMinKTilesPerSplit;
+    splits = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>({want, most, kMaxSplits})));
+  }
+  if (force.splits > 0) splits = static_cast<int>(std::min<int64_t>(force.splits, k_tiles));
+  plan.k_tiles_per_split = static_cast<int>(ceil_div<int64_t>(k_tiles, splits));
+  plan.splits = static_cast<int>(ceil_div<int64_t>(k_tiles, plan.k_tiles_per_split));  // none empty
+  plan.blocks = tiles * plan.splits;
+  plan.workspace_bytes = plan.splits > 1 ? static_cast<size_t>(plan.splits) * p.m * p.n * sizeof(float) : 0;
+  return plan;
+}
+
+namespace {
+
+// One thread per pair of columns of C: the splits' sums in split order, then the epilogue.
+template <typename Elem>
+__global__ void splitk_reduce_kernel(const GemmParams p, const float* __restrict partial, int splits) {
+  const int64_t pairs_per_row = (p.n + 1) / 2;
+  const int64_t total = p.m * pairs_per_row;
+  const int64_t slice = p.m * p.n;
+  for (int64_t idx = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; idx < total;
+       idx += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t row = idx / pairs_per_row, col = (idx % pairs_per_row) * 2;
+    const bool two = col + 1 < p.n;
+    float s0 = 0.0f, s1 = 0.0f;
+    const float* src = partial + row * p.n + col;
+    for (int s = 0; s < splits; ++s) {
+      s0 += src[s * slice];
+      if (two) s1 += src[s * slice + 1];
+    }
+    epilogue_pair<Elem>(p, row, col, s0, s1);
+  }
+}
+
+constexpr int kReduceThreads = 256;
+constexpr int64_t kReduceMaxBlocks = 65536;
+
+}  // namespace
+
+cudaError_t gemm_splitk_reduce(const GemmParams& p, const float* partial, int splits, cudaStream_t stream) {
+  const int64_t pairs = p.m * ((p.n + 1) / 2);
+  const unsigned blocks = static_cast<unsigned>(std::min<int64_t>(ceil_div<int64_t>(pairs, kReduceThreads), kReduceMaxBlocks));
+  return dispatch_dtype(p.ab_dtype, [&](auto tag) {
+    using Elem = typename decltype(tag)::type;
+    splitk_reduce_kernel<Elem><<<blocks, kReduceThreads, 0, stream>>>(p, partial, splits);
+    return cudaGetLastError();
+  });
+}
+
+cudaError_t run_plan(const GemmParams& p, const GemmPlan& plan, void* workspace, cudaStream_t stream) {
+  float* partial = plan.splits > 1 ? static_cast<float*>(workspace) : nullptr;
+  if (plan.splits > 1 && partial == nullptr) return cudaErrorInvalidValue;
+  cudaError_t err;
+  if (plan.path == GemmPath::kSm90)
+    err = gemm_sm90(p, plan, partial, stream);
+  else if (p.ab_dtype == DType::kFloat32)
+    err = gemm_sm80_fp32(p, plan, partial, stream);
+  else
+    err = gemm_sm80_16bit(p, plan, partial, stream);
+  if (err != cudaSuccess || plan.splits == 1) return err;
+  return gemm_splitk_reduce(p, partial, plan.splits, stream);
+}
+
+}  // namespace gemm_kernels
+
+const char* gemm_unsupported_reason(const GemmParams& p) {
+  if (p.m < 1 || p.n < 1 || p.k < 1) return "the CUDA GEMM needs m, n and k >= 1";
+  if (p.m > INT32_MAX || p.n > INT32_MAX || p.k > INT32_MAX) return "the CUDA GEMM needs m, n and k below 2^31";
+  if (p.ab_dtype != DType::kFloat32 && p.ab_dtype != DType::kFloat16 && p.ab_dtype != DType::kBFloat16)
+    return "the CUDA GEMM takes float32, float16 or bfloat16 operands";
+  if (p.c_dtype != p.ab_dtype && p.c_dtype != DType::kFloat32)
+    return "the CUDA GEMM writes C as float32 or as the operands' dtype";
+  if (p.bias != nullptr && p.bias_dtype != p.ab_dtype && p.bias_dtype != DType::kFloat32)
+    return "the CUDA GEMM takes a float32 bias or one of the operands' dtype";
+  if (p.a == nullptr || p.b == nullptr || p.c == nullptr) return "the CUDA GEMM needs a, b and c";
+  if (p.lda < (p.a_k_major ? p.k : p.m) || p.ldb < (p.b_k_major ? p.k : p.n) || p.ldc < p.n)
+    return "a leading dimension of the CUDA GEMM is smaller than its matrix's rows";
+  if (flash::device_major() < 8) return "the CUDA GEMM needs a GPU of compute capability 8.0 (Ampere) or newer";
+  return nullptr;
+}
+
+size_t gemm_workspace_bytes(const GemmParams& p) {
+  if (gemm_unsupported_reason(p) != nullptr) return 0;
+  return gemm_kernels::make_plan(p, true).workspace_bytes;
+}
+
+cudaError_t gemm(const GemmParams& p, void* workspace, cudaStream_t stream) {
+  if (gemm_unsupported_reason(p) != nullptr) return cudaErrorInvalidValue;
+  return gemm_kernels::run_plan(p, gemm_kernels::make_plan(p, workspace != nullptr), workspace, stream);
+}
+
+}  // namespace fa::cuda

@@ -1,0 +1,51 @@
+// The GEMM planner's decision for one call (gemm.cu makes it; the kernel files launch it). Host only.
+#pragma once
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <cstdint>
+
+#include "common/gemm_params.h"
+
+namespace fa::cuda::gemm_kernels {
+
+enum class GemmPath : int { kSm80 = 0, kSm90 = 1 };
+enum class Sm80Tile : int { kLarge = 0, kSmall = 1 };  // gemm_sm80_traits.h: Sm80Large, Sm80Small
+
+struct GemmPlan {
+  GemmPath path = GemmPath::kSm80;
+  Sm80Tile tile = Sm80Tile::kLarge;  // sm80 path
+  int sm90_config = 0;               // sm90 path: index into gemm_sm90.cu's configurations
+  bool vec = true;                   // 16-byte cp.async loads (else element by element)
+  int block_m = 128, block_n = 128, block_k = 32;
+  int splits = 1;                    // K splits (> 1: partial sums in the workspace, then a reduction)
+  int k_tiles_per_split = 0;
+  int64_t blocks = 0;                // thread blocks of the main kernel
+  size_t workspace_bytes = 0;
+};
+
+// Test and benchmark hooks (test/native/gemm_check.cu): fields >= 0 (splits > 0) replace the
+// planner's choice. The planner never picks a path the device or the operands cannot run; an
+// override can, and then the launch fails.
+struct PlanOverride {
+  int path = -1;   // GemmPath
+  int vec = -1;    // 0: element-by-element loads on the sm80 path
+  int tile = -1;   // Sm80Tile, or the sm90 configuration
+  int splits = 0;  // K splits (clamped to the K tiles)
+};
+GemmPlan make_plan(const GemmParams& p, bool allow_split, const PlanOverride& force = {});
+// Runs a plan (the workspace must hold plan.workspace_bytes).
+cudaError_t run_plan(const GemmParams& p, const GemmPlan& plan, void* workspace, cudaStream_t stream);
+
+// Kernel launches of each path (gemm_sm80*.cu, gemm_sm90.cu). `partial` is the split-K workspace
+// (plan.splits slices of m x n fp32) or null when plan.splits == 1.
+cudaError_t gemm_sm80_16bit(const GemmParams& p, const GemmPlan& plan, float* partial, cudaStream_t stream);
+cudaError_t gemm_sm80_fp32(const GemmParams& p, const GemmPlan& plan, float* partial, cudaStream_t stream);
+cudaError_t gemm_sm90(const GemmParams& p, const GemmPlan& plan, float* partial, cudaStream_t stream);
+bool gemm_sm90_built();
+// The sm90 path's tile (block_m, block_n, block_k) of configuration `config`.
+void gemm_sm90_tile(int config, int* block_m, int* block_n, int* block_k);
+// Split-K reduction: C = epilogue(sum over splits of the partial slices), in split order.
+cudaError_t gemm_splitk_reduce(const GemmParams& p, const float* partial, int splits, cudaStream_t stream);
+
+}  // namespace fa::cuda::gemm_kernels

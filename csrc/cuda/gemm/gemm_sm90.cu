@@ -1,0 +1,89 @@
+// sm_90a GEMM launches (wgmma + TMA, gemm_sm90_kernel.cuh) for fp16 / bf16: the TMA tensor maps of a
+// call and the configurations the planner chooses from.
+#include <cuda.h>
+#include <cuda_runtime.h>
+
+#include "cuda/cuda_utils.cuh"
+#include "cuda/flash/hopper/tensor_map.h"
+#include "cuda/gemm/gemm_plan.h"
+#include "cuda/gemm/gemm_sm90_kernel.cuh"
+
+namespace fa::cuda::gemm_kernels {
+namespace {
+
+// Configurations: (kBlockM, kBlockN, kStages, blocks per SM). Two blocks per SM let one block's
+// prologue and epilogue overlap the other's main loop: the model's K of 384 is only 6 K tiles.
+struct Sm90Config0 {  // 128 x 128, 3 stages of 32 KiB
+  static constexpr int kBlockM = 128, kBlockN = 128, kStages = 3, kBlocksPerSm = 2;
+};
+struct Sm90Config1 {  // 128 x 64, 4 stages of 24 KiB: shapes with few 128 x 128 tiles
+  static constexpr int kBlockM = 128, kBlockN = 64, kStages = 4, kBlocksPerSm = 2;
+};
+
+template <typename Elem, typename Config, bool kAK, bool kBK>
+cudaError_t launch(const GemmParams& p, const GemmPlan& plan, float* partial, cudaStream_t stream) {
+  using Traits = Sm90Traits<Elem, Config::kBlockM, Config::kBlockN, Config::kStages, Config::kBlocksPerSm, kAK, kBK>;
+  const CUtensorMapDataType type =
+      p.ab_dtype == DType::kFloat16 ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16;
+  GemmTensorMaps maps;
+  // 2-D views (inner, outer) as make_map's 4-D ones with two unit dimensions.
+  const auto map2d = [&](CUtensorMap* map, const void* ptr, int64_t inner, int64_t outer, int64_t ld, int box_rows) {
+    return make_map(map, type, ptr, inner, outer, 1, 1, ld, ld * outer, ld * outer, box_rows);
+  };
+  if (kAK)
+    FA_CUDA_TRY(map2d(&maps.a, p.a, p.k, p.m, p.lda, Traits::kBlockM));
+  else
+    FA_CUDA_TRY(map2d(&maps.a, p.a, p.m, p.k, p.lda, Traits::kBlockK));
+  if (kBK)
+    FA_CUDA_TRY(map2d(&maps.b, p.b, p.k, p.n, p.ldb, Traits::kBlockN));
+  else
+    FA_CUDA_TRY(map2d(&maps.b, p.b, p.n, p.k, p.ldb, Traits::kBlockK));
+  auto kernel = gemm_sm90_kernel<Traits>;
+  FA_CUDA_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Traits::kSmemBytes));
+  kernel<<<static_cast<unsigned>(plan.blocks), Traits::kNThreads, Traits::kSmemBytes, stream>>>(
+      p, maps, partial, plan.splits, plan.k_tiles_per_split);
+  return cudaGetLastError();
+}
+
+template <typename Elem, typename Config>
+cudaError_t by_layout(const GemmParams& p, const GemmPlan& plan, float* partial, cudaStream_t stream) {
+  if (p.a_k_major && p.b_k_major) return launch<Elem, Config, true, true>(p, plan, partial, stream);
+  if (p.a_k_major) return launch<Elem, Config, true, false>(p, plan, partial, stream);
+  if (p.b_k_major) return launch<Elem, Config, false, true>(p, plan, partial, stream);
+  return launch<Elem, Config, false, false>(p, plan, partial, stream);
+}
+
+template <typename Elem>
+cudaError_t by_config(const GemmParams& p, const GemmPlan& plan, float* partial, cudaStream_t stream) {
+  if (plan.sm90_config == 0) return by_layout<Elem, Sm90Config0>(p, plan, partial, stream);
+  return by_layout<Elem, Sm90Config1>(p, plan, partial, stream);
+}
+
+}  // namespace
+
+bool gemm_sm90_built() {
+#ifdef FA_HAS_SM90A
+  return true;
+#else
+  return false;
+#endif
+}
+
+void gemm_sm90_tile(int config, int* block_m, int* block_n, int* block_k) {
+  *block_m = config == 0 ? Sm90Config0::kBlockM : Sm90Config1::kBlockM;
+  *block_n = config == 0 ? Sm90Config0::kBlockN : Sm90Config1::kBlockN;
+  *block_k = 64;
+}
+
+cudaError_t gemm_sm90(const GemmParams& p, const GemmPlan& plan, float* partial, cudaStream_t stream) {
+#ifdef FA_HAS_SM90A
+  if (p.ab_dtype == DType::kFloat16) return by_config<__half>(p, plan, partial, stream);
+  if (p.ab_dtype == DType::kBFloat16) return by_config<__nv_bfloat16>(p, plan, partial, stream);
+  return cudaErrorNotSupported;
+#else
+  (void)p, (void)plan, (void)partial, (void)stream;
+  return cudaErrorNotSupported;
+#endif
+}
+
+}  // namespace fa::cuda::gemm_kernels
