@@ -1079,7 +1079,7 @@ int main(int argc, char** argv) {
             for (NormKind k : {NormKind::kRms, NormKind::kLayerBias, NormKind::kLayerNoBias})
               check_norm(t, k, rows, cols, mis, rng);
             check_swiglu(t, rows, cols, mis, rng);
-            check_column_sum(t, rows, cols, rows % 2 == 1, mis, rng);
+            check_column_sum(t, rows, cols, cols % 2 == 1, mis, rng);  // += and =
             check_embedding(t, rows, cols, 65, mis, rng);
           }
         }

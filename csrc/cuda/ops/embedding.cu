@@ -102,37 +102,41 @@ __global__ void __launch_bounds__(kEmbThreads, kEmbMinBlocks) embedding_bwd_rowg
   const T* dout = static_cast<const T*>(p.dout);
   const int lane = static_cast<int>(threadIdx.x) % kWarpSize;
   const int warp = static_cast<int>(threadIdx.x) / kWarpSize;
-  const int64_t c = static_cast<int64_t>(blockIdx.y) * kWarpSize * N + lane * N;
-  const bool active = c < p.dim;
-  for (int64_t v = blockIdx.x; v < p.vocab; v += gridDim.x) {
-    float acc[N];
+  constexpr int64_t kTile = kWarpSize * N;
+  const int64_t tiles = ceil_div<int64_t>(p.dim, kTile);
+  for (int64_t tile = blockIdx.y; tile < tiles; tile += gridDim.y) {
+    const int64_t c = tile * kTile + lane * N;
+    const bool active = c < p.dim;
+    for (int64_t v = blockIdx.x; v < p.vocab; v += gridDim.x) {
+      float acc[N];
 #pragma unroll
-    for (int i = 0; i < N; ++i) acc[i] = 0.0f;
-    for (int64_t base = 0; base < p.rows; base += kEmbThreads) {
-      const int count = compact_matches(p.ids, p.rows, base, v, v + 1, list_rows, list_ids, warp_counts);
-      if (active) {
-        for (int m = warp; m < count; m += kEmbWarps) {
-          float g[N];
-          ops::load_float<N>(dout + (base + list_rows[m]) * p.dim + c, g);
+      for (int i = 0; i < N; ++i) acc[i] = 0.0f;
+      for (int64_t base = 0; base < p.rows; base += kEmbThreads) {
+        const int count = compact_matches(p.ids, p.rows, base, v, v + 1, list_rows, list_ids, warp_counts);
+        if (active) {
+          for (int m = warp; m < count; m += kEmbWarps) {
+            float g[N];
+            ops::load_float<N>(dout + (base + list_rows[m]) * p.dim + c, g);
 #pragma unroll
-          for (int i = 0; i < N; ++i) acc[i] += g[i];
+            for (int i = 0; i < N; ++i) acc[i] += g[i];
+          }
         }
       }
-    }
 #pragma unroll
-    for (int i = 0; i < N; ++i) sums[warp][lane * N + i] = acc[i];
-    __syncthreads();
-    // Thread t adds column t of the tile: the kEmbWarps sums in warp order, then dtable.
-    for (int t = static_cast<int>(threadIdx.x); t < kWarpSize * N; t += kEmbThreads) {
-      const int64_t col = static_cast<int64_t>(blockIdx.y) * kWarpSize * N + t;
-      if (col < p.dim) {
-        float s = 0.0f;
+      for (int i = 0; i < N; ++i) sums[warp][lane * N + i] = acc[i];
+      __syncthreads();
+      // Thread t adds column t of the tile: the kEmbWarps sums in warp order, then dtable.
+      for (int t = static_cast<int>(threadIdx.x); t < kTile; t += kEmbThreads) {
+        const int64_t col = tile * kTile + t;
+        if (col < p.dim) {
+          float s = 0.0f;
 #pragma unroll
-        for (int w = 0; w < kEmbWarps; ++w) s += sums[w][t];
-        p.dtable[v * p.dim + col] += s;
+          for (int w = 0; w < kEmbWarps; ++w) s += sums[w][t];
+          p.dtable[v * p.dim + col] += s;
+        }
       }
+      __syncthreads();
     }
-    __syncthreads();
   }
 }
 
@@ -144,42 +148,52 @@ __global__ void __launch_bounds__(kEmbThreads, kEmbMinBlocks)
   __shared__ int32_t list_rows[kEmbThreads], list_ids[kEmbThreads];
   __shared__ int warp_counts[kEmbWarps];
   const T* dout = static_cast<const T*>(p.dout);
-  const int64_t c = (static_cast<int64_t>(blockIdx.y) * kEmbThreads + threadIdx.x) * N;
-  const bool active = c < p.dim;
-  for (int64_t range = blockIdx.x; range < ranges; range += gridDim.x) {
-    const int64_t v0 = range * vocab_per_block;
-    const int64_t v1 = v0 + vocab_per_block < p.vocab ? v0 + vocab_per_block : p.vocab;
-    int64_t cur = -1;  // the id whose sum acc holds
-    float acc[N];
+  constexpr int64_t kTile = static_cast<int64_t>(kEmbThreads) * N;
+  const int64_t tiles = ceil_div<int64_t>(p.dim, kTile);
+  for (int64_t tile = blockIdx.y; tile < tiles; tile += gridDim.y) {
+    const int64_t c = tile * kTile + static_cast<int64_t>(threadIdx.x) * N;
+    const bool active = c < p.dim;
+    for (int64_t range = blockIdx.x; range < ranges; range += gridDim.x) {
+      const int64_t v0 = range * vocab_per_block;
+      const int64_t v1 = v0 + vocab_per_block < p.vocab ? v0 + vocab_per_block : p.vocab;
+      int64_t cur = -1;  // the id whose sum acc holds
+      float acc[N];
 #pragma unroll
-    for (int i = 0; i < N; ++i) acc[i] = 0.0f;
-    for (int64_t base = 0; base < p.rows; base += kEmbThreads) {
-      const int count = compact_matches(p.ids, p.rows, base, v0, v1, list_rows, list_ids, warp_counts);
-      if (!active) continue;
-      for (int m = 0; m < count; ++m) {
-        const int64_t id = list_ids[m];
-        if (id != cur) {
-          if (cur >= 0) {
-            float* dst = p.dtable + cur * p.dim + c;
+      for (int i = 0; i < N; ++i) acc[i] = 0.0f;
+      for (int64_t base = 0; base < p.rows; base += kEmbThreads) {
+        const int count = compact_matches(p.ids, p.rows, base, v0, v1, list_rows, list_ids, warp_counts);
+        if (!active) continue;
+        for (int m = 0; m < count; ++m) {
+          const int64_t id = list_ids[m];
+          if (id != cur) {
+            if (cur >= 0) {
+              float* dst = p.dtable + cur * p.dim + c;
 #pragma unroll
-            for (int i = 0; i < N; ++i) dst[i] += acc[i];
+              for (int i = 0; i < N; ++i) dst[i] += acc[i];
+            }
+            cur = id;
+#pragma unroll
+            for (int i = 0; i < N; ++i) acc[i] = 0.0f;
           }
-          cur = id;
+          float g[N];
+          ops::load_float<N>(dout + (base + list_rows[m]) * p.dim + c, g);
 #pragma unroll
-          for (int i = 0; i < N; ++i) acc[i] = 0.0f;
+          for (int i = 0; i < N; ++i) acc[i] += g[i];
         }
-        float g[N];
-        ops::load_float<N>(dout + (base + list_rows[m]) * p.dim + c, g);
+      }
+      if (active && cur >= 0) {
+        float* dst = p.dtable + cur * p.dim + c;
 #pragma unroll
-        for (int i = 0; i < N; ++i) acc[i] += g[i];
+        for (int i = 0; i < N; ++i) dst[i] += acc[i];
       }
     }
-    if (active && cur >= 0) {
-      float* dst = p.dtable + cur * p.dim + c;
-#pragma unroll
-      for (int i = 0; i < N; ++i) dst[i] += acc[i];
-    }
   }
+}
+
+// gridDim.y for `tiles` column tiles: the kernels loop over tiles gridDim.y apart.
+unsigned int tile_grid(int64_t tiles) {
+  constexpr int64_t kMaxGridY = 65535;
+  return static_cast<unsigned int>(tiles < kMaxGridY ? tiles : kMaxGridY);
 }
 
 int64_t vocab_per_block(int64_t vocab) {
@@ -203,7 +217,7 @@ cudaError_t embedding_fwd(const EmbeddingParams& p, cudaStream_t stream) {
   });
 }
 
-// ptxas (nvcc 13.0, sm_80 / sm_90a): row groups 43-48 registers, vocabulary ranges 36-54, 0 spills.
+// ptxas (nvcc 13.0, sm_80 / sm_90a): row groups 45-52 registers, vocabulary ranges 38-56, 0 spills.
 cudaError_t embedding_bwd(const EmbeddingParams& p, cudaStream_t stream) {
   if (p.rows < 1 || p.dim < 1 || p.vocab < 1) return cudaSuccess;
   return dispatch_dtype(p.dtype, [&](auto tag) {
@@ -212,12 +226,9 @@ cudaError_t embedding_bwd(const EmbeddingParams& p, cudaStream_t stream) {
     const bool vec = ops::vec_aligned(p.dout) && ops::vec_aligned(p.dtable) && ops::vec_rows<T>(p.dim) &&
                      ops::vec_rows<float>(p.dim);
     constexpr int kN = ops::kVecElems<T>;
-    constexpr unsigned int kMaxGridY = 65535;
     if (p.vocab <= kRowGroupVocabMax) {
       const int64_t tile = static_cast<int64_t>(kWarpSize) * (vec ? kN : 1);
-      const dim3 grid(static_cast<unsigned int>(p.vocab),
-                      static_cast<unsigned int>(ceil_div(p.dim, tile)));
-      if (grid.y > kMaxGridY) return cudaErrorInvalidConfiguration;
+      const dim3 grid(static_cast<unsigned int>(p.vocab), tile_grid(ceil_div(p.dim, tile)));
       if (vec) {
         embedding_bwd_rowgroups_kernel<T, kN><<<grid, kEmbThreads, 0, stream>>>(p);
       } else {
@@ -227,8 +238,7 @@ cudaError_t embedding_bwd(const EmbeddingParams& p, cudaStream_t stream) {
       const int64_t per = vocab_per_block(p.vocab);
       const int64_t tile = static_cast<int64_t>(kEmbThreads) * (vec ? kN : 1);
       const int64_t ranges = ceil_div(p.vocab, per);
-      const dim3 grid(grid_size(ranges, 1), static_cast<unsigned int>(ceil_div(p.dim, tile)));
-      if (grid.y > kMaxGridY) return cudaErrorInvalidConfiguration;
+      const dim3 grid(grid_size(ranges, 1), tile_grid(ceil_div(p.dim, tile)));
       if (vec) {
         embedding_bwd_ranges_kernel<T, kN><<<grid, kEmbThreads, 0, stream>>>(p, per, ranges);
       } else {
