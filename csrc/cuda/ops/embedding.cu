@@ -4,7 +4,7 @@
 //
 // Backward, deterministic without a workspace or float atomics: every element dtable[v, c] is owned by
 // exactly one thread, which adds the dout rows with id v in increasing row order. A block owns a range
-// of vocabulary rows and a tile of columns; it walks all ids in chunks of kEmbThreads, compacts the
+// of vocabulary rows and a tile of columns; it walks all ids in chunks of kIdChunk, compacts the
 // rows whose id falls in its range into an ordered list in shared memory (warp ballots + a block
 // prefix in warp order), and adds those rows. Two policies, by vocabulary size:
 //   - RowGroups (vocab <= kRowGroupVocabMax, e.g. characters, vocab 65): one vocabulary row per block;
@@ -33,6 +33,11 @@ namespace {
 
 constexpr int kEmbThreads = 256;
 constexpr int kEmbWarps = kEmbThreads / kWarpSize;
+// Backward: ids read per block and step (kIdsPerThread per thread). 1024 rows per step: 16 steps (and
+// 32 barriers) per block for 16384 rows, where one id per thread took 64 steps, each waiting on its id
+// load and then on its dout loads.
+constexpr int kIdsPerThread = 4;
+constexpr int kIdChunk = kIdsPerThread * kEmbThreads;
 // Resident blocks the backward's __launch_bounds__ ask for (128 registers at most): left to its
 // occupancy heuristic, ptxas held the scalar ranges kernel to 32 registers and spilled 4 bytes (sm_90a).
 constexpr int kEmbMinBlocks = 2;
@@ -64,29 +69,44 @@ __global__ void __launch_bounds__(kEmbThreads) embedding_fwd_kernel(const Embedd
 }
 
 // ---- backward building block: the ordered list of matching rows -----------------------------------
-// Rows [base, base + kEmbThreads) whose id is in [v0, v1), in increasing order, into list[0..count);
-// returns count (the same in every thread). All threads of the block call it.
+// Rows [base, base + kIdChunk) whose id is in [v0, v1), in increasing order, into list[0..count);
+// returns count (the same in every thread). All threads of the block call it. Thread t reads the ids
+// of rows base + k kEmbThreads + t (k < kIdsPerThread: independent loads in flight); the list is
+// ordered by k, then warp, then lane, which is row order.
 __device__ __forceinline__ int compact_matches(const int32_t* ids, int64_t rows, int64_t base, int64_t v0,
                                                int64_t v1, int32_t* list_rows, int32_t* list_ids,
-                                               int* warp_counts) {
+                                               int (*warp_counts)[kEmbWarps]) {
   const int lane = static_cast<int>(threadIdx.x) % kWarpSize;
   const int warp = static_cast<int>(threadIdx.x) / kWarpSize;
-  const int64_t r = base + threadIdx.x;
-  const int32_t id = r < rows ? ids[r] : -1;
-  const bool hit = r < rows && id >= v0 && id < v1;
-  const unsigned int mask = __ballot_sync(0xffffffffu, hit);
-  if (lane == 0) warp_counts[warp] = __popc(mask);
-  __syncthreads();
-  int before = 0, count = 0;
+  int32_t id[kIdsPerThread];
+  bool hit[kIdsPerThread];
+  unsigned int mask[kIdsPerThread];
 #pragma unroll
-  for (int w = 0; w < kEmbWarps; ++w) {
-    before += w < warp ? warp_counts[w] : 0;
-    count += warp_counts[w];
+  for (int k = 0; k < kIdsPerThread; ++k) {
+    const int64_t r = base + k * kEmbThreads + threadIdx.x;
+    id[k] = r < rows ? ids[r] : -1;
   }
-  if (hit) {
-    const int at = before + __popc(mask & ((1u << lane) - 1u));
-    list_rows[at] = static_cast<int32_t>(threadIdx.x);  // offset from base
-    list_ids[at] = id;
+#pragma unroll
+  for (int k = 0; k < kIdsPerThread; ++k) {
+    hit[k] = id[k] >= v0 && id[k] < v1;  // -1 (past the rows) never hits: v0 >= 0
+    mask[k] = __ballot_sync(0xffffffffu, hit[k]);
+    if (lane == 0) warp_counts[k][warp] = __popc(mask[k]);
+  }
+  __syncthreads();
+  int count = 0;
+#pragma unroll
+  for (int k = 0; k < kIdsPerThread; ++k) {
+    int before = count;
+#pragma unroll
+    for (int w = 0; w < kEmbWarps; ++w) {
+      before += w < warp ? warp_counts[k][w] : 0;
+      count += warp_counts[k][w];
+    }
+    if (hit[k]) {
+      const int at = before + __popc(mask[k] & ((1u << lane) - 1u));
+      list_rows[at] = k * kEmbThreads + static_cast<int>(threadIdx.x);  // offset from base
+      list_ids[at] = id[k];
+    }
   }
   __syncthreads();
   return count;
@@ -96,8 +116,8 @@ __device__ __forceinline__ int compact_matches(const int32_t* ids, int64_t rows,
 // tile * kWarpSize * N + l * N + [0, N). ptxas (nvcc 13.0, sm_80 / sm_90a): see embedding_bwd.
 template <typename T, int N>
 __global__ void __launch_bounds__(kEmbThreads, kEmbMinBlocks) embedding_bwd_rowgroups_kernel(const EmbeddingParams p) {
-  __shared__ int32_t list_rows[kEmbThreads], list_ids[kEmbThreads];
-  __shared__ int warp_counts[kEmbWarps];
+  __shared__ int32_t list_rows[kIdChunk], list_ids[kIdChunk];
+  __shared__ int warp_counts[kIdsPerThread][kEmbWarps];
   __shared__ float sums[kEmbWarps][kWarpSize * N];
   const T* dout = static_cast<const T*>(p.dout);
   const int lane = static_cast<int>(threadIdx.x) % kWarpSize;
@@ -111,7 +131,7 @@ __global__ void __launch_bounds__(kEmbThreads, kEmbMinBlocks) embedding_bwd_rowg
       float acc[N];
 #pragma unroll
       for (int i = 0; i < N; ++i) acc[i] = 0.0f;
-      for (int64_t base = 0; base < p.rows; base += kEmbThreads) {
+      for (int64_t base = 0; base < p.rows; base += kIdChunk) {
         const int count = compact_matches(p.ids, p.rows, base, v, v + 1, list_rows, list_ids, warp_counts);
         if (active) {
           for (int m = warp; m < count; m += kEmbWarps) {
@@ -145,8 +165,8 @@ __global__ void __launch_bounds__(kEmbThreads, kEmbMinBlocks) embedding_bwd_rowg
 template <typename T, int N>
 __global__ void __launch_bounds__(kEmbThreads, kEmbMinBlocks)
     embedding_bwd_ranges_kernel(const EmbeddingParams p, int64_t vocab_per_block, int64_t ranges) {
-  __shared__ int32_t list_rows[kEmbThreads], list_ids[kEmbThreads];
-  __shared__ int warp_counts[kEmbWarps];
+  __shared__ int32_t list_rows[kIdChunk], list_ids[kIdChunk];
+  __shared__ int warp_counts[kIdsPerThread][kEmbWarps];
   const T* dout = static_cast<const T*>(p.dout);
   constexpr int64_t kTile = static_cast<int64_t>(kEmbThreads) * N;
   const int64_t tiles = ceil_div<int64_t>(p.dim, kTile);
@@ -160,7 +180,7 @@ __global__ void __launch_bounds__(kEmbThreads, kEmbMinBlocks)
       float acc[N];
 #pragma unroll
       for (int i = 0; i < N; ++i) acc[i] = 0.0f;
-      for (int64_t base = 0; base < p.rows; base += kEmbThreads) {
+      for (int64_t base = 0; base < p.rows; base += kIdChunk) {
         const int count = compact_matches(p.ids, p.rows, base, v0, v1, list_rows, list_ids, warp_counts);
         if (!active) continue;
         for (int m = 0; m < count; ++m) {
@@ -217,7 +237,7 @@ cudaError_t embedding_fwd(const EmbeddingParams& p, cudaStream_t stream) {
   });
 }
 
-// ptxas (nvcc 13.0, sm_80 / sm_90a): row groups 45-52 registers, vocabulary ranges 38-56, 0 spills.
+// ptxas (nvcc 13.0, sm_80 / sm_90a): backward 51-68 registers, 0 spills.
 cudaError_t embedding_bwd(const EmbeddingParams& p, cudaStream_t stream) {
   if (p.rows < 1 || p.dim < 1 || p.vocab < 1) return cudaSuccess;
   return dispatch_dtype(p.dtype, [&](auto tag) {
