@@ -105,6 +105,8 @@ __global__ void __launch_bounds__(kRowBlockThreads, ops::kRowMinBlocks) norm_fwd
 
 // dx per row: xhat = (x - mean) rstd, g = dout w,
 //   RMSNorm dx = rstd (g - xhat mean(g xhat));  LayerNorm dx = rstd (g - mean(g) - xhat mean(g xhat)).
+// g is rounded on its own (__fmul_rn) in both passes, never contracted into an FMA with the
+// subtraction: g - mean(g) is then exactly 0 where it is in exact arithmetic (a one-column LayerNorm).
 // ptxas (nvcc 13.0, sm_80 / sm_90a): 44-96 registers, 0 spills.
 template <typename Tr>
 __global__ void __launch_bounds__(kRowBlockThreads, ops::kRowMinBlocks) norm_bwd_dx_kernel(const NormParams p, float inv_cols) {
@@ -128,7 +130,7 @@ __global__ void __launch_bounds__(kRowBlockThreads, ops::kRowMinBlocks) norm_bwd
       ops::load_float<N>(dout + base + c, gv);
 #pragma unroll
       for (int i = 0; i < N; ++i) {
-        const float g = gv[i] * wv[i];
+        const float g = __fmul_rn(gv[i], wv[i]);  // rounded: the same g as the second pass
         s[0] += g;
         s[1] += g * ((v[i] - mean) * rstd);
       }
@@ -144,7 +146,7 @@ __global__ void __launch_bounds__(kRowBlockThreads, ops::kRowMinBlocks) norm_bwd
 #pragma unroll
       for (int i = 0; i < N; ++i) {
         const float xhat = (v[i] - mean) * rstd;
-        d[i] = rstd * (gv[i] * wv[i] - mean_g - xhat * mean_gx);
+        d[i] = rstd * (__fmul_rn(gv[i], wv[i]) - mean_g - xhat * mean_gx);
       }
       ops::store_float<N>(dx + base + c, d);
     }
@@ -158,7 +160,7 @@ __global__ void __launch_bounds__(kRowBlockThreads, ops::kRowMinBlocks) norm_bwd
 // (k 32 + l) N + [0, N) for k < kMaxK and keeps their sums of dout xhat (and dout) in registers; at
 // the end the warps' sums are added in warp order through shared memory into partials[o][b][c], which
 // column_finish_kernel adds into dweight / dbias in chunk order. Deterministic, no float atomics.
-// ptxas (nvcc 13.0, sm_80 / sm_90a): 71-128 registers (the scalar RMSNorm instances at 110-128), 0 spills.
+// ptxas (nvcc 13.0, sm_80 / sm_90a): 68-128 registers (the scalar RMSNorm instances at 110-128), 0 spills.
 template <typename Tr, int kMaxK>
 __global__ void __launch_bounds__(kRowBlockThreads, ops::kRowMinBlocks)
     norm_bwd_fused_kernel(const NormParams p, float inv_cols, ops::ColumnChunks split, float* __restrict__ partials) {
@@ -197,7 +199,7 @@ __global__ void __launch_bounds__(kRowBlockThreads, ops::kRowMinBlocks)
       ops::load_float<N>(dout + base + c, gv);
 #pragma unroll
       for (int i = 0; i < N; ++i) {
-        const float g = gv[i] * wv[i];
+        const float g = __fmul_rn(gv[i], wv[i]);  // rounded: the same g as the second pass
         s[0] += g;
         s[1] += g * ((v[i] - mean) * rstd);
       }
@@ -216,7 +218,7 @@ __global__ void __launch_bounds__(kRowBlockThreads, ops::kRowMinBlocks)
 #pragma unroll
       for (int i = 0; i < N; ++i) {
         const float xhat = (v[i] - mean) * rstd;
-        d[i] = rstd * (gv[i] * wv[i] - mean_g - xhat * mean_gx);
+        d[i] = rstd * (__fmul_rn(gv[i], wv[i]) - mean_g - xhat * mean_gx);
         pw[k][i] += gv[i] * xhat;
         pb[k][i] += gv[i];
       }
