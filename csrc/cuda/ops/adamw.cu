@@ -33,7 +33,12 @@ __global__ void __launch_bounds__(kAdamThreads, 2) adamw_kernel(const AdamWParam
   // The weights live in the master copy, or in the parameter itself when it is float32 with none.
   float* master = p.master;
   float clip = 1.0f;
-  if (p.clip_norm != nullptr) clip = fminf(1.0f, p.max_norm / (*p.clip_norm + kClipEps));
+  if (p.clip_norm != nullptr) {
+    // min(1, ratio) that keeps a NaN ratio (a NaN gradient norm) NaN, as PyTorch's clamp does; fminf
+    // would return 1 and hide it.
+    const float ratio = p.max_norm / (*p.clip_norm + kClipEps);
+    clip = ratio > 1.0f ? 1.0f : ratio;
+  }
   const float gmul = p.grad_scale;
   const int64_t vectors = p.numel / N;
   for (int64_t i = ops::global_thread(); i < vectors; i += ops::grid_threads()) {
