@@ -730,8 +730,9 @@ void adamw_host(const AdamHyper& h, float clip, const std::vector<float>& grad, 
   }
 }
 
-void check_adamw(DType t, int64_t n, bool clip, bool mis, Rng& rng) {
-  Case c(shape_label("adamw", t, 1, n, mis) + (clip ? " clip" : ""));
+// nan_norm: the clipping norm is NaN (an overflowed gradient norm): every output must become NaN.
+void check_adamw(DType t, int64_t n, bool clip, bool mis, Rng& rng, bool nan_norm = false) {
+  Case c(shape_label("adamw", t, 1, n, mis) + (clip ? " clip" : "") + (nan_norm ? " NaN norm" : ""));
   const AdamHyper h;
   const bool use_master = t != DType::kFloat32;
   const auto master = rand_vec(n, DType::kFloat32, 0.05, 1.0, rng);
@@ -741,7 +742,8 @@ void check_adamw(DType t, int64_t n, bool clip, bool mis, Rng& rng) {
   const auto grad = rand_vec(n, DType::kFloat32, 0.01, 1.0, rng);
   const auto m0 = rand_vec(n, DType::kFloat32, 1e-3, 0.1, rng);
   const auto v0 = rand_vec(n, DType::kFloat32, 1e-4, 1e-2, rng, true);
-  constexpr float kNorm = 2.5f, kMaxNorm = 1.0f;
+  constexpr float kMaxNorm = 1.0f;
+  const float norm = nan_norm ? std::numeric_limits<float>::quiet_NaN() : 2.5f;
   Buf d_param(t, n, mis), d_master(DType::kFloat32, n, mis), d_grad(DType::kFloat32, n, mis),
       d_m(DType::kFloat32, n, mis), d_v(DType::kFloat32, n, mis), d_norm(DType::kFloat32, 1);
   d_param.put(param);
@@ -749,7 +751,7 @@ void check_adamw(DType t, int64_t n, bool clip, bool mis, Rng& rng) {
   d_grad.put(grad);
   d_m.put(m0);
   d_v.put(v0);
-  d_norm.put({kNorm});
+  d_norm.put({norm});
   fa::AdamWParams p;
   p.numel = n;
   p.dtype = t;
@@ -770,7 +772,8 @@ void check_adamw(DType t, int64_t n, bool clip, bool mis, Rng& rng) {
   p.max_norm = kMaxNorm;
   CHECK_CUDA(ops::adamw(p, g_stream));
   sync();
-  const float clip_f = clip ? std::min(1.0f, kMaxNorm / (kNorm + 1e-6f)) : 1.0f;
+  const float ratio = kMaxNorm / (norm + 1e-6f);
+  const float clip_f = clip ? (ratio > 1.0f ? 1.0f : ratio) : 1.0f;  // min(1, ratio), NaN kept
   auto w_ref = as<double>(w0), m_ref = as<double>(m0), v_ref = as<double>(v0);
   auto w_same = w0, m_same = m0, v_same = v0;
   adamw_host<double>(h, clip_f, grad, w_ref, m_ref, v_ref);
@@ -1104,6 +1107,7 @@ int main(int argc, char** argv) {
           check_sum(t, n, mis, rng);
           check_adamw(t, n, n % 2 == 1, mis, rng);
           if (n == 4099) check_adamw(t, n, false, mis, rng);
+          if (n == 65) check_adamw(t, n, true, mis, rng, true);
         }
 
       for (int64_t vocab : {int64_t{3}, int64_t{65}, int64_t{129}, int64_t{4099}, int64_t{50257}})
