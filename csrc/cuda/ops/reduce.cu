@@ -2,8 +2,9 @@
 // clipping), the sum of one tensor, and column sums (a linear layer's bias gradient). All are
 // deterministic: fixed partials in the workspace, then one fixed-order final pass; no float atomics.
 //   norm_of / sum: a tensor of n elements gets min(ceil(n / kSpanBlockElems), kMaxBlocksPerSpan)
-//     blocks; block j of a tensor sums (the squares of) the elements j * 256 + t, then every
-//     256 * blocks further, into partials[first_block + j]. Up to kSpansPerLaunch tensors go in one
+//     blocks; thread t of block j sums (the squares of) the 16-byte vectors (single elements when the
+//     tensor is not 16-byte aligned) j * 256 + t, then every 256 * blocks further, and the block adds
+//     its threads in a fixed order into partials[first_block + j]. Up to kSpansPerLaunch tensors go in one
 //     launch (their descriptors are kernel parameters: no host-to-device copy), so a GPT's ~75
 //     gradients take two launches, not 75. One block then adds all partials in order.
 //   column_sum: column_partials.cuh (per-chunk partials, then a fixed-order sum per column).
