@@ -116,6 +116,25 @@ export interface NativeBinding {
   gradNorm(tensors: NativeView[], numels: number[]): NativeBuffer;
   sum(x: NativeView, numel: number): NativeBuffer;
   columnSum(x: NativeView, rows: number, cols: number, out: NativeView | null): NativeBuffer | undefined;
+  // The nn ops (csrc/napi/nn_ops.cc). A tensor argument is `[buffer, offset]` (NativeTensorArg).
+  normForward(
+    x: NativeTensorArg, weight: NativeTensorArg, bias: NativeTensorArg | null, rows: number, cols: number,
+    eps: number, layerNorm: boolean,
+  ): [NativeBuffer, NativeBuffer | null, NativeBuffer];
+  normBackward(
+    dout: NativeTensorArg, x: NativeTensorArg, weight: NativeTensorArg, mean: NativeTensorArg | null,
+    rstd: NativeTensorArg, dweight: NativeTensorArg | null, dbias: NativeTensorArg | null, rows: number,
+    cols: number, layerNorm: boolean,
+  ): NativeBuffer;
+  rope(
+    x: NativeTensorArg, dims: [number, number, number, number], strides: [number, number, number], base: number,
+    positionOffset: number, inverse: boolean,
+  ): void;
+  geluForward(x: NativeTensorArg, numel: number): NativeBuffer;
+  geluBackward(dout: NativeTensorArg, x: NativeTensorArg, numel: number): NativeBuffer;
+  swigluForward(x: NativeTensorArg, rows: number, cols: number): NativeBuffer;
+  swigluBackward(dout: NativeTensorArg, x: NativeTensorArg, rows: number, cols: number): NativeBuffer;
+  add(a: NativeTensorArg, b: NativeTensorArg, numel: number, alpha: number, inPlace: boolean): NativeBuffer | undefined;
 }
 
 /** A tensor argument of the ops: its storage and the element offset of its first element. */

@@ -256,7 +256,7 @@ Napi::Value Rope(const Napi::CallbackInfo& info) {
   };
   Dim ds[3] = {{p.batch, p.batch_stride, "batchStride"}, {p.seqlen, p.row_stride, "rowStride"},
                {p.heads, p.head_stride, "headStride"}};
-  std::sort(std::begin(ds), std::end(ds), [](const Dim& a, const Dim& b) { return a.stride < b.stride; });
+  std::stable_sort(std::begin(ds), std::end(ds), [](const Dim& a, const Dim& b) { return a.stride < b.stride; });
   int64_t extent = p.head_dim;
   for (const Dim& d : ds) {
     if (d.size == 1) continue;
