@@ -287,8 +287,9 @@ function residualStd(layers: number): number {
 
 /**
  * Causal multi-head self-attention: one packed QKV projection `c_attn` (dModel → 3·dModel, read as
- * [B, S, 3, heads, headDim]), optional RoPE on q and k, FlashAttention-2 (causal, scale
- * 1/√headDim), and the output projection `c_proj`.
+ * [B, S, 3, heads, headDim]; q, k and v are strided views of it, never copied), optional RoPE on q
+ * and k (in place), FlashAttention-2 (causal, scale 1/√headDim; its backward writes dq, dk and dv
+ * into the views of one packed gradient), and the output projection `c_proj`.
  */
 export class CausalSelfAttention extends Module {
   readonly c_attn: Linear;
@@ -313,23 +314,17 @@ export class CausalSelfAttention extends Module {
   }
 
   /**
-   * q, k and v of a packed projection qkv [B, S, 3·C] as [B, S, H, D] tensors the attention takes
-   * (contiguous copies of the strided views; the caller disposes them).
+   * The q, k and v views [B, S, H, D] (strides [S·3C, 3C, D, 1]) of a packed [B, S, 3·C] tensor read
+   * as [B, S, 3, H, D]: attention reads and writes heads in place, without copies. The caller
+   * disposes the views.
    */
-  #split(qkv: Tensor): Tensor[] {
-    const [B, S] = qkv.shape;
-    const packed = qkv.view([B, S, 3, this.heads, this.headDim]);
+  #heads(packed: Tensor): [Tensor, Tensor, Tensor] {
+    const [B, S] = packed.shape;
+    const five = packed.view([B, S, 3, this.heads, this.headDim]);
     try {
-      return [0, 1, 2].map((i) => {
-        const view = packed.select(2, i);
-        try {
-          return view.contiguous();
-        } finally {
-          view.dispose();
-        }
-      });
+      return [five.select(2, 0), five.select(2, 1), five.select(2, 2)];
     } finally {
-      packed.dispose();
+      five.dispose();
     }
   }
 
@@ -338,17 +333,12 @@ export class CausalSelfAttention extends Module {
     this.releaseSaved();
     const [B, S, C] = x.shape;
     const qkv = this.c_attn.forward(x); // [B, S, 3C], read as [B, S, 3, H, D]
+    const [q, k, v] = this.#heads(qkv);
     if (this.#rope) {
-      // In place on the q and k views of the packed projection: the backward re-reads them rotated.
-      const packed = qkv.view([B, S, 3, this.heads, this.headDim]);
-      for (const i of [0, 1]) {
-        const view = packed.select(2, i);
-        applyRope(view, { base: this.#ropeBase });
-        view.dispose();
-      }
-      packed.dispose();
+      // In place in the packed projection: the backward reads q and k rotated, as it needs them.
+      applyRope(q, { base: this.#ropeBase });
+      applyRope(k, { base: this.#ropeBase });
     }
-    const [q, k, v] = this.#split(qkv);
     const { out, lse } = flashAttention(q, k, v, { causal: true, float32Precision: this.#precision });
     for (const t of [q, k, v]) t.dispose();
     const y = out.view([B, S, C]);
@@ -363,30 +353,21 @@ export class CausalSelfAttention extends Module {
     const { qkv, out, lse, y } = this.requireSaved(this.#saved, 'CausalSelfAttention');
     this.#saved = null;
     const [B, S, C] = dout.shape;
-    const H = this.heads, D = this.headDim;
     const dy = this.c_proj.backward(dout) as Tensor; // [B, S, C]
     y.dispose();
-    const dout4 = dy.view([B, S, H, D]);
-    const [q, k, v] = this.#split(qkv); // q and k as rotated in the forward
-    qkv.dispose();
-    // deterministic: the same gradients on every run (--seed reproduces a CUDA run bit for bit).
-    const grads = flashAttentionBackward(dout4, q, k, v, out, lse,
-      { causal: true, float32Precision: this.#precision, deterministic: true });
-    for (const t of [dout4, dy, q, k, v, out, lse]) t.dispose();
-    if (this.#rope) {
-      applyRope(grads.dq, { base: this.#ropeBase, inverse: true });
-      applyRope(grads.dk, { base: this.#ropeBase, inverse: true });
-    }
-    // dqkv [B, S, 3, H, D] assembled from dq, dk, dv: the layout of c_attn's output.
+    const dout4 = dy.view([B, S, this.heads, this.headDim]);
+    const [q, k, v] = this.#heads(qkv);
+    // dq, dk and dv are written straight into the packed gradient of c_attn's output.
     const dqkv = Tensor.empty([B, S, 3 * C], { dtype: dout.dtype, device: dout.device });
-    const packed = dqkv.view([B, S, 3, H, D]);
-    [grads.dq, grads.dk, grads.dv].forEach((g, i) => {
-      const view = packed.select(2, i);
-      view.copyFrom(g);
-      view.dispose();
-      g.dispose();
-    });
-    packed.dispose();
+    const [dq, dk, dv] = this.#heads(dqkv);
+    // deterministic: the same gradients on every run (--seed reproduces a CUDA run bit for bit).
+    flashAttentionBackward(dout4, q, k, v, out, lse,
+      { causal: true, float32Precision: this.#precision, deterministic: true, dq, dk, dv });
+    if (this.#rope) {
+      applyRope(dq, { base: this.#ropeBase, inverse: true });
+      applyRope(dk, { base: this.#ropeBase, inverse: true });
+    }
+    for (const t of [dout4, dy, q, k, v, qkv, out, lse, dq, dk, dv]) t.dispose();
     try {
       return this.c_attn.backward(dqkv) as Tensor;
     } finally {
