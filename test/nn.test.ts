@@ -8,7 +8,7 @@ import {
   Block, CausalSelfAttention, Embedding, LayerNorm, Linear, MLP, RMSNorm, TransformerOptions,
 } from '../lib/nn/layers';
 import { GPT } from '../lib/nn/gpt';
-import { Module, Parameter } from '../lib/nn/module';
+import { Module, packParameters, Parameter } from '../lib/nn/module';
 import { AdamW } from '../lib/nn/optim';
 import { Tensor } from '../lib/tensor';
 import { liveMemory, synchronizeAll, trackMemory } from './helpers/backend';
@@ -102,8 +102,10 @@ describe('parameter bookkeeping', () => {
       // 13·16 + 8·16 + per block (2·2·16 + 16·48 + 48 + 16·16 + 16 + 16·64 + 64 + 64·16 + 16) + 2·16
       const perBlock = 4 * C + (C * 3 * C + 3 * C) + (C * C + C) + (C * 4 * C + 4 * C) + (4 * C * C + C);
       expect(model.numParameters()).toBe(13 * C + 8 * C + 2 * perBlock + 2 * C);
+      // Packed into two flat groups: the decayed matrices and embeddings, and the vectors.
+      expect(model.parameterGroups.map((g) => [g.decay, g.parameters.length])).toEqual([[true, 2 + 2 * 4], [false, 2 + 2 * 8]]);
       for (const { name, parameter } of named) {
-        expect([name, parameter.decay]).toEqual([name, parameter.shape.length >= 2]);
+        expect([name, parameter.decay, parameter.group?.decay]).toEqual([name, parameter.shape.length >= 2, parameter.shape.length >= 2]);
         expect(parameter.grad.dtype).toBe('float32');
         expect(parameter.master).toBeNull();
       }
@@ -269,6 +271,47 @@ describe('AdamW', () => {
     } finally {
       opt.dispose();
       for (const p of params) p.dispose();
+    }
+  });
+
+  test('packed groups update in one launch per group, like the parameters one by one', async () => {
+    const rng = rngFor('adamw-packed');
+    const shapes = [[4, 3], [5], [2, 7], [3]];
+    const data = shapes.map((s) => randn(s[0] * (s[1] ?? 1), rng));
+    const grads = shapes.map((s) => randn(s[0] * (s[1] ?? 1), rng));
+    const make = (): Parameter[] => shapes.map((s, i) => new Parameter(data[i], s, { device, dtype: 'bfloat16' }));
+    const loose = make(), packed = make();
+    const groups = packParameters(packed);
+    const o = { lr: 1e-2, weightDecay: 0.1, maxGradNorm: 0.5 };
+    const optLoose = new AdamW(loose, o), optPacked = new AdamW(packed, o);
+    try {
+      expect(groups.map((g) => [g.decay, g.numel, g.value.dtype, g.master?.dtype])).toEqual([[true, 26, 'bfloat16', 'float32'], [false, 8, 'bfloat16', 'float32']]);
+      expect([optLoose.launchesPerStep, optPacked.launchesPerStep]).toEqual([4, 2]);
+      // The parameters are views: a write through the group shows in the parameter.
+      expect(await packed[2].value.toFloat32Array()).toEqual(await loose[2].value.toFloat32Array());
+      for (let step = 0; step < 2; step += 1) {
+        for (const set of [loose, packed]) {
+          set.forEach((p, i) => {
+            const g = Tensor.fromFloat32Array(grads[i], p.shape, { device });
+            p.grad.copyFrom(g);
+            g.dispose();
+          });
+        }
+        optLoose.step();
+        optPacked.step();
+      }
+      for (let i = 0; i < shapes.length; i += 1) {
+        const a = await (loose[i].master as Tensor).toFloat32Array();
+        const b = await (packed[i].master as Tensor).toFloat32Array();
+        a.forEach((x, j) => expect(Math.abs(x - b[j])).toBeLessThanOrEqual(1e-6));
+      }
+      optPacked.zeroGrad();
+      expect(Array.from(await groups[0].grad.toFloat32Array()).every((x) => x === 0)).toBe(true);
+    } finally {
+      optLoose.dispose();
+      optPacked.dispose();
+      for (const p of [...loose, ...packed]) p.dispose();
+      for (const g of groups) g.dispose();
     }
   });
 

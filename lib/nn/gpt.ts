@@ -117,6 +117,8 @@ export class GPT extends Module {
     this.h = [];
     for (let i = 0; i < c.layers; i += 1) this.h.push(this.addModule(`transformer.h.${i}`, new Block(o)));
     this.ln_f = this.addModule('transformer.ln_f', makeNorm(o));
+    // Flat storages: zeroGrad is one fill per group, gradNorm and AdamW one launch per group.
+    this.packParameters();
   }
 
   /** int32 [B, S] position ids 0..S-1 per row (cached for the last shape). */

@@ -3,7 +3,7 @@
  * the GPT model, and the AdamW optimizer. See ./module.ts for the design and the ownership rules.
  * @packageDocumentation
  */
-export { Module, Parameter } from './module';
+export { Module, packParameters, Parameter, ParameterGroup } from './module';
 export type { NamedParameter, ParameterOptions } from './module';
 export {
   Block, CausalSelfAttention, Embedding, INIT_STD, LayerNorm, Linear, makeNorm, MLP, RMSNorm,

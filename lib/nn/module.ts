@@ -51,6 +51,7 @@ export class Parameter implements Disposable {
   #value: Tensor;
   #grad: Tensor;
   #master: Tensor | null;
+  #group: ParameterGroup | null = null;
 
   /** A parameter holding `data` (float32 values, rounded to `dtype` for the value), gradient zero. */
   constructor(data: Float32Array, shape: readonly number[], options: ParameterOptions) {
@@ -95,20 +96,46 @@ export class Parameter implements Disposable {
     this.#grad.fill(0);
   }
 
-  /** Replaces the value (and master) with `data` (float32, rounded to the dtype for the value). */
+  /**
+   * Overwrites the value (and master) with `data` (float32, rounded to the dtype for the value), in
+   * place: a parameter packed into a {@link ParameterGroup} stays a view of the group's storage.
+   */
   setData(data: Float32Array): void {
     if (!(data instanceof Float32Array) || data.length !== this.numel) {
       throw typeError(`data to be a Float32Array of ${this.numel} elements`, describeValue(data));
     }
-    const value = Tensor.fromFloat32Array(data, this.shape, { dtype: this.dtype, device: this.device });
-    const master = this.#master ? Tensor.fromFloat32Array(data, this.shape, { dtype: 'float32', device: this.device }) : null;
-    this.#value.dispose();
-    this.#master?.dispose();
-    this.#value = value;
-    this.#master = master;
+    const src = Tensor.fromFloat32Array(data, this.shape, { dtype: 'float32', device: this.device });
+    try {
+      this.#value.copyFrom(src);
+      this.#master?.copyFrom(src);
+    } finally {
+      src.dispose();
+    }
   }
 
-  /** Frees the value, the gradient and the master. */
+  /** The group whose flat storage holds this parameter, or null (its own tensors). */
+  get group(): ParameterGroup | null {
+    return this.#group;
+  }
+
+  /**
+   * @internal Moves the parameter into `group`: copies value and master into the given views, zeroes
+   * nothing (the group's gradient storage starts at zero), and frees the parameter's own tensors.
+   */
+  adopt(group: ParameterGroup, value: Tensor, grad: Tensor, master: Tensor | null): void {
+    value.copyFrom(this.#value);
+    if (master) master.copyFrom(this.weights);
+    grad.copyFrom(this.#grad);
+    this.#value.dispose();
+    this.#grad.dispose();
+    this.#master?.dispose();
+    this.#value = value;
+    this.#grad = grad;
+    this.#master = master;
+    this.#group = group;
+  }
+
+  /** Frees the value, the gradient and the master (views of a group: the group frees the storage). */
   dispose(): void {
     this.#value.dispose();
     this.#grad.dispose();
@@ -119,6 +146,93 @@ export class Parameter implements Disposable {
   [Symbol.dispose](): void {
     this.dispose();
   }
+}
+
+/**
+ * Parameters of one dtype, device and weight-decay setting packed into flat storages: `value`
+ * [numel] (the model's dtype), `grad` [numel] float32 and `master` [numel] float32 (float16 and
+ * bfloat16 values). Each parameter's tensors are views of them, so clearing every gradient is one
+ * fill, and the optimizer's gradient norm and AdamW update are one launch per group.
+ */
+export class ParameterGroup implements Disposable {
+  /** The parameters, in storage order. */
+  readonly parameters: readonly Parameter[];
+  /** Whether AdamW applies weight decay to the group. */
+  readonly decay: boolean;
+  /** Flat storages: value (model dtype), grad (float32), master (float32 or null). */
+  readonly value: Tensor;
+  readonly grad: Tensor;
+  readonly master: Tensor | null;
+
+  /** Packs `parameters` (one dtype, device and decay setting; each at most in one group). */
+  constructor(parameters: readonly Parameter[]) {
+    if (parameters.length === 0) throw rangeError('at least one parameter in a group', 'none');
+    const [first] = parameters;
+    for (const p of parameters) {
+      if (p.dtype !== first.dtype || p.device !== first.device || p.decay !== first.decay) {
+        throw rangeError('the parameters of a group to share dtype, device and decay', `${p.dtype} ${p.device} decay ${p.decay}`);
+      }
+      if (p.group) throw rangeError('parameters that are in no group yet', 'a parameter already packed');
+    }
+    this.parameters = Object.freeze([...parameters]);
+    this.decay = first.decay;
+    const numel = parameters.reduce((a, p) => a + p.numel, 0);
+    const device = first.device;
+    this.value = Tensor.empty([numel], { dtype: first.dtype, device });
+    this.grad = Tensor.zeros([numel], { dtype: 'float32', device });
+    this.master = first.master ? Tensor.empty([numel], { dtype: 'float32', device }) : null;
+    let offset = 0;
+    for (const p of parameters) {
+      const slice = (flat: Tensor): Tensor => {
+        const part = flat.narrow(0, offset, p.numel);
+        try {
+          return part.view(p.shape);
+        } finally {
+          part.dispose();
+        }
+      };
+      p.adopt(this, slice(this.value), slice(this.grad), this.master ? slice(this.master) : null);
+      offset += p.numel;
+    }
+  }
+
+  /** Total elements. */
+  get numel(): number {
+    return this.value.numel;
+  }
+
+  /** Sets the gradients of every parameter of the group to zero (one fill). */
+  zeroGrad(): void {
+    this.grad.fill(0);
+  }
+
+  /** Frees the flat storages (after the parameters' views are disposed, the memory is returned). */
+  dispose(): void {
+    this.value.dispose();
+    this.grad.dispose();
+    this.master?.dispose();
+  }
+
+  /** Same as {@link dispose}. */
+  [Symbol.dispose](): void {
+    this.dispose();
+  }
+}
+
+/**
+ * Packs `parameters` into groups by (dtype, device, decay): 2-D weights and embeddings in one, the
+ * vectors (biases, norm weights) in another, as AdamW treats them. Returns the groups (the caller
+ * owns them; {@link Module.packParameters} keeps them with the module).
+ */
+export function packParameters(parameters: readonly Parameter[]): ParameterGroup[] {
+  const byKey = new Map<string, Parameter[]>();
+  for (const p of new Set(parameters)) {
+    const key = `${p.dtype}/${p.device}/${p.decay}`;
+    const list = byKey.get(key) ?? [];
+    list.push(p);
+    byKey.set(key, list);
+  }
+  return [...byKey.values()].map((list) => new ParameterGroup(list));
 }
 
 /** A parameter with its dotted name in the module tree (e.g. 'transformer.h.0.attn.c_attn.weight'). */
@@ -136,6 +250,7 @@ export abstract class Module implements Disposable {
   readonly #params: [string, Parameter][] = [];
   readonly #children: [string, Module][] = [];
   #training = true;
+  #groups: ParameterGroup[] = [];
 
   /** Registers a parameter under `name`; returns it. */
   protected addParameter(name: string, p: Parameter): Parameter {
@@ -188,9 +303,25 @@ export abstract class Module implements Disposable {
     return this.parameters().reduce((a, p) => a + p.numel, 0);
   }
 
-  /** Sets every parameter gradient to zero (queued on the device). */
+  /**
+   * Packs every parameter of the tree into flat storages ({@link packParameters}): two groups for a
+   * model of one dtype (decayed weights, the rest). The module keeps and frees the groups. Idempotent.
+   */
+  packParameters(): readonly ParameterGroup[] {
+    if (this.#groups.length === 0) this.#groups = packParameters(this.parameters());
+    return this.#groups;
+  }
+
+  /** The groups from {@link packParameters} (empty before). */
+  get parameterGroups(): readonly ParameterGroup[] {
+    return this.#groups;
+  }
+
+  /** Sets every parameter gradient to zero (queued on the device; one fill per group when packed). */
   zeroGrad(): void {
-    for (const p of this.parameters()) p.zeroGrad();
+    const grouped = new Set(this.#groups.flatMap((g) => g.parameters));
+    for (const g of this.#groups) g.zeroGrad();
+    for (const p of this.parameters()) if (!grouped.has(p)) p.zeroGrad();
   }
 
   /**
@@ -250,6 +381,8 @@ export abstract class Module implements Disposable {
   dispose(): void {
     this.release();
     for (const p of this.parameters()) p.dispose();
+    for (const g of this.#groups) g.dispose();
+    this.#groups = [];
   }
 
   /** Same as {@link dispose}. */

@@ -7,7 +7,7 @@
 import { describeValue, rangeError, typeError } from '../errors';
 import { adamwStep, gradNorm } from '../ops/optim';
 import { Tensor } from '../tensor';
-import { Parameter } from './module';
+import { Parameter, ParameterGroup } from './module';
 
 /** Options of {@link AdamW}. */
 export interface AdamWOptions {
@@ -43,11 +43,28 @@ function checkRate(value: unknown, arg: string, lo: number, hi: number): number 
   return value;
 }
 
-/** One parameter's optimizer state. */
+/**
+ * The optimizer state of one update launch: a parameter's own tensors, or a whole
+ * {@link ParameterGroup}'s flat storages.
+ */
 interface Slot {
-  parameter: Parameter;
+  param: Tensor;
+  grad: Tensor;
+  master: Tensor | null;
+  decay: boolean;
   m: Tensor;
   v: Tensor;
+}
+
+/** The groups that hold exactly `params` (every one packed, every group wholly included), or null. */
+function wholeGroups(params: readonly Parameter[]): ParameterGroup[] | null {
+  const groups = new Set<ParameterGroup>();
+  for (const p of params) {
+    if (!p.group) return null;
+    groups.add(p.group);
+  }
+  const inGroups = [...groups].reduce((a, g) => a + g.parameters.length, 0);
+  return inGroups === params.length ? [...groups] : null;
 }
 
 /**
@@ -91,11 +108,17 @@ export class AdamW implements Disposable {
     this.weightDecay = checkRate(options.weightDecay ?? 0.01, 'options.weightDecay', 0, Infinity);
     this.maxGradNorm = checkRate(options.maxGradNorm ?? 0, 'options.maxGradNorm', 0, Infinity);
     const unique = [...new Set(parameters)];
-    this.#slots = unique.map((parameter) => ({
-      parameter,
-      m: Tensor.zeros(parameter.shape, { dtype: 'float32', device: parameter.device }),
-      v: Tensor.zeros(parameter.shape, { dtype: 'float32', device: parameter.device }),
-    }));
+    const groups = wholeGroups(unique);
+    const zeros = (like: Tensor): Tensor => Tensor.zeros(like.shape, { dtype: 'float32', device: like.device });
+    // Packed parameters (Module.packParameters) update one flat group per launch.
+    this.#slots = groups
+      ? groups.map((g) => ({ param: g.value, grad: g.grad, master: g.master, decay: g.decay, m: zeros(g.grad), v: zeros(g.grad) }))
+      : unique.map((p) => ({ param: p.value, grad: p.grad, master: p.master, decay: p.decay, m: zeros(p.grad), v: zeros(p.grad) }));
+  }
+
+  /** Number of update launches per step: one per parameter group when packed, else one per parameter. */
+  get launchesPerStep(): number {
+    return this.#slots.length;
   }
 
   /** Number of updates done so far. */
@@ -120,7 +143,7 @@ export class AdamW implements Disposable {
 
   /** Sets the gradients of every parameter to zero. */
   zeroGrad(): void {
-    for (const s of this.#slots) s.parameter.zeroGrad();
+    for (const s of this.#slots) s.grad.fill(0);
   }
 
   /**
@@ -131,13 +154,12 @@ export class AdamW implements Disposable {
     const step = this.#step + 1;
     const lr = this.learningRate(step);
     this.#norm?.dispose();
-    this.#norm = this.maxGradNorm > 0 ? gradNorm(this.#slots.map((s) => s.parameter.grad)) : null;
+    this.#norm = this.maxGradNorm > 0 ? gradNorm(this.#slots.map((s) => s.grad)) : null;
     const clip = this.#norm ? { norm: this.#norm, maxNorm: this.maxGradNorm } : undefined;
     for (const s of this.#slots) {
-      const p = s.parameter;
-      adamwStep({ param: p.value, grad: p.grad, m: s.m, v: s.v, master: p.master }, {
+      adamwStep({ param: s.param, grad: s.grad, m: s.m, v: s.v, master: s.master }, {
         lr, beta1: this.beta1, beta2: this.beta2, eps: this.eps,
-        weightDecay: p.decay ? this.weightDecay : 0, step, ...(clip ? { clip } : {}),
+        weightDecay: s.decay ? this.weightDecay : 0, step, ...(clip ? { clip } : {}),
       });
     }
     this.#step = step;
