@@ -13,7 +13,7 @@ import { learningRate, parseArgs } from '../examples/gpt/main';
 import { GPT } from '../lib/nn/gpt';
 import { loadWithMetadata } from '../lib/safetensors';
 import { Tensor } from '../lib/tensor';
-import { trackMemory } from './helpers/backend';
+import { describeCuda, describeEachDevice, trackMemory } from './helpers/backend';
 import { directionalGradCheck } from './helpers/gradcheck';
 import { randn, rngFor, seedHint } from './helpers/random';
 
@@ -154,16 +154,29 @@ describe('examples/gpt pieces', () => {
  */
 const GPT_FD_TOL = 1e-2;
 
-describe('GPT gradient [cpu]', () => {
+describeCuda('examples/gpt', () => {
+  test('the tiny preset trains in bfloat16 with float32 masters, memory flat across steps', () => {
+    const lines = runCli(['--device', 'cuda', '--preset', 'tiny', '--steps', '200', '--json', '--sample', '20', '--out', join(dir, 'cuda')]);
+    const steps = lines.filter((l) => l.step !== undefined);
+    const run = JSON.parse(readFileSync(join(dir, 'cuda', 'run.json'), 'utf8'));
+    expect(run.model.dtype).toBe('bfloat16');
+    expect(steps[steps.length - 1].loss).toBeLessThan(unigramEntropyOfCorpus());
+    // Live tensor bytes at every log point after the first are the same: nothing accumulates.
+    const later = steps.filter((l) => (l.step as number) > 10).map((l) => l.memoryBytes);
+    expect(new Set(later).size).toBe(1);
+  });
+});
+
+describeEachDevice('GPT gradient', (device) => {
   test.each([
     ['GPT-2 (layernorm, gelu, learned positions, bias)', {}],
     ['rmsnorm, swiglu, RoPE, no bias', { norm: 'rmsnorm', mlp: 'swiglu', positions: 'rope', bias: false }],
   ] as const)('the whole model passes a finite-difference check: %s', async (label, over) => {
     const rng = rngFor(`gpt-fd-${label}`);
-    const model = new GPT({ vocabSize: 11, blockSize: 6, layers: 2, heads: 2, dModel: 16, device: 'cpu', ...over }, (n, std) => randn(n, rng, std));
+    const model = new GPT({ vocabSize: 11, blockSize: 6, layers: 2, heads: 2, dModel: 16, device, ...over }, (n, std) => randn(n, rng, std));
     const [B, S] = [2, 6];
-    const ids = Tensor.fromInt32Array(Int32Array.from({ length: B * S }, () => Math.floor(rng.next() * 11)), [B, S], { device: 'cpu' });
-    const targets = Tensor.fromInt32Array(Int32Array.from({ length: B * S }, () => Math.floor(rng.next() * 11)), [B, S], { device: 'cpu' });
+    const ids = Tensor.fromInt32Array(Int32Array.from({ length: B * S }, () => Math.floor(rng.next() * 11)), [B, S], { device });
+    const targets = Tensor.fromInt32Array(Int32Array.from({ length: B * S }, () => Math.floor(rng.next() * 11)), [B, S], { device });
     try {
       const r = await directionalGradCheck({
         module: model, input: null, scalar: true,
@@ -172,7 +185,7 @@ describe('GPT gradient [cpu]', () => {
           model.backward();
           return null;
         },
-      }, rng, 'cpu');
+      }, rng, device);
       if (!(r.relError <= GPT_FD_TOL)) throw new Error(`analytic ${r.analytic} vs numeric ${r.numeric} (relative ${r.relError}) ${seedHint()}`);
       expect(Math.abs(r.numeric)).toBeGreaterThan(1e-3);
     } finally {

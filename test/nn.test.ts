@@ -11,12 +11,14 @@ import { GPT } from '../lib/nn/gpt';
 import { Module, packParameters, Parameter } from '../lib/nn/module';
 import { AdamW } from '../lib/nn/optim';
 import { Tensor } from '../lib/tensor';
-import { liveMemory, synchronizeAll, trackMemory } from './helpers/backend';
+import { describeEachDevice, liveMemory, synchronizeAll, trackMemory } from './helpers/backend';
+import type { Device } from '../lib/tensor';
 import { directionalGradCheck, GradCheckCase } from './helpers/gradcheck';
 import { randn, rngFor, seedHint } from './helpers/random';
 
 trackMemory();
 
+/** The device of the CPU-only tests (bookkeeping, AdamW reference). */
 const device = 'cpu' as const;
 /** Relative error allowed between the analytic and the central-difference derivative (float32 forwards, ε = 1e-2 along a direction of norm 4). */
 const FD_TOL = 5e-3;
@@ -28,7 +30,7 @@ function sampler(label: string): (n: number, std: number) => Float32Array {
   return (n, std) => randn(n, rng, std);
 }
 
-function opts(label: string, over: Partial<TransformerOptions> = {}): TransformerOptions {
+function opts(device: Device, label: string, over: Partial<TransformerOptions> = {}): TransformerOptions {
   return {
     device, dtype: 'float32', normal: sampler(label), dModel: C, heads: H, layers: 2, norm: 'layernorm', mlp: 'gelu',
     mlpHidden: 4 * C, bias: true, rope: false, ...over,
@@ -39,17 +41,18 @@ function opts(label: string, over: Partial<TransformerOptions> = {}): Transforme
 function layerCase(
   module: Module & { forward(x: Tensor): Tensor; backward(d: Tensor): Tensor | null },
   width: number, label: string,
-): GradCheckCase {
+): GradCheckCase & { device: Device } {
   return {
     module,
     input: { values: randn(B * S * width, rngFor(`${label}-x`)), shape: [B, S, width] },
     forward: (x) => module.forward(x as Tensor),
     backward: (d) => module.backward(d as Tensor),
+    device: module.parameters()[0].device,
   };
 }
 
-async function expectGradOk(c: GradCheckCase, label: string): Promise<void> {
-  const r = await directionalGradCheck(c, rngFor(`${label}-dir`), device);
+async function expectGradOk(c: GradCheckCase & { device: Device }, label: string): Promise<void> {
+  const r = await directionalGradCheck(c, rngFor(`${label}-dir`), c.device);
   c.module.dispose();
   if (!(r.relError <= FD_TOL)) {
     throw new Error(`${label}: analytic ${r.analytic} vs numeric ${r.numeric} (relative error ${r.relError}) ${seedHint()}`);
@@ -58,8 +61,10 @@ async function expectGradOk(c: GradCheckCase, label: string): Promise<void> {
   expect(Math.abs(r.numeric)).toBeGreaterThan(1e-3);
 }
 
-describe('layer backward passes match finite differences [cpu]', () => {
-  const o = (label: string): { device: 'cpu'; normal: (n: number, std: number) => Float32Array } => ({ device, normal: sampler(label) });
+// On CUDA the float32 products run at 'highest' precision (3xTF32), close enough to float32 for the
+// same tolerance.
+describeEachDevice('layer backward passes match finite differences', (device) => {
+  const o = (label: string): { device: Device; normal: (n: number, std: number) => Float32Array } => ({ device, normal: sampler(label) });
   test('Linear with bias', () => expectGradOk(layerCase(new Linear(C, 7, o('lin')), C, 'lin'), 'Linear'));
   test('Linear without bias', () => expectGradOk(layerCase(new Linear(C, 7, { ...o('linnb'), bias: false }), C, 'linnb'), 'Linear no bias'));
   test('Linear with fused GELU', () => expectGradOk(layerCase(new Linear(C, 9, { ...o('lg'), activation: 'gelu' }), C, 'lg'), 'Linear+GELU'));
@@ -67,20 +72,20 @@ describe('layer backward passes match finite differences [cpu]', () => {
   test('LayerNorm without bias', () => expectGradOk(layerCase(new LayerNorm(C, { device, bias: false }), C, 'lnnb'), 'LayerNorm no bias'));
   test('RMSNorm', () => expectGradOk(layerCase(new RMSNorm(C, { device }), C, 'rms'), 'RMSNorm'));
   test('CausalSelfAttention, learned positions', () =>
-    expectGradOk(layerCase(new CausalSelfAttention(opts('attn')), C, 'attn'), 'attention'));
+    expectGradOk(layerCase(new CausalSelfAttention(opts(device, 'attn')), C, 'attn'), 'attention'));
   test('CausalSelfAttention with RoPE and no bias', () =>
-    expectGradOk(layerCase(new CausalSelfAttention(opts('attnr', { rope: true, bias: false })), C, 'attnr'), 'attention+RoPE'));
-  test('MLP, GELU', () => expectGradOk(layerCase(new MLP(opts('mlp')), C, 'mlp'), 'MLP gelu'));
-  test('MLP, SwiGLU', () => expectGradOk(layerCase(new MLP(opts('swi', { mlp: 'swiglu', mlpHidden: 24 })), C, 'swi'), 'MLP swiglu'));
-  test('Block, LayerNorm + GELU', () => expectGradOk(layerCase(new Block(opts('blk')), C, 'blk'), 'Block'));
+    expectGradOk(layerCase(new CausalSelfAttention(opts(device, 'attnr', { rope: true, bias: false })), C, 'attnr'), 'attention+RoPE'));
+  test('MLP, GELU', () => expectGradOk(layerCase(new MLP(opts(device, 'mlp')), C, 'mlp'), 'MLP gelu'));
+  test('MLP, SwiGLU', () => expectGradOk(layerCase(new MLP(opts(device, 'swi', { mlp: 'swiglu', mlpHidden: 24 })), C, 'swi'), 'MLP swiglu'));
+  test('Block, LayerNorm + GELU', () => expectGradOk(layerCase(new Block(opts(device, 'blk')), C, 'blk'), 'Block'));
   test('Block, RMSNorm + SwiGLU + RoPE', () =>
-    expectGradOk(layerCase(new Block(opts('blk2', { norm: 'rmsnorm', mlp: 'swiglu', mlpHidden: 40, rope: true, bias: false })), C, 'blk2'),
+    expectGradOk(layerCase(new Block(opts(device, 'blk2', { norm: 'rmsnorm', mlp: 'swiglu', mlpHidden: 40, rope: true, bias: false })), C, 'blk2'),
       'Block rmsnorm swiglu rope'));
   test('Embedding (parameter gradient, repeated ids)', async () => {
     const emb = new Embedding(11, C, o('emb'));
     const ids = Tensor.fromInt32Array(Int32Array.from([3, 0, 3, 10, 7, 3]), [2, 3], { device });
     try {
-      await expectGradOk({ module: emb, input: null, forward: () => emb.forward(ids), backward: (d) => (emb.backward(d as Tensor), null) }, 'Embedding');
+      await expectGradOk({ module: emb, input: null, forward: () => emb.forward(ids), backward: (d) => (emb.backward(d as Tensor), null), device }, 'Embedding');
     } finally {
       ids.dispose();
     }
@@ -171,7 +176,7 @@ describe('parameter bookkeeping', () => {
   });
 });
 
-describe('memory', () => {
+describeEachDevice('memory', (device) => {
   test('forward + backward + step + dispose returns to the baseline; eval forward keeps nothing', async () => {
     await synchronizeAll();
     const start = liveMemory();
