@@ -3,7 +3,10 @@
  *
  * Layout, like FlashAttention-2: q is [batch, seqlenQ, headsQ, headDim]; k and v are
  * [batch, seqlenK, headsKV, headDim]; out is like q; lse is float32 [batch, headsQ, seqlenQ] in
- * natural log. All contiguous. seqlenQ and seqlenK may differ; headsQ must be a multiple of headsKV
+ * natural log. q, k, v, out and dout may be views with any batch, row and head strides as long as
+ * headDim has stride 1 (for example `qkv.select(2, 0)` of a packed [batch, seqlen, 3, heads, headDim]
+ * projection reads the query heads in place); lse must be contiguous. The backward can write dq, dk
+ * and dv into given views (see {@link GradientTargets}). seqlenQ and seqlenK may differ; headsQ must be a multiple of headsKV
  * (grouped-query / multi-query attention, with no copies of k and v); headDim is a multiple of 8 up
  * to 256. Compute is float32 for every dtype (fp32 accumulation); float32 inputs of the CUDA
  * FlashAttention-2 forward and backward run on TF32 tensor cores unless `float32Precision: 'highest'` (see
@@ -20,6 +23,25 @@
 import { describeValue, formatShape, rangeError, typeError } from './errors';
 import { BACKWARD_ALGORITHM_CODE, binding, FLOAT32_PRECISION_CODE, KERNEL_CODE, NativeBuffer } from './native';
 import { Device, DType, handleOf, Tensor, wrapNative } from './tensor';
+
+/**
+ * A tensor argument as the native attention ops take it: its storage handle, element offset and
+ * [batch, row, head] strides (headDim has stride 1).
+ */
+interface NativeView {
+  buf: NativeBuffer;
+  offset: number;
+  strides: [number, number, number];
+}
+
+function nativeView(t: Tensor, name: string): NativeView {
+  return { buf: handleOf(t, name), offset: t.offset, strides: [t.strides[0], t.strides[1], t.strides[2]] };
+}
+
+/** The `[buffer, offset]` pairs and the flat stride list of the native call. */
+function nativeArgs(views: readonly NativeView[]): { args: [NativeBuffer, number][]; strides: number[] } {
+  return { args: views.map((v) => [v.buf, v.offset]), strides: views.flatMap((v) => v.strides) };
+}
 
 /** Which implementation runs. */
 export type AttentionKernel = 'auto' | 'flash' | 'naive';
@@ -147,6 +169,10 @@ function checkRank4(t: Tensor, name: string): void {
   if (t.shape.length !== 4) {
     throw rangeError(`${name} to have 4 dims ${QKV_DIMS}`, formatShape(t.shape));
   }
+  if (t.strides[3] !== 1 && t.shape[3] !== 1) {
+    throw rangeError(`${name} to have stride 1 in its last dim (headDim); call contiguous() first`,
+      `strides ${formatShape(t.strides)}`);
+  }
 }
 
 function checkLike(t: Tensor, name: string, ref: Tensor, refName: string): void {
@@ -267,12 +293,14 @@ function checkLse(lse: unknown, p: Problem): Tensor {
   if (L.shape.length !== 3 || L.shape.some((d, i) => d !== want[i])) {
     throw rangeError(`lse to have shape [batch, headsQ, seqlenQ] = ${formatShape(want)}`, formatShape(L.shape));
   }
+  if (!L.isContiguous) throw rangeError('lse to be contiguous (call contiguous() first)', `strides ${formatShape(L.strides)}`);
   return L;
 }
 
-function forwardNative(q: NativeBuffer, k: NativeBuffer, v: NativeBuffer, p: Problem): AttentionOutput {
-  const [outBuf, lseBuf, kernel] = binding().attentionForward(q, k, v, p.dims, p.causal, p.scale, KERNEL_CODE[p.kernel],
-    FLOAT32_PRECISION_CODE[p.float32Precision]);
+function forwardNative(q: NativeView, k: NativeView, v: NativeView, p: Problem): AttentionOutput {
+  const { args, strides } = nativeArgs([q, k, v]);
+  const [outBuf, lseBuf, kernel] = binding().attentionForward(args[0], args[1], args[2], p.dims, p.causal, p.scale,
+    KERNEL_CODE[p.kernel], FLOAT32_PRECISION_CODE[p.float32Precision], strides);
   const [batch, seqlenQ, , headsQ, , headDim] = p.dims;
   return {
     out: wrapNative(outBuf, [batch, seqlenQ, headsQ, headDim], p.dtype, p.device),
@@ -285,8 +313,8 @@ function forwardNative(q: NativeBuffer, k: NativeBuffer, v: NativeBuffer, p: Pro
  * Attention forward: out = softmax(softmaxScale · q·kᵀ [+ causal mask]) · v, and the row
  * log-sum-exp. Queued on the tensors' device; returns new tensors at once.
  *
- * @param q [batch, seqlenQ, headsQ, headDim]
- * @param k [batch, seqlenK, headsKV, headDim], same dtype and device as q
+ * @param q [batch, seqlenQ, headsQ, headDim]; a view with any batch, row and head strides (headDim stride 1)
+ * @param k [batch, seqlenK, headsKV, headDim], same dtype and device as q; a view like q
  * @param v like k
  * @example
  * const { out, lse } = flashAttention(q, k, v, { causal: true });
@@ -294,7 +322,7 @@ function forwardNative(q: NativeBuffer, k: NativeBuffer, v: NativeBuffer, p: Pro
  */
 export function flashAttention(q: Tensor, k: Tensor, v: Tensor, options?: AttentionOptions): AttentionOutput {
   const p = checkQKV(q, k, v, options, false);
-  return forwardNative(handleOf(q, 'q'), handleOf(k, 'k'), handleOf(v, 'v'), p);
+  return forwardNative(nativeView(q, 'q'), nativeView(k, 'k'), nativeView(v, 'v'), p);
 }
 
 /**
@@ -302,31 +330,89 @@ export function flashAttention(q: Tensor, k: Tensor, v: Tensor, options?: Attent
  * with respect to `out`. `out` and `lse` are the forward's outputs for the same q, k, v and
  * options. With GQA, dk and dv of a kv head are summed over the query heads that share it.
  *
- * @param dout like out: [batch, seqlenQ, headsQ, headDim]
- * @param lse float32 [batch, headsQ, seqlenQ] from {@link flashAttention}
+ * @param dout like out: [batch, seqlenQ, headsQ, headDim]; a view like q
+ * @param out the forward's out; a view like q
+ * @param lse float32 [batch, headsQ, seqlenQ] from {@link flashAttention}, contiguous
+ * @param options also `dq`, `dk`, `dv`: views to write the gradients into ({@link GradientTargets})
  */
 export function flashAttentionBackward(
-  dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, options?: AttentionBackwardOptions,
+  dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor,
+  options?: AttentionBackwardOptions & GradientTargets,
 ): AttentionGradients {
-  const p = checkQKV(q, k, v, options, true);
+  const targets = checkTargets(options, q, k);
+  const p = checkQKV(q, k, v, withoutTargets(options), true);
   checkSameShape(dout, 'dout', q, 'q');
+  checkRank4(dout as Tensor, 'dout');
   checkSameShape(out, 'out', q, 'q');
+  checkRank4(out as Tensor, 'out');
   checkLse(lse, p);
-  return backwardNative(handleOf(dout, 'dout'), handleOf(q, 'q'), handleOf(k, 'k'), handleOf(v, 'v'),
-    handleOf(out, 'out'), handleOf(lse, 'lse'), p);
+  return backwardNative(nativeView(dout, 'dout'), nativeView(q, 'q'), nativeView(k, 'k'), nativeView(v, 'v'),
+    nativeView(out, 'out'), [handleOf(lse, 'lse'), lse.offset], p, targets);
+}
+
+/**
+ * Views to write the backward's gradients into instead of new tensors (for example the slices
+ * `dqkv.select(2, 0)`, `select(2, 1)`, `select(2, 2)` of a packed [batch, seqlen, 3, heads, headDim]
+ * gradient, so the projection's backward reads one tensor). Each is optional: the shape, dtype and
+ * device of q (dq) or k (dk, dv), any batch, row and head strides with headDim stride 1, no element
+ * shared with another target or with an input of the backward (a RangeError says which). The
+ * gradient is written over the view's elements (not accumulated); the result returns the given
+ * tensor itself.
+ */
+export interface GradientTargets {
+  /** Where dq goes: [batch, seqlenQ, headsQ, headDim]. */
+  dq?: Tensor;
+  /** Where dk goes: [batch, seqlenK, headsKV, headDim]. */
+  dk?: Tensor;
+  /** Where dv goes: like dk. */
+  dv?: Tensor;
+}
+
+const TARGET_KEYS = ['dq', 'dk', 'dv'] as const;
+
+function withoutTargets(options: unknown): unknown {
+  if (options === null || typeof options !== 'object' || Array.isArray(options)) return options;
+  const rest: Record<string, unknown> = { ...(options as Record<string, unknown>) };
+  for (const key of TARGET_KEYS) delete rest[key];
+  return rest;
+}
+
+/** Validates options.dq / dk / dv (undefined entries: new tensors). */
+function checkTargets(options: unknown, q: unknown, k: unknown): (Tensor | null)[] {
+  if (options === null || typeof options !== 'object' || Array.isArray(options)) return [null, null, null];
+  const o = options as GradientTargets;
+  return TARGET_KEYS.map((key) => {
+    const t = o[key];
+    if (t === undefined) return null;
+    const name = `options.${key}`;
+    handleOf(t, name);
+    const refName = key === 'dq' ? 'q' : 'k';
+    const ref = handleOf(key === 'dq' ? q : k, refName) && ((key === 'dq' ? q : k) as Tensor);
+    checkSameShape(t, name, ref, refName);
+    checkRank4(t, name);
+    return t;
+  });
 }
 
 function backwardNative(
-  dout: NativeBuffer, q: NativeBuffer, k: NativeBuffer, v: NativeBuffer, out: NativeBuffer, lse: NativeBuffer,
-  p: BackwardProblem,
+  dout: NativeView, q: NativeView, k: NativeView, v: NativeView, out: NativeView, lse: [NativeBuffer, number],
+  p: BackwardProblem, targets: readonly (Tensor | null)[],
 ): AttentionGradients {
-  const [dq, dk, dv, kernel, algorithm] = binding().attentionBackward(dout, q, k, v, out, lse, p.dims, p.causal, p.scale,
-    KERNEL_CODE[p.kernel], p.deterministic, BACKWARD_ALGORITHM_CODE[p.algorithm], FLOAT32_PRECISION_CODE[p.float32Precision]);
+  const { args, strides } = nativeArgs([dout, q, k, v, out]);
+  const given = targets.some((t) => t !== null);
+  const grads = given ? targets.map((t, i) => (t === null ? null : nativeView(t, TARGET_KEYS[i]))) : [];
+  const [dq, dk, dv, kernel, algorithm] = binding().attentionBackward(args[0], args[1], args[2], args[3], args[4],
+    lse, p.dims, p.causal, p.scale, KERNEL_CODE[p.kernel], p.deterministic,
+    BACKWARD_ALGORITHM_CODE[p.algorithm], FLOAT32_PRECISION_CODE[p.float32Precision], strides,
+    given ? grads.map((g) => (g === null ? null : [g.buf, g.offset])) : undefined,
+    given ? grads.flatMap((g) => (g === null ? [0, 0, 0] : g.strides)) : undefined);
   const [batch, seqlenQ, seqlenK, headsQ, headsKV, headDim] = p.dims;
+  const wrap = (buf: NativeBuffer | null, i: number, shape: number[]): Tensor =>
+    buf === null ? (targets[i] as Tensor) : wrapNative(buf, shape, p.dtype, p.device);
   return {
-    dq: wrapNative(dq, [batch, seqlenQ, headsQ, headDim], p.dtype, p.device),
-    dk: wrapNative(dk, [batch, seqlenK, headsKV, headDim], p.dtype, p.device),
-    dv: wrapNative(dv, [batch, seqlenK, headsKV, headDim], p.dtype, p.device),
+    dq: wrap(dq, 0, [batch, seqlenQ, headsQ, headDim]),
+    dk: wrap(dk, 1, [batch, seqlenK, headsKV, headDim]),
+    dv: wrap(dv, 2, [batch, seqlenK, headsKV, headDim]),
     kernel,
     algorithm,
   };
@@ -343,11 +429,11 @@ export class AttentionContext implements Disposable {
   readonly lse: Tensor;
   /** The forward's implementation ('auto' resolved). */
   readonly kernel: Exclude<AttentionKernel, 'auto'>;
-  #saved: NativeBuffer[] | null;
+  #saved: NativeView[] | null; // q, k, v, out, lse
   readonly #problem: BackwardProblem;
 
   /** @internal */
-  constructor(out: AttentionOutput, saved: NativeBuffer[], problem: BackwardProblem) {
+  constructor(out: AttentionOutput, saved: NativeView[], problem: BackwardProblem) {
     this.out = out.out;
     this.lse = out.lse;
     this.kernel = out.kernel;
@@ -387,7 +473,7 @@ export class AttentionContext implements Disposable {
       algorithm: given.algorithm !== undefined ? o.algorithm : this.#problem.algorithm,
     };
     const [batch, seqlenQ, , headsQ, , headDim] = p.dims;
-    const d = handleOf(dout, 'dout');
+    handleOf(dout, 'dout');
     const D = dout as Tensor;
     const want = [batch, seqlenQ, headsQ, headDim];
     if (D.dtype !== p.dtype) throw typeError(`dout to have dtype ${p.dtype} (like q)`, D.dtype);
@@ -395,9 +481,10 @@ export class AttentionContext implements Disposable {
     if (D.shape.length !== 4 || D.shape.some((x, i) => x !== want[i])) {
       throw rangeError(`dout to have the shape of out ${formatShape(want)}`, formatShape(D.shape));
     }
+    checkRank4(D, 'dout');
     const [q, k, v, out, lse] = this.#saved;
     try {
-      return backwardNative(d, q, k, v, out, lse, p);
+      return backwardNative(nativeView(D, 'dout'), q, k, v, out, [lse.buf, lse.offset], p, [null, null, null]);
     } finally {
       this.dispose();
     }
@@ -405,7 +492,7 @@ export class AttentionContext implements Disposable {
 
   /** Releases the saved tensors without running the backward. Idempotent. */
   dispose(): void {
-    if (this.#saved) for (const b of this.#saved) b.release();
+    if (this.#saved) for (const b of this.#saved) b.buf.release();
     this.#saved = null;
   }
 
@@ -426,8 +513,10 @@ export class AttentionContext implements Disposable {
  */
 export function flashAttentionWithGrad(q: Tensor, k: Tensor, v: Tensor, options?: AttentionBackwardOptions): AttentionContext {
   const p = checkQKV(q, k, v, options, true);
-  const hq = handleOf(q, 'q'), hk = handleOf(k, 'k'), hv = handleOf(v, 'v');
-  const result = forwardNative(hq, hk, hv, p);
-  const saved = [hq.share(), hk.share(), hv.share(), handleOf(result.out, 'out').share(), handleOf(result.lse, 'lse').share()];
+  const views = [nativeView(q, 'q'), nativeView(k, 'k'), nativeView(v, 'v')];
+  const result = forwardNative(views[0], views[1], views[2], p);
+  // Each saved view holds its own handle on its storage (views of a packed qkv share one storage).
+  const saved = [...views, nativeView(result.out, 'out'), { ...nativeView(result.lse as Tensor, 'lse'), strides: [0, 0, 0] }]
+    .map((sv) => ({ ...sv, buf: sv.buf.share() })) as NativeView[];
   return new AttentionContext(result, saved, p);
 }

@@ -21,6 +21,9 @@ export interface NativeBuffer {
   share(): NativeBuffer;
 }
 
+/** A tensor argument of the native ops: `[buffer, element offset]`, or a bare buffer (offset 0). */
+export type NativeTensorArg = NativeBuffer | [NativeBuffer, number];
+
 /** An opaque running timer from `timerStart` (csrc/napi/timing_ops.cc). */
 export type NativeTimer = { readonly __nativeTimer: unique symbol };
 
@@ -55,6 +58,15 @@ export interface NativeBinding {
   createFromFloat32(device: number, dtype: number, data: Float32Array): NativeBuffer;
   createFromBits(device: number, dtype: number, data: Uint16Array | Float32Array | Int32Array): NativeBuffer;
   createZeros(device: number, dtype: number, numel: number): NativeBuffer;
+  createEmpty(device: number, dtype: number, numel: number): NativeBuffer;
+  copyStrided(
+    dst: NativeTensorArg, src: NativeTensorArg, sizes: number[], dstStrides?: number[], srcStrides?: number[],
+  ): void;
+  fillStrided(dst: NativeTensorArg, sizes: number[], strides: number[] | undefined, value: number): void;
+  transfer(src: NativeTensorArg, count: number, device: number): NativeBuffer;
+  readInto(buf: NativeBuffer, offset: number, count: number, target: Float32Array | Uint16Array | Int32Array): Promise<void>;
+  exportPointer(buf: NativeBuffer): { ptr: bigint; stream: bigint };
+  importPointer(device: number, dtype: number, ptr: bigint, numel: number, stream: bigint): NativeBuffer;
   injectCudaFault(kind: 'illegal-address'): void;
   readFloat32(buf: NativeBuffer, offset?: number, count?: number): Promise<Float32Array>;
   readBits(buf: NativeBuffer, offset?: number, count?: number): Promise<Uint16Array | Float32Array | Int32Array>;
@@ -66,16 +78,22 @@ export interface NativeBinding {
   cudaDeviceCount(): { count: number; reason: string | null };
   timerStart(device: number): NativeTimer;
   timerStop(timer: NativeTimer): Promise<number>;
+  /** `strides`: the [batch, row, head] strides of q, k, v (9), or undefined for contiguous ones. */
   attentionForward(
-    q: NativeBuffer, k: NativeBuffer, v: NativeBuffer, dims: number[], causal: boolean, softmaxScale: number,
-    kernel: number, float32Precision: number,
+    q: NativeTensorArg, k: NativeTensorArg, v: NativeTensorArg, dims: number[], causal: boolean, softmaxScale: number,
+    kernel: number, float32Precision: number, strides?: number[],
   ): [NativeBuffer, NativeBuffer, 'flash' | 'naive'];
+  /**
+   * `strides`: those of dout, q, k, v, out (15) or undefined; `grads`: [dq, dk, dv] to write into (null:
+   * a new tensor, returned) and `gradStrides` their strides (9); a given gradient comes back as null.
+   */
   attentionBackward(
-    dout: NativeBuffer, q: NativeBuffer, k: NativeBuffer, v: NativeBuffer, out: NativeBuffer, lse: NativeBuffer,
-    dims: number[], causal: boolean, softmaxScale: number, kernel: number, deterministic: boolean, algorithm: number,
-    float32Precision: number,
-  ): [NativeBuffer, NativeBuffer, NativeBuffer, 'flash' | 'naive', 'single-kernel' | 'two-kernel'];
-  // The nn ops (csrc/napi/nn_ops.cc). A tensor argument is `[buffer, offset]` (NativeTensorArg).
+    dout: NativeTensorArg, q: NativeTensorArg, k: NativeTensorArg, v: NativeTensorArg, out: NativeTensorArg,
+    lse: NativeTensorArg, dims: number[], causal: boolean, softmaxScale: number, kernel: number, deterministic: boolean,
+    algorithm: number, float32Precision: number, strides?: number[], grads?: (NativeTensorArg | null)[],
+    gradStrides?: number[],
+  ): [NativeBuffer | null, NativeBuffer | null, NativeBuffer | null, 'flash' | 'naive', 'single-kernel' | 'two-kernel'];
+  // The nn ops (csrc/napi/nn_ops.cc).
   normForward(
     x: NativeTensorArg, weight: NativeTensorArg, bias: NativeTensorArg | null, rows: number, cols: number,
     eps: number, layerNorm: boolean,
@@ -95,9 +113,6 @@ export interface NativeBinding {
   swigluBackward(dout: NativeTensorArg, x: NativeTensorArg, rows: number, cols: number): NativeBuffer;
   add(a: NativeTensorArg, b: NativeTensorArg, numel: number, alpha: number, inPlace: boolean): NativeBuffer | undefined;
 }
-
-/** A tensor argument of the ops: its storage and the element offset of its first element (csrc/napi/dispatch.h). */
-export type NativeTensorArg = [NativeBuffer, number];
 
 /** Numeric codes shared with csrc/common/dtype.h and csrc/runtime/runtime.h. */
 export const DTYPE_CODE = { float32: 0, float16: 1, bfloat16: 2, int32: 3 } as const;

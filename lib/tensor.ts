@@ -1,17 +1,29 @@
 /**
- * Device tensors: memory owned by the addon on the CPU or a CUDA device, with a shape and a dtype.
+ * Device tensors: memory owned by the addon on the CPU or a CUDA device, with a shape, a dtype and a
+ * strided view into it.
+ *
+ * Views: a Tensor is (storage, element offset, shape, strides). `view`, `reshape` (when the strides
+ * allow), `narrow`, `select` and `contiguous` (of a contiguous tensor) return new Tensors on the same
+ * storage without copying; each holds its own handle on the storage, so a view and its base are
+ * disposed independently and the storage lives until the last handle is released ({@link memory}
+ * counts storages, not views). Writing through one view (`fill`, `copyFrom`, ops that write in
+ * place, gradients written into given views) is seen by every view of that storage.
  *
  * Threading and ordering: every operation is queued, in call order, on its device's stream (a CUDA
  * stream, or the CPU backend's executor thread) and returns at once. Reads (`toFloat32Array`,
- * `toBits`) return Promises that resolve off the event loop once the queued work that precedes them
- * has finished. Tensors are immutable once created: operations always write new tensors. Creating
- * a CUDA tensor copies from pageable host memory on the JS thread, which waits until the stream's
- * queued work is done before the copy starts.
+ * `toBits`, `readInto`) return Promises that resolve off the event loop once the queued work that
+ * precedes them has finished. Tensors are mutable: in-place operations (`fill`, `copyFrom`, an
+ * optimizer step) are queued on the same stream as everything else, so a read or an op queued after
+ * an in-place update sees it, and one queued before does not (JS call order is stream order). Only
+ * `to()` across devices orders work of two devices (see {@link Tensor.to}). Creating a CUDA tensor
+ * copies from pageable host memory on the JS thread, which waits until the stream's queued work is
+ * done before the copy starts.
  *
- * Lifetime: call `dispose()` (or use `using t = ...` / `[Symbol.dispose]`) when done. Disposing a
- * tensor that queued work still reads is safe; the memory is returned when that work is done (on
- * CUDA to the stream-ordered pool, at once). A FinalizationRegistry frees tensors that are garbage
- * collected without `dispose()` as a backstop, and counts them in {@link memory}.
+ * Lifetime: call `dispose()` (or use `using t = ...` / `[Symbol.dispose]`, or run the code inside
+ * `tidy()` from scope.ts) when done. Disposing a tensor that queued work still reads is safe; the
+ * memory is returned when that work is done (on CUDA to the stream-ordered pool, at once). A
+ * FinalizationRegistry frees tensors that are garbage collected without `dispose()` as a backstop,
+ * and counts them in {@link memory}.
  * @packageDocumentation
  */
 import { describeValue, formatShape, rangeError, typeError } from './errors';
@@ -107,7 +119,7 @@ function checkShape(shape: unknown): { shape: readonly number[]; numel: number }
   return { shape: Object.freeze([...(shape as number[])]), numel };
 }
 
-/** Elements [offset, offset + length) of a tensor's flat, row-major storage, for partial reads. */
+/** Elements [offset, offset + length) of a tensor's elements in row-major order, for partial reads. */
 export interface ReadRange {
   /** First element, 0 ≤ offset < numel. Default 0. */
   offset?: number;
@@ -152,11 +164,91 @@ export function contiguousStrides(shape: readonly number[]): number[] {
   return strides;
 }
 
+/** 1 + the largest element index a view reaches from its offset: 1 + Σ (size − 1)·stride. */
+function viewExtent(shape: readonly number[], strides: readonly number[]): number {
+  let e = 1;
+  for (let i = 0; i < shape.length; i += 1) e += (shape[i] - 1) * strides[i];
+  return e;
+}
+
+/**
+ * Strides that show a tensor of `shape`/`strides` as `newShape` without moving an element, or null
+ * when no such strides exist. Walks the old dims from the innermost in runs that are contiguous
+ * with each other; each run must be split or merged into whole new dims.
+ */
+function viewStrides(shape: readonly number[], strides: readonly number[], newShape: readonly number[]): number[] | null {
+  const out = new Array<number>(newShape.length).fill(0);
+  let v = newShape.length - 1;
+  let base = strides[shape.length - 1];
+  let runNumel = 1;
+  let viewNumel = 1;
+  for (let d = shape.length - 1; d >= 0; d -= 1) {
+    runNumel *= shape[d];
+    const runEnds = d === 0 || (shape[d - 1] !== 1 && strides[d - 1] !== runNumel * base);
+    if (!runEnds) continue;
+    while (v >= 0 && (viewNumel < runNumel || newShape[v] === 1)) {
+      out[v] = viewNumel * base;
+      viewNumel *= newShape[v];
+      v -= 1;
+    }
+    if (viewNumel !== runNumel) return null;
+    if (d > 0) {
+      base = strides[d - 1];
+      runNumel = 1;
+      viewNumel = 1;
+    }
+  }
+  return v === -1 ? out : null;
+}
+
+/** Checks a dim argument in [-rank, rank) and returns it as a non-negative index. */
+function checkDim(dim: unknown, rank: number, arg: string): number {
+  if (typeof dim !== 'number' || !Number.isSafeInteger(dim) || dim < -rank || dim >= rank) {
+    throw rangeError(`${arg} to be an integer in [${-rank}, ${rank - 1}]`, describeValue(dim));
+  }
+  return dim < 0 ? dim + rank : dim;
+}
+
+/** Checks an integer argument in [min, max]. */
+function checkInt(value: unknown, min: number, max: number, arg: string): number {
+  if (typeof value !== 'number' || !Number.isSafeInteger(value) || value < min || value > max) {
+    throw rangeError(`${arg} to be an integer in [${min}, ${max}]`, describeValue(value));
+  }
+  return value;
+}
+
+/** The typed array that {@link Tensor.readInto} takes for `dtype`, and its description. */
+function readTargetOk(target: unknown, dtype: TensorDType): boolean {
+  if (dtype === 'int32') return target instanceof Int32Array;
+  if (target instanceof Float32Array) return true;
+  return dtype !== 'float32' && target instanceof Uint16Array;
+}
+
+/** Values for {@link Tensor.fill} / {@link Tensor.full}: any number, an int32 integer for 'int32'. */
+function checkFillValue(value: unknown, dtype: TensorDType): number {
+  if (typeof value !== 'number') throw typeError('value to be a number', describeValue(value));
+  if (dtype === 'int32' && !(Number.isInteger(value) && value >= -2147483648 && value <= 2147483647)) {
+    throw rangeError('value to be an integer in [-2147483648, 2147483647] for dtype int32', describeValue(value));
+  }
+  return value;
+}
+
+let creationHook: ((t: Tensor) => void) | null = null;
+
+/**
+ * @internal Registers the function that the Tensor constructor calls with every new tensor (views
+ * included), or null. scope.ts uses it to track what a `tidy()` callback creates.
+ */
+export function setCreationHook(hook: ((t: Tensor) => void) | null): void {
+  creationHook = hook;
+}
+
 /**
  * A tensor on a device: a shape, a dtype, and a view (element offset and strides) into storage
  * that the addon owns. Create it with {@link Tensor.fromFloat32Array}, {@link Tensor.fromBits},
- * {@link Tensor.fromInt32Array} or {@link Tensor.zeros}; operations such as `flashAttention`
- * return new tensors.
+ * {@link Tensor.fromInt32Array}, {@link Tensor.zeros}, {@link Tensor.empty} or {@link Tensor.full};
+ * operations such as `flashAttention` return new tensors; `view`, `reshape`, `narrow`, `select`
+ * return views of the same storage (see the module's notes on views).
  */
 export class Tensor implements Disposable {
   /** Dimensions, outermost first. Frozen. */
@@ -189,8 +281,12 @@ export class Tensor implements Disposable {
     if (!view && buf.bytes !== this.numel * dtypeSize(dtype)) {
       throw new Error(`internal: buffer of ${buf.bytes} bytes does not match ${formatShape(shape)} ${dtype}`);
     }
+    if (view && this.offset + viewExtent(shape, this.strides) > buf.bytes / dtypeSize(dtype)) {
+      throw new Error(`internal: view ${formatShape(shape)} at offset ${this.offset} leaves its storage`);
+    }
     handles.set(this, buf);
     registry.register(this, buf, this);
+    if (creationHook) creationHook(this);
   }
 
   /** Whether the elements are laid out row-major without gaps (the offset may be anything). */
@@ -266,7 +362,29 @@ export class Tensor implements Disposable {
     return new Tensor(buf, s.shape, dtype, device);
   }
 
-  /** Bytes of device memory the tensor holds. */
+  /**
+   * A new tensor whose elements are not initialised (their values are whatever the memory held; NaN
+   * while `debug.poisonOutputs(true)` is on), to be written by `fill`, `copyFrom` or an op.
+   */
+  static empty(shape: readonly number[], options?: TensorOptions): Tensor {
+    const s = checkShape(shape);
+    const { dtype, device } = resolveOptions(options);
+    const buf = binding().createEmpty(DEVICE_CODE[device], DTYPE_CODE[dtype], s.numel);
+    return new Tensor(buf, s.shape, dtype, device);
+  }
+
+  /**
+   * A new tensor with every element `value` (converted as {@link fill} does; validated before
+   * anything is allocated).
+   */
+  static full(shape: readonly number[], value: number, options?: TensorOptions): Tensor {
+    const s = checkShape(shape);
+    const { dtype } = resolveOptions(options);
+    checkFillValue(value, dtype);
+    return Tensor.empty(s.shape, options).fill(value);
+  }
+
+  /** Bytes of this tensor's elements (numel × element size; a view's storage may be larger). */
   get bytes(): number {
     return this.numel * dtypeSize(this.dtype);
   }
@@ -280,24 +398,266 @@ export class Tensor implements Disposable {
   /**
    * Reads the values back as float32 (exact for every dtype), once queued work is done. With
    * `range`, only the elements [offset, offset + length) of the flat, row-major tensor (e.g. a few
-   * rows of a tensor too large to copy whole; default offset 0, length to the end).
+   * rows of a tensor too large to copy whole; default offset 0, length to the end). A view reads its
+   * own elements: a contiguous view straight from its storage, a strided one through a contiguous
+   * copy made on its device (queued like any op, freed once read).
    */
   toFloat32Array(range?: ReadRange): Promise<Float32Array> {
     const h = handleOf(this, 'tensor');
-    if (range === undefined) return binding().readFloat32(h);
-    const { offset, length } = checkRange(range, this.numel);
-    return binding().readFloat32(h, offset, length);
+    const r = range === undefined ? { offset: 0, length: this.numel } : checkRange(range, this.numel);
+    if (!this.isContiguous) return this.#throughCopy((c) => c.toFloat32Array(range));
+    return binding().readFloat32(h, this.offset + r.offset, r.length);
   }
 
   /**
    * Reads the raw element bits back: a Uint16Array for float16/bfloat16, a Float32Array for float32,
-   * an Int32Array for int32. `range` as for {@link toFloat32Array}.
+   * an Int32Array for int32. `range` and views as for {@link toFloat32Array}.
    */
   toBits(range?: ReadRange): Promise<Uint16Array | Float32Array | Int32Array> {
     const h = handleOf(this, 'tensor');
-    if (range === undefined) return binding().readBits(h);
-    const { offset, length } = checkRange(range, this.numel);
-    return binding().readBits(h, offset, length);
+    const r = range === undefined ? { offset: 0, length: this.numel } : checkRange(range, this.numel);
+    if (!this.isContiguous) return this.#throughCopy((c) => c.toBits(range));
+    return binding().readBits(h, this.offset + r.offset, r.length);
+  }
+
+  /**
+   * Reads elements into a caller's typed array, once queued work is done: a Float32Array receives
+   * the values of any floating dtype (exact), a Uint16Array the raw bits of a float16/bfloat16
+   * tensor, an Int32Array an int32 tensor's values. `target.length` must equal the number of
+   * elements read (`range.length`, default all; `range` as for {@link toFloat32Array}). The array is
+   * written only when the read succeeds: a failed read (an error of the queued work, say) rejects
+   * and leaves it untouched. Views as for {@link toFloat32Array}.
+   */
+  readInto(target: Float32Array | Uint16Array | Int32Array, range?: ReadRange): Promise<void> {
+    const h = handleOf(this, 'tensor');
+    if (!readTargetOk(target, this.dtype)) {
+      const want = this.dtype === 'int32' ? 'an Int32Array' : this.dtype === 'float32' ? 'a Float32Array'
+        : 'a Float32Array (values) or a Uint16Array (raw bits)';
+      throw typeError(`target to be ${want} for dtype ${this.dtype}`, describeValue(target));
+    }
+    const r = range === undefined ? { offset: 0, length: this.numel } : checkRange(range, this.numel);
+    if (target.length !== r.length) {
+      throw rangeError(`target to have ${r.length} elements (the elements read)`, `${target.length}`);
+    }
+    if (!this.isContiguous) return this.#throughCopy((c) => c.readInto(target, range));
+    return binding().readInto(h, this.offset + r.offset, r.length, target);
+  }
+
+  /** Runs a read on a contiguous copy of this strided view and frees the copy (the read keeps it alive). */
+  #throughCopy<T>(read: (c: Tensor) => Promise<T>): Promise<T> {
+    const c = this.contiguous();
+    try {
+      return read(c);
+    } finally {
+      c.dispose();
+    }
+  }
+
+  /** A new Tensor on this one's storage: the same memory, its own handle. */
+  #alias(shape: readonly number[], strides: readonly number[], offset: number): Tensor {
+    const h = handleOf(this, 'tensor');
+    return new Tensor(h.share(), Object.freeze([...shape]), this.dtype, this.device, { offset, strides });
+  }
+
+  /**
+   * A view with shape `shape` (one dim may be -1: inferred from the element count) on the same
+   * storage; never copies. Throws a RangeError when the element counts differ, or when this tensor's
+   * strides cannot be shown as `shape` without moving elements (a narrowed or selected view merged
+   * across its gap): call {@link reshape} (which copies then) or {@link contiguous} first.
+   */
+  view(shape: readonly number[]): Tensor {
+    handleOf(this, 'tensor');
+    const s = this.#resolveShape(shape);
+    const strides = viewStrides(this.shape, this.strides, s);
+    if (strides === null) {
+      throw rangeError(
+        `shape ${formatShape(s)} to be compatible with this view's strides ${formatShape(this.strides)} ` +
+          `(shape ${formatShape(this.shape)}) without a copy; call reshape() to copy when needed, or contiguous() first`,
+        formatShape(s));
+    }
+    return this.#alias(s, strides, this.offset);
+  }
+
+  /**
+   * This tensor with shape `shape` (one dim may be -1): a view on the same storage when the strides
+   * allow it (always for a contiguous tensor), else a contiguous copy.
+   */
+  reshape(shape: readonly number[]): Tensor {
+    handleOf(this, 'tensor');
+    const s = this.#resolveShape(shape);
+    if (viewStrides(this.shape, this.strides, s) !== null) return this.view(s);
+    const c = this.contiguous();
+    try {
+      return c.view(s);
+    } finally {
+      c.dispose();
+    }
+  }
+
+  #resolveShape(shape: readonly number[]): number[] {
+    if (!Array.isArray(shape) || shape.length === 0) {
+      throw typeError('shape to be a non-empty Array of positive integers (one may be -1)', describeValue(shape));
+    }
+    let known = 1;
+    let infer = -1;
+    shape.forEach((d, i) => {
+      if (d === -1 && infer < 0) {
+        infer = i;
+      } else if (typeof d !== 'number' || !Number.isSafeInteger(d) || d < 1) {
+        throw rangeError('every dim of shape to be a positive integer, or one of them -1', formatShape(shape));
+      } else {
+        known *= d;
+      }
+    });
+    const out = [...shape];
+    if (infer >= 0) {
+      if (this.numel % known !== 0) {
+        throw rangeError(`shape ${formatShape(shape)} to have a -1 that divides ${this.numel} elements evenly`,
+          formatShape(shape));
+      }
+      out[infer] = this.numel / known;
+    }
+    if (out.reduce((a, b) => a * b, 1) !== this.numel) {
+      throw rangeError(`shape to hold ${this.numel} elements (like ${formatShape(this.shape)})`, formatShape(shape));
+    }
+    return out;
+  }
+
+  /**
+   * A view of elements [start, start + length) along `dim` (negative dims count from the end, as in
+   * PyTorch: -1 is the last); never copies.
+   */
+  narrow(dim: number, start: number, length: number): Tensor {
+    handleOf(this, 'tensor');
+    const d = checkDim(dim, this.shape.length, 'dim');
+    const n = this.shape[d];
+    checkInt(start, 0, n - 1, 'start');
+    checkInt(length, 1, n - start, 'length');
+    const shape = [...this.shape];
+    shape[d] = length;
+    return this.#alias(shape, this.strides, this.offset + start * this.strides[d]);
+  }
+
+  /**
+   * A view of index `index` along `dim`, with that dim removed (negative dims and indices count from
+   * the end, as in PyTorch); never copies. A 1-dim tensor cannot drop its only dim (tensors have at
+   * least one): use `narrow(0, index, 1)`.
+   */
+  select(dim: number, index: number): Tensor {
+    handleOf(this, 'tensor');
+    const d = checkDim(dim, this.shape.length, 'dim');
+    if (this.shape.length === 1) {
+      throw rangeError('a tensor of at least 2 dims for select() (use narrow(0, index, 1) on a 1-dim tensor)',
+        formatShape(this.shape));
+    }
+    const n = this.shape[d];
+    const i = checkInt(index, -n, n - 1, 'index');
+    const shape = this.shape.filter((_, k) => k !== d);
+    const strides = this.strides.filter((_, k) => k !== d);
+    return this.#alias(shape, strides, this.offset + (i < 0 ? i + n : i) * this.strides[d]);
+  }
+
+  /**
+   * This tensor laid out row-major without gaps: a new handle on the same storage when it already is
+   * (no copy), else a contiguous copy (queued on its device).
+   */
+  contiguous(): Tensor {
+    handleOf(this, 'tensor');
+    if (this.isContiguous) return this.#alias(this.shape, contiguousStrides(this.shape), this.offset);
+    return this.clone();
+  }
+
+  /** A contiguous copy with its own storage (queued on this tensor's device). */
+  clone(): Tensor {
+    handleOf(this, 'tensor');
+    return this.#copyInto(Tensor.empty(this.shape, { dtype: this.dtype, device: this.device }));
+  }
+
+  /** Copies this tensor into the new tensor `t` and returns it; frees `t` if the copy is refused. */
+  #copyInto(t: Tensor): Tensor {
+    try {
+      return t.copyFrom(this);
+    } catch (err) {
+      t.dispose();
+      throw err;
+    }
+  }
+
+  /**
+   * A contiguous copy converted to `dtype`, on this device: float dtypes round to nearest, ties to
+   * even (NaN stays NaN, overflow becomes ±Infinity); int32 converts to the nearest float32 (exact
+   * up to 2^24), then rounds like a float. A float dtype cannot be cast to 'int32' (TypeError).
+   * Same dtype: a copy.
+   */
+  cast(dtype: TensorDType): Tensor {
+    handleOf(this, 'tensor');
+    const d = checkDType(dtype, 'dtype');
+    if (d === 'int32' && this.dtype !== 'int32') {
+      throw typeError(`dtype to be 'float32', 'float16' or 'bfloat16' for a ${this.dtype} tensor (float to int32 ` +
+        'is not supported)', "'int32'");
+    }
+    return this.#copyInto(Tensor.empty(this.shape, { dtype: d, device: this.device }));
+  }
+
+  /**
+   * This tensor on `device`, contiguous, same dtype. On its own device it is {@link contiguous} (no
+   * copy when already contiguous). Across devices the data goes through host memory, after the work
+   * queued so far on both devices: to 'cuda', the JS thread first waits for the CPU backend's queued
+   * work (as creating a CUDA tensor from host data waits), then the upload is queued on the CUDA
+   * stream; to 'cpu', a task queued on the CPU backend waits for the CUDA work queued so far and
+   * copies down, so the call returns at once and later CPU work sees the data.
+   */
+  to(device: Device): Tensor {
+    handleOf(this, 'tensor');
+    const d = checkDevice(device, 'device');
+    if (d === this.device) return this.contiguous();
+    const c = this.contiguous();
+    try {
+      const buf = binding().transfer([handleOf(c, 'tensor'), c.offset], c.numel, DEVICE_CODE[d]);
+      return new Tensor(buf, this.shape, this.dtype, d);
+    } finally {
+      c.dispose();
+    }
+  }
+
+  /**
+   * Copies `src` into this tensor in place (queued): same shape, any strides on either side, the
+   * dtype converted as {@link cast} does (float into int32 is refused). From another device the data
+   * goes through {@link to} first. `src` must not share elements with this view (unless it is this
+   * very view). Returns this.
+   */
+  copyFrom(src: Tensor): this {
+    const h = handleOf(this, 'tensor');
+    const sh = handleOf(src, 'src');
+    if (src.shape.length !== this.shape.length || src.shape.some((x, i) => x !== this.shape[i])) {
+      throw rangeError(`src to have shape ${formatShape(this.shape)} (like the destination)`, formatShape(src.shape));
+    }
+    if (this.dtype === 'int32' && src.dtype !== 'int32') {
+      throw typeError(`src to have dtype int32 to be copied into an int32 tensor (float to int32 is not supported)`,
+        `'${src.dtype}'`);
+    }
+    if (src.device !== this.device) {
+      const moved = src.to(this.device);
+      try {
+        return this.copyFrom(moved);
+      } finally {
+        moved.dispose();
+      }
+    }
+    binding().copyStrided([h, this.offset], [sh, src.offset], [...this.shape], [...this.strides], [...src.strides]);
+    return this;
+  }
+
+  /**
+   * Sets every element of this tensor (or view) to `value` in place (queued), converted to the dtype
+   * (rounded to nearest even for float16/bfloat16; NaN and ±Infinity allowed for float dtypes; an
+   * integer in int32's range for int32). Returns this.
+   */
+  fill(value: number): this {
+    const h = handleOf(this, 'tensor');
+    const v = checkFillValue(value, this.dtype);
+    binding().fillStrided([h, this.offset], [...this.shape], [...this.strides], v);
+    return this;
   }
 
   /** Frees the tensor's memory (after queued work that uses it). Idempotent. */
@@ -347,7 +707,10 @@ export function storageOf(t: unknown, arg: string): [NativeBuffer, number] {
 
 /** Memory held by live tensors on one device. */
 export interface DeviceMemory {
-  /** Live allocations (tensors, including ones kept alive by queued work). */
+  /**
+   * Live storages (allocations, including ones kept alive by queued work). A tensor and all its
+   * views count once; memory imported from another library (interop.ts) is not counted.
+   */
   tensors: number;
   /** Bytes they hold. */
   bytes: number;

@@ -29,7 +29,7 @@ import {
   referenceRmsNorm, referenceRmsNormBackward, referenceRope, referenceSwiglu, referenceSwigluBackward,
 } from '../lib/ops/reference/nn';
 import { applyRope } from '../lib/ops/rope';
-import { Device, handleOf, Tensor } from '../lib/tensor';
+import { Device, Tensor } from '../lib/tensor';
 import { describeEachDevice, trackMemory, usePoisonedOutputs } from './helpers/backend';
 import { randn, randu, Rng, rngFor } from './helpers/random';
 import { expectAllWritten, expectFlashRule, maxAbsDiff } from './helpers/tolerance';
@@ -414,10 +414,9 @@ describeEachDevice('applyRope', (device) => {
     const [B, S, H, D] = [2, 13, 3, 34];
     const rng = rngFor(`rope-packed/${device}/${dtype}`);
     const packed = upload(randn(B * S * 3 * H * D, rng), [B, S, 3, H, D], dtype, device);
-    // Strided [B, S, H, D] views of q (slot 0) and k (slot 1): strides [S·3HD, 3HD, D, 1].
-    const strides = [S * 3 * H * D, 3 * H * D, D, 1];
-    const view = (slot: number): Tensor =>
-      keep(new Tensor(handleOf(packed.t, 'packed').share(), [B, S, H, D], dtype, device, { offset: slot * H * D, strides }));
+    // select(2, slot): strided [B, S, H, D] views of q (slot 0) and k (slot 1), strides [S·3HD, 3HD, D, 1].
+    const view = (slot: number): Tensor => keep(packed.t.select(2, slot));
+    expect(view(0).strides).toEqual([S * 3 * H * D, 3 * H * D, D, 1]);
     applyRope(view(0));
     applyRope(view(1), { positionOffset: 5 });
     const gather = (src: ArrayLike<number>, slot: number): Float32Array => {
@@ -435,6 +434,8 @@ describeEachDevice('applyRope', (device) => {
       expectRule(`rope packed slot ${slot}`, gather(after, slot), ref, same, OUT_FACTOR, [B, S, H, D]);
     }
     expect(gather(after, 2)).toEqual(gather(packed.v, 2));
+    // The views read their own elements.
+    expect(await read(view(1))).toEqual(gather(after, 1));
   });
 
   test('float32 finite differences: the inverse rotation is the backward', async () => {
@@ -560,7 +561,7 @@ describeEachDevice('add', (device) => {
     // A [5] view at offset 3 of a [16] tensor: only elements 3..7 change.
     const base = upload(randn(16, rng), [16], dtype, device);
     const b = upload(randn(5, rng), [5], dtype, device);
-    const view = keep(new Tensor(handleOf(base.t, 'base').share(), [5], dtype, device, { offset: 3, strides: [1] }));
+    const view = keep(base.t.narrow(0, 3, 5));
     addInPlace(view, b.t);
     const after = await read(base.t);
     const want = Float32Array.from(base.v);

@@ -477,7 +477,7 @@ describe('other entry points', () => {
 
 /** A native buffer argument named in a collection-time table, looked up when the call runs. */
 class Named {
-  constructor(readonly name: 'nq' | 'nk' | 'released' | 'nkb' | 'nlseb') {}
+  constructor(readonly name: 'nq' | 'nk' | 'nlse' | 'released' | 'nkb' | 'nlseb') {}
 }
 
 describe('raw native binding (lib/native.ts binding())', () => {
@@ -505,8 +505,9 @@ describe('raw native binding (lib/native.ts binding())', () => {
 
   // The table below is built at collection time, before beforeAll creates the buffers: buffer
   // arguments are named (resolved when the call runs), everything else is literal.
-  const named = { nq: () => nq, nk: () => nk, released: () => released, nkb: () => nkb, nlseb: () => nlseb };
-  const resolveArg = (x: unknown): unknown => (x instanceof Named ? named[x.name]() : x);
+  const named = { nq: () => nq, nk: () => nk, nlse: () => nlse, released: () => released, nkb: () => nkb, nlseb: () => nlseb };
+  const resolveArg = (x: unknown): unknown => (x instanceof Named ? named[x.name]()
+    : Array.isArray(x) && x[0] instanceof Named ? [named[x[0].name](), x[1]] : x);
   const fwd = (...over: [number, unknown][]): (() => unknown) => () => {
     const args: unknown[] = [nq, nk, nv, dims(), false, 0.25, 0, 0];
     for (const [i, x] of over) args[i] = resolveArg(x);
@@ -579,8 +580,8 @@ describe('raw native binding (lib/native.ts binding())', () => {
     ['forward: seqlenQ 1.5', fwd([3, [2, 1.5, 24, 4, 2, 16]]), 'RangeError', 'Expected seqlenQ to be an integer in [1, 2147483647] but received 1.5 of type number'],
     ['forward: seqlenK a string', fwd([3, [2, 16, '24', 4, 2, 16]]), 'TypeError', 'Expected seqlenK to be an integer but received "24" of type string'],
     ['forward: heads 6 and 4', fwd([3, [2, 16, 24, 6, 4, 16]]), 'RangeError', 'Expected headsQ to be a multiple of headsKV (4) but received 6'],
-    ['forward: q holds fewer elements than dims say', fwd([3, [2, 17, 24, 4, 2, 16]]), 'RangeError', 'Expected q to hold 2176 elements but it holds 2048'],
-    ['forward: k holds more elements than dims say', fwd([3, [2, 16, 23, 4, 2, 16]]), 'RangeError', 'Expected k to hold 1472 elements but it holds 1536'],
+    ['forward: q holds fewer elements than dims say', fwd([3, [2, 17, 24, 4, 2, 16]]), 'RangeError', 'Expected q to reach 2176 elements from offset 0 inside its storage of 2048 elements but it does not'],
+    ['forward: k holds fewer elements than dims say', fwd([3, [2, 16, 25, 4, 2, 16]]), 'RangeError', 'Expected k to reach 1600 elements from offset 0 inside its storage of 1536 elements but it does not'],
     ['forward: dims beyond 2^60 elements', fwd([3, [2147483647, 2147483647, 24, 4, 2, 16]]), 'RangeError', 'Expected q to have fewer than 2^60 elements but received [2147483647, 2147483647, 4, 16]'],
     ['forward: k bfloat16, q float32', fwd([1, new Named('nkb')]), 'TypeError', 'Expected k to have dtype float32 but received bfloat16'],
     ['forward: causal 1', fwd([4, 1]), 'TypeError', 'Expected causal to be a boolean but received 1 of type number'],
@@ -597,8 +598,8 @@ describe('raw native binding (lib/native.ts binding())', () => {
     // attentionBackward
     ['backward: dout released', bwd([0, new Named('released')]), 'TypeError', 'Expected dout to be a live tensor but it was disposed'],
     ['backward: lse undefined', bwd([5, undefined]), 'TypeError', 'Expected lse to be a native buffer but received undefined'],
-    ['backward: out holds the wrong size', bwd([4, new Named('nk')]), 'RangeError', 'Expected out to hold 2048 elements but it holds 1536'],
-    ['backward: lse holds the wrong size', bwd([5, new Named('nq')]), 'RangeError', 'Expected lse to hold 128 elements but it holds 2048'],
+    ['backward: out holds the wrong size', bwd([4, new Named('nk')]), 'RangeError', 'Expected out to reach 2048 elements from offset 0 inside its storage of 1536 elements but it does not'],
+    ['backward: lse at an offset leaves its storage', bwd([5, [new Named('nlse'), 100]]), 'RangeError', 'Expected lse to reach 128 elements from offset 100 inside its storage of 128 elements but it does not'],
     ['backward: lse bfloat16', bwd([5, new Named('nlseb')]), 'TypeError', 'Expected lse to have dtype float32 but received bfloat16'],
     ['backward: head dim 7', bwd([6, [2, 16, 24, 4, 2, 7]]), 'RangeError', 'Expected headDim to be an integer in [8, 256] but received 7 of type number'],
     ['backward: deterministic a string', bwd([10, 'yes']), 'TypeError', 'Expected deterministic to be a boolean but received "yes" of type string'],

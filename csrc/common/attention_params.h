@@ -68,13 +68,21 @@ struct AttentionFwdParams {
 };
 
 struct AttentionBwdParams : AttentionFwdParams {
-  // Inputs of the backward (same shape, dtype and strides as out / q / k / v respectively).
-  const void* dout = nullptr;  // strides: the o_* strides
+  // Inputs of the backward (same shape and dtype as out / q / k / v respectively).
+  const void* dout = nullptr;  // strides: the do_* strides
   const float* lse_in = nullptr;  // the forward's lse (its `lse` field is unused in the backward)
-  // Outputs: dq like q, dk like k, dv like v (same strides as their inputs).
+  // Outputs: dq like q, dk like k, dv like v (shape and dtype), each with its own strides below (a
+  // packed dqkv [batch, seqlen, 3, heads, head_dim] gives dq/dk/dv row strides of 3 * heads * head_dim).
+  // They never share an element with each other or with an input (the binding checks it).
   void* dq = nullptr;
   void* dk = nullptr;
   void* dv = nullptr;
+  // Element strides of dout and of the gradients ([batch, seqlen, heads, head_dim], last stride 1).
+  // set_grad_strides_like_inputs() copies the o_ / q_ / k_ / v_ strides into them.
+  int64_t do_batch_stride = 0, do_row_stride = 0, do_head_stride = 0;
+  int64_t dq_batch_stride = 0, dq_row_stride = 0, dq_head_stride = 0;
+  int64_t dk_batch_stride = 0, dk_row_stride = 0, dk_head_stride = 0;
+  int64_t dv_batch_stride = 0, dv_row_stride = 0, dv_head_stride = 0;
   // Deterministic accumulation order for dq (backends that have a choice honour it).
   bool deterministic = false;
   // CUDA FA2 backward only: dq by a second kernel (one block per query tile, looping over the keys)
@@ -88,6 +96,22 @@ inline void set_contiguous_strides(int64_t seqlen, int64_t heads, int64_t head_d
   *head_stride = head_dim;
   *row_stride = heads * head_dim;
   *batch_stride = seqlen * heads * head_dim;
+}
+
+// Gives dout the strides of out, and dq / dk / dv the strides of q / k / v.
+inline void set_grad_strides_like_inputs(AttentionBwdParams* p) {
+  p->do_batch_stride = p->o_batch_stride;
+  p->do_row_stride = p->o_row_stride;
+  p->do_head_stride = p->o_head_stride;
+  p->dq_batch_stride = p->q_batch_stride;
+  p->dq_row_stride = p->q_row_stride;
+  p->dq_head_stride = p->q_head_stride;
+  p->dk_batch_stride = p->k_batch_stride;
+  p->dk_row_stride = p->k_row_stride;
+  p->dk_head_stride = p->k_head_stride;
+  p->dv_batch_stride = p->v_batch_stride;
+  p->dv_row_stride = p->v_row_stride;
+  p->dv_head_stride = p->v_head_stride;
 }
 
 }  // namespace fa

@@ -37,9 +37,10 @@ void bwd_delta_item(const BwdPlan& plan, int64_t item) {
   alignas(64) float o_row[kMaxHeadDim];
   alignas(64) float do_row[kMaxHeadDim];
   for (int r = 0; r < rows; ++r) {
-    const int64_t off = b * p.o_batch_stride + (i0 + r) * p.o_row_stride + h * p.o_head_stride;
-    convert_row(p.out, p.dtype, off, d, 1.0f, o_row);
-    convert_row(p.dout, p.dtype, off, d, 1.0f, do_row);
+    const int64_t o_off = b * p.o_batch_stride + (i0 + r) * p.o_row_stride + h * p.o_head_stride;
+    const int64_t do_off = b * p.do_batch_stride + (i0 + r) * p.do_row_stride + h * p.do_head_stride;
+    convert_row(p.out, p.dtype, o_off, d, 1.0f, o_row);
+    convert_row(p.dout, p.dtype, do_off, d, 1.0f, do_row);
     plan.delta[(b * p.heads_q + h) * p.seqlen_q + i0 + r] = dot_row(o_row, do_row, d);
   }
 }
@@ -89,8 +90,8 @@ void bwd_load_q_tile(const BwdPlan& plan, int64_t b, int64_t hq, int64_t i0, int
   const int rows_pad = pad_to_tile(rows);
   load_rows(p.q, p.dtype, b * p.q_batch_stride + i0 * p.q_row_stride + hq * p.q_head_stride, p.q_row_stride, rows, d,
             rows_pad, 1.0f, qc, d);
-  load_rows(p.dout, p.dtype, b * p.o_batch_stride + i0 * p.o_row_stride + hq * p.o_head_stride, p.o_row_stride, rows,
-            d, rows_pad, 1.0f, doc, d);
+  load_rows(p.dout, p.dtype, b * p.do_batch_stride + i0 * p.do_row_stride + hq * p.do_head_stride, p.do_row_stride,
+            rows, d, rows_pad, 1.0f, doc, d);
 }
 
 // One (Q tile i, K/V tile j) step in the S = Q K^T orientation. The K/V tile was loaded by
@@ -229,14 +230,14 @@ void bwd_chunk_item(const BwdPlan& plan, int64_t item, float* ws) {
       }
       if (plan.chunks == 1)
         bwd_store_rows(plan, dq_blk, blk_rows, p.softmax_scale, p.dq,
-                       b * p.q_batch_stride + blk_i0 * p.q_row_stride + hq * p.q_head_stride, p.q_row_stride);
+                       b * p.dq_batch_stride + blk_i0 * p.dq_row_stride + hq * p.dq_head_stride, p.dq_row_stride);
     }
   }
   const int64_t keys = std::min<int64_t>(kt_end * kBk, p.seqlen_k) - key0;
   bwd_store_rows(plan, dk_acc, keys, p.softmax_scale, p.dk,
-                 b * p.k_batch_stride + key0 * p.k_row_stride + hk * p.k_head_stride, p.k_row_stride);
-  bwd_store_rows(plan, dv_acc, keys, 1.0f, p.dv, b * p.v_batch_stride + key0 * p.v_row_stride + hk * p.v_head_stride,
-                 p.v_row_stride);
+                 b * p.dk_batch_stride + key0 * p.dk_row_stride + hk * p.dk_head_stride, p.dk_row_stride);
+  bwd_store_rows(plan, dv_acc, keys, 1.0f, p.dv,
+                 b * p.dv_batch_stride + key0 * p.dv_row_stride + hk * p.dv_head_stride, p.dv_row_stride);
 }
 
 // dQ of one (batch, query head, Q tile) from the chunks' partials: their sum in chunk order (chunks
@@ -262,6 +263,6 @@ void bwd_dq_reduce_item(const BwdPlan& plan, int64_t item) {
       for (int e = 0; e < d; ++e) sum[e] += part[e];
     }
     store_row(sum, d, p.softmax_scale, p.dtype, p.dq,
-              b * p.q_batch_stride + (i0 + r) * p.q_row_stride + hq * p.q_head_stride);
+              b * p.dq_batch_stride + (i0 + r) * p.dq_row_stride + hq * p.dq_head_stride);
   }
 }

@@ -62,19 +62,23 @@ __global__ void __launch_bounds__(kRowThreads)
 }
 
 // delta[r] = sum_d dO[b, i, h, d] * O[b, i, h, d] for row r = (b * heads + h) * sq + i, summed in d order
-// (the order the GEMM sums dP = dO V^T in). dO and O share the o_* strides.
+// (the order the GEMM sums dP = dO V^T in). dO has the do_* strides, O the o_* strides.
+struct RowStrides {
+  int64_t batch, row, head;
+};
 template <typename T>
 __global__ void __launch_bounds__(kDeltaThreads)
     delta_kernel(const T* dout, const T* out, float* delta, int64_t rows, int64_t sq, int64_t heads,
-                 int64_t head_dim, int64_t batch_stride, int64_t row_stride, int64_t head_stride) {
+                 int64_t head_dim, RowStrides do_strides, RowStrides o_strides) {
   for (int64_t row = static_cast<int64_t>(blockIdx.x) * kDeltaThreads + threadIdx.x; row < rows;
        row += static_cast<int64_t>(gridDim.x) * kDeltaThreads) {
     const int64_t i = row % sq;
     const int64_t h = (row / sq) % heads;
     const int64_t b = row / (sq * heads);
-    const int64_t offset = b * batch_stride + i * row_stride + h * head_stride;
+    const int64_t do_off = b * do_strides.batch + i * do_strides.row + h * do_strides.head;
+    const int64_t o_off = b * o_strides.batch + i * o_strides.row + h * o_strides.head;
     float acc = 0.0f;
-    for (int64_t d = 0; d < head_dim; ++d) acc += to_float(dout[offset + d]) * to_float(out[offset + d]);
+    for (int64_t d = 0; d < head_dim; ++d) acc += to_float(dout[do_off + d]) * to_float(out[o_off + d]);
     delta[row] = acc;
   }
 }
@@ -218,8 +222,9 @@ cudaError_t bwd_impl(const AttentionBwdParams& p, char* workspace, cudaStream_t 
   const T* dout = static_cast<const T*>(p.dout);
 
   delta_kernel<T><<<grid_size(rows, kDeltaThreads), kDeltaThreads, 0, stream>>>(
-      dout, static_cast<const T*>(p.out), delta, rows, p.seqlen_q, p.heads_q, p.head_dim, p.o_batch_stride,
-      p.o_row_stride, p.o_head_stride);
+      dout, static_cast<const T*>(p.out), delta, rows, p.seqlen_q, p.heads_q, p.head_dim,
+      RowStrides{p.do_batch_stride, p.do_row_stride, p.do_head_stride},
+      RowStrides{p.o_batch_stride, p.o_row_stride, p.o_head_stride});
   FA_CUDA_TRY(cudaGetLastError());
 
   FA_CUDA_TRY(scores_gemm<T>(p, prob, stream));
@@ -231,7 +236,7 @@ cudaError_t bwd_impl(const AttentionBwdParams& p, char* workspace, cudaStream_t 
   dp.k = p.head_dim;
   dp.batch = p.batch;
   dp.heads = p.heads_q;
-  dp.a = seq_by_dim(dout, p.o_batch_stride, p.o_row_stride, p.o_head_stride);
+  dp.a = seq_by_dim(dout, p.do_batch_stride, p.do_row_stride, p.do_head_stride);
   dp.b = transposed(seq_by_dim(v, p.v_batch_stride, p.v_row_stride, p.v_head_stride, group));
   dp.c_out = scores(dscore, p);
   FA_CUDA_TRY(launch_gemm(dp, stream));
@@ -249,8 +254,8 @@ cudaError_t bwd_impl(const AttentionBwdParams& p, char* workspace, cudaStream_t 
   dv.batch = p.batch;
   dv.heads = p.heads_kv;
   dv.a = as_const(transposed(scores(prob, p)));
-  dv.b = seq_by_dim(dout, p.o_batch_stride, p.o_row_stride, p.o_head_stride);
-  dv.c_out = seq_by_dim(static_cast<T*>(p.dv), p.v_batch_stride, p.v_row_stride, p.v_head_stride);
+  dv.b = seq_by_dim(dout, p.do_batch_stride, p.do_row_stride, p.do_head_stride);
+  dv.c_out = seq_by_dim(static_cast<T*>(p.dv), p.dv_batch_stride, p.dv_row_stride, p.dv_head_stride);
   FA_CUDA_TRY(launch_gemm_group_sum(dv, group, acc, stream));
 
   // dK [Sk, D] = scale * sum over the group of dS_h^T [Sk, Sq] . Q_h [Sq, D] (acc reused: stream ordered).
@@ -263,7 +268,7 @@ cudaError_t bwd_impl(const AttentionBwdParams& p, char* workspace, cudaStream_t 
   dk.alpha = p.softmax_scale;
   dk.a = as_const(transposed(scores(dscore, p)));
   dk.b = seq_by_dim(q, p.q_batch_stride, p.q_row_stride, p.q_head_stride);
-  dk.c_out = seq_by_dim(static_cast<T*>(p.dk), p.k_batch_stride, p.k_row_stride, p.k_head_stride);
+  dk.c_out = seq_by_dim(static_cast<T*>(p.dk), p.dk_batch_stride, p.dk_row_stride, p.dk_head_stride);
   FA_CUDA_TRY(launch_gemm_group_sum(dk, group, acc, stream));
 
   // dQ [Sq, D] = scale * dS [Sq, Sk] . K [Sk, D]
@@ -276,7 +281,7 @@ cudaError_t bwd_impl(const AttentionBwdParams& p, char* workspace, cudaStream_t 
   dq.alpha = p.softmax_scale;
   dq.a = as_const(scores(dscore, p));
   dq.b = seq_by_dim(k, p.k_batch_stride, p.k_row_stride, p.k_head_stride, group);
-  dq.c_out = seq_by_dim(static_cast<T*>(p.dq), p.q_batch_stride, p.q_row_stride, p.q_head_stride);
+  dq.c_out = seq_by_dim(static_cast<T*>(p.dq), p.dq_batch_stride, p.dq_row_stride, p.dq_head_stride);
   return launch_gemm(dq, stream);
 }
 

@@ -6,7 +6,9 @@
 #include "common/attention_params.h"
 #include "cpu/flash_cpu.h"
 #include "napi/addon.h"
+#include "napi/copy_ops.h"
 #include "napi/dispatch.h"
+#include "napi/view_args.h"
 #include "runtime/format.h"
 #ifdef FA_WITH_CUDA
 #include "cuda/flash/flash_bwd.h"
@@ -66,19 +68,89 @@ Dims dims_arg(const Napi::Value& v) {
   return d;
 }
 
-void expect_buffer(const BufferPtr& b, const char* arg, Device device, DType dtype, int64_t numel) {
-  if (b->device() != device) {
+// One [batch, seqlen, heads, head_dim] tensor argument: its storage and its view (last stride 1).
+struct AttnTensor {
+  TensorArg t;
+  ViewLayout v;
+  void* data() const { return t.data(); }
+  int64_t batch_stride() const { return v.strides[0]; }
+  int64_t row_stride() const { return v.strides[1]; }
+  int64_t head_stride() const { return v.strides[2]; }
+};
+
+// Parses tensor argument `tv` named `arg` with sizes [b, s, h, d] and the [batch, row, head] strides
+// at strides[3 * index ...] (a JS Array; undefined: contiguous). Checks the dtype, the device, that
+// the view stays inside its storage and that its elements are distinct.
+AttnTensor attn_tensor(const Napi::Value& tv, const Napi::Value& strides, uint32_t index, const char* arg,
+                       const int64_t (&sizes)[4], Device device, DType dtype, bool device_from_arg = false) {
+  AttnTensor a;
+  a.t = tensor_arg(tv, arg);
+  a.v.rank = 4;
+  for (int d = 0; d < 4; ++d) a.v.sizes[d] = sizes[d];
+  if (strides.IsUndefined()) {
+    set_contiguous_strides(sizes[1], sizes[2], sizes[3], &a.v.strides[0], &a.v.strides[1], &a.v.strides[2]);
+  } else {
+    auto arr = strides.As<Napi::Array>();  // the caller checked it is an Array of the right length
+    const std::string name = std::string(arg) + " strides";
+    for (uint32_t d = 0; d < 3; ++d) a.v.strides[d] = int_arg(arr.Get(3 * index + d), name.c_str(), 0, kMaxSafeInteger);
+  }
+  a.v.strides[3] = 1;
+  if (!device_from_arg && a.t.device() != device) {
     throw type_error(std::string("Expected ") + arg + " to be on device '" + device_name(device) + "' but received '" +
-                     device_name(b->device()) + "'");
+                     device_name(a.t.device()) + "'");
   }
-  if (b->dtype() != dtype) {
+  if (a.t.dtype() != dtype) {
     throw type_error(std::string("Expected ") + arg + " to have dtype " + dtype_name(dtype) + " but received " +
-                     dtype_name(b->dtype()));
+                     dtype_name(a.t.dtype()));
   }
-  if (b->numel() != static_cast<size_t>(numel)) {
-    throw range_error(std::string("Expected ") + arg + " to hold " + std::to_string(numel) + " elements but it holds " +
-                      std::to_string(b->numel()));
+  expect_view(a.t, arg, &a.v);
+  return a;
+}
+
+// Checks that `strides` is undefined or an Array of 3 * count integers.
+void strides_array_arg(const Napi::Value& v, uint32_t count, const char* arg) {
+  if (v.IsUndefined()) return;
+  if (!v.IsArray() || v.As<Napi::Array>().Length() != 3 * count) {
+    throw type_error(std::string("Expected ") + arg + " to be undefined or an Array of " + std::to_string(3 * count) +
+                     " [batch, row, head] strides but received " + describe(v));
   }
+}
+
+// lse: contiguous float32 [batch, heads_q, seqlen_q] from `offset` of its buffer, as a rank-1 view.
+AttnTensor lse_tensor(const Napi::Value& tv, Device device, int64_t numel) {
+  AttnTensor a;
+  a.t = tensor_arg(tv, "lse");
+  expect_tensor(a.t, "lse", device, DType::kFloat32, numel);
+  a.v.rank = 1;
+  a.v.sizes[0] = numel;
+  a.v.strides[0] = 1;
+  a.v.offset = a.t.offset;
+  return a;
+}
+
+void set_strides(const AttnTensor& a, int64_t* batch, int64_t* row, int64_t* head) {
+  *batch = a.batch_stride();
+  *row = a.row_stride();
+  *head = a.head_stride();
+}
+
+// Whether a staging copy would make `a` readable by the FlashAttention-2 kernels: not contiguous, or
+// its first element not 16-byte aligned (the alignment of their vector and TMA loads).
+bool needs_staging(const AttnTensor& a) {
+  return !view_contiguous(a.v) || reinterpret_cast<uintptr_t>(a.data()) % 16 != 0;
+}
+
+// A contiguous buffer for `a`'s elements, on a's device; as an input (copy_in) its data is copied in
+// now, on the stream, before the kernel that reads it.
+AttnTensor stage(Runtime& rt, const AttnTensor& a, bool copy_in) {
+  AttnTensor c;
+  const int64_t numel = numel_of(a.v);
+  c.t.buf = rt.allocate(a.t.device(), a.t.dtype(), static_cast<size_t>(numel) * dtype_size(a.t.dtype()), !copy_in);
+  c.v = a.v;
+  c.v.offset = 0;
+  set_contiguous_strides(a.v.sizes[1], a.v.sizes[2], a.v.sizes[3], &c.v.strides[0], &c.v.strides[1], &c.v.strides[2]);
+  if (copy_in) enqueue_copy(rt, a.t.device(), make_copy_params(*c.t.buf, c.v, *a.t.buf, a.v), a.t.buf, c.t.buf);
+  return c;
 }
 
 float scale_arg(const Napi::Value& v) {
@@ -149,55 +221,100 @@ const char* kernel_name(Kernel k) {
   return k == Kernel::kNaive ? "naive" : "flash";
 }
 
-// attentionForward(q, k, v, dims, causal, softmaxScale, kernel, float32Precision): [out, lse, kernel]
+// Strided views (q, k, v, out, dout, and the gradients written into given views): the CPU backend and
+// the naive CUDA kernel read and write any strides the params struct holds. The CUDA
+// FlashAttention-2 kernels (mma.sync, float32, Hopper wgmma + TMA) honour the strides too, but need
+// every stride to be a multiple of 16 bytes and every base 16-byte aligned (vector loads and stores;
+// the TMA descriptors of the Hopper kernels require both): their *_unsupported_reason checks say so.
+// When a call breaks only that, the binding does not fall back to the naive kernel (N² memory): if
+// the FlashAttention-2 kernel would run on contiguous data, it copies every input view that is not
+// contiguous or not 16-byte aligned into a contiguous staging buffer (queued before the kernel), and
+// computes every such given gradient into one that is copied into the view after the kernel. Staging
+// buffers are freed stream-ordered at once. Views that meet the alignment are read in place.
+// An explicit kernel 'naive' reads the views in place. lse and D stay contiguous.
+
+// attentionForward(q, k, v, dims, causal, softmaxScale, kernel, float32Precision, strides?): [out, lse, kernel]
+// q, k, v: tensors ([buffer, offset]); strides: undefined (contiguous) or their [batch, row, head]
+// strides, 9 integers (head_dim has stride 1). out is a new contiguous tensor.
 Napi::Value AttentionForward(const Napi::CallbackInfo& info) {
   Napi::Env env = info.Env();
   Runtime& rt = runtime(env);
-  BufferPtr q = NativeBuffer::From(info[0], "q");
-  BufferPtr k = NativeBuffer::From(info[1], "k");
-  BufferPtr v = NativeBuffer::From(info[2], "v");
+  const TensorArg q0 = tensor_arg(info[0], "q");
+  tensor_arg(info[1], "k");
+  tensor_arg(info[2], "v");
   const Dims d = dims_arg(info[3]);
   const bool causal = bool_arg(info[4], "causal");
   const float scale = scale_arg(info[5]);
-  const Device device = q->device();
-  const DType dtype = q->dtype();
+  const Device device = q0.device();
+  const DType dtype = q0.dtype();
   expect_float(dtype, "q");
   const int64_t q_numel = checked_numel({d.batch, d.seqlen_q, d.heads_q, d.head_dim}, "q");
-  const int64_t kv_numel = checked_numel({d.batch, d.seqlen_k, d.heads_kv, d.head_dim}, "k");
+  checked_numel({d.batch, d.seqlen_k, d.heads_kv, d.head_dim}, "k");
   const int64_t lse_numel = checked_numel({d.batch, d.heads_q, d.seqlen_q}, "lse");
-  expect_buffer(q, "q", device, dtype, q_numel);
-  expect_buffer(k, "k", device, dtype, kv_numel);
-  expect_buffer(v, "v", device, dtype, kv_numel);
+  strides_array_arg(info[8], 3, "strides");
+  const int64_t qs[4] = {d.batch, d.seqlen_q, d.heads_q, d.head_dim};
+  const int64_t ks[4] = {d.batch, d.seqlen_k, d.heads_kv, d.head_dim};
+  AttnTensor q = attn_tensor(info[0], info[8], 0, "q", qs, device, dtype);
+  AttnTensor k = attn_tensor(info[1], info[8], 1, "k", ks, device, dtype);
+  AttnTensor v = attn_tensor(info[2], info[8], 2, "v", ks, device, dtype);
   const Kernel requested = kernel_arg(info[6]);
   const Fp32Precision fp32_precision = fp32_precision_arg(info[7]);
 
-  BufferPtr out = rt.allocate(device, dtype, q_numel * dtype_size(dtype), true);
-  BufferPtr lse = rt.allocate(device, DType::kFloat32, lse_numel * sizeof(float), true);
   AttentionFwdParams p;
   fill_fwd_params(p, d, dtype, scale, causal);
-  p.q = q->data();
-  p.k = k->data();
-  p.v = v->data();
-  p.out = out->data();
-  p.lse = static_cast<float*>(lse->data());
+  const auto point_at = [&](AttentionFwdParams& pp) {
+    set_strides(q, &pp.q_batch_stride, &pp.q_row_stride, &pp.q_head_stride);
+    set_strides(k, &pp.k_batch_stride, &pp.k_row_stride, &pp.k_head_stride);
+    set_strides(v, &pp.v_batch_stride, &pp.v_row_stride, &pp.v_head_stride);
+    pp.q = q.data();
+    pp.k = k.data();
+    pp.v = v.data();
+  };
+  point_at(p);
+  p.out = q.t.buf->data();  // stand-in for the kernel checks: out is a new pool allocation, aligned like it
   p.fp32_precision = fp32_precision;  // read by the CUDA float32 FA2 forward only
   bool flash_ok = device == Device::kCpu;
+  bool stage_views = false;
   const char* flash_unsupported =
       "the CUDA FlashAttention-2 forward needs a GPU of compute capability 8.0 (sm_80) or newer";
 #ifdef FA_WITH_CUDA
-  if (device == Device::kCuda && dtype == DType::kFloat32) {
-    const char* reason = cuda::flash_fwd_fp32_unsupported_reason(p);
+  const auto reason_for = [&](const AttentionFwdParams& pp) -> const char* {
+    if (dtype == DType::kFloat32) return cuda::flash_fwd_fp32_unsupported_reason(pp);
+    return cuda::flash_fwd_supported(pp) ? nullptr : flash_unsupported;
+  };
+  if (device == Device::kCuda) {
+    const char* reason = reason_for(p);
+    if (reason != nullptr && requested != Kernel::kNaive && (needs_staging(q) || needs_staging(k) || needs_staging(v))) {
+      AttentionFwdParams dense = p;  // the same call on contiguous staging buffers (pool-aligned like q's storage)
+      fill_fwd_params(dense, d, dtype, scale, causal);
+      void* base = q.t.buf->data();
+      dense.q = dense.k = dense.v = base;
+      dense.out = base;
+      dense.fp32_precision = fp32_precision;
+      if (reason_for(dense) == nullptr) {
+        reason = nullptr;
+        stage_views = true;
+      }
+    }
     flash_ok = reason == nullptr;
     if (reason != nullptr) flash_unsupported = reason;
-  } else if (device == Device::kCuda) {
-    flash_ok = cuda::flash_fwd_supported(p);
   }
 #endif
   [[maybe_unused]] const Kernel kernel = resolve_kernel(requested, device, flash_ok, flash_unsupported);
 
+  BufferPtr out = rt.allocate(device, dtype, q_numel * dtype_size(dtype), true);
+  BufferPtr lse = rt.allocate(device, DType::kFloat32, lse_numel * sizeof(float), true);
+  if (stage_views && kernel == Kernel::kFlash) {
+    for (AttnTensor* a : {&q, &k, &v})
+      if (needs_staging(*a)) *a = stage(rt, *a, true);
+    point_at(p);
+  }
+  p.out = out->data();
+  p.lse = static_cast<float*>(lse->data());
+
   if (device == Device::kCpu) {
     cpu::ThreadPool* pool = &rt.pool();
-    submit_cpu(rt, {q, k, v}, {out, lse}, [p, pool] { cpu::flash_fwd(p, *pool); });
+    submit_cpu(rt, {q.t.buf, k.t.buf, v.t.buf}, {out, lse}, [p, pool] { cpu::flash_fwd(p, *pool); });
   } else {
 #ifdef FA_WITH_CUDA
     rt.cuda().ensure_usable();
@@ -219,17 +336,20 @@ Napi::Value AttentionForward(const Napi::CallbackInfo& info) {
 }
 
 // attentionBackward(dout, q, k, v, out, lse, dims, causal, softmaxScale, kernel, deterministic, algorithm,
-// float32Precision): [dq, dk, dv, kernel, algorithm] (the last two resolved: 'flash' | 'naive',
-// 'single-kernel' | 'two-kernel')
+// float32Precision, strides?, grads?, gradStrides?): [dq, dk, dv, kernel, algorithm] (the last two
+// resolved: 'flash' | 'naive', 'single-kernel' | 'two-kernel').
+// strides: undefined or 15 [batch, row, head] strides of dout, q, k, v, out. grads: undefined or
+// [dq, dk, dv], each a tensor to write the gradient into (a view, e.g. of a packed dqkv) or null for a
+// new contiguous tensor; gradStrides: their strides (9). A given gradient comes back as null.
 Napi::Value AttentionBackward(const Napi::CallbackInfo& info) {
   Napi::Env env = info.Env();
   Runtime& rt = runtime(env);
-  BufferPtr dout = NativeBuffer::From(info[0], "dout");
-  BufferPtr q = NativeBuffer::From(info[1], "q");
-  BufferPtr k = NativeBuffer::From(info[2], "k");
-  BufferPtr v = NativeBuffer::From(info[3], "v");
-  BufferPtr out = NativeBuffer::From(info[4], "out");
-  BufferPtr lse = NativeBuffer::From(info[5], "lse");
+  tensor_arg(info[0], "dout");
+  const TensorArg q0 = tensor_arg(info[1], "q");
+  tensor_arg(info[2], "k");
+  tensor_arg(info[3], "v");
+  tensor_arg(info[4], "out");
+  tensor_arg(info[5], "lse");
   const Dims d = dims_arg(info[6]);
   const bool causal = bool_arg(info[7], "causal");
   const float scale = scale_arg(info[8]);
@@ -237,47 +357,131 @@ Napi::Value AttentionBackward(const Napi::CallbackInfo& info) {
   const bool deterministic = bool_arg(info[10], "deterministic");
   const BwdAlgorithm algorithm = algorithm_arg(info[11]);
   const Fp32Precision fp32_precision = fp32_precision_arg(info[12]);
-  const Device device = q->device();
-  const DType dtype = q->dtype();
+  const Device device = q0.device();
+  const DType dtype = q0.dtype();
   expect_float(dtype, "q");
   const int64_t q_numel = checked_numel({d.batch, d.seqlen_q, d.heads_q, d.head_dim}, "q");
   const int64_t kv_numel = checked_numel({d.batch, d.seqlen_k, d.heads_kv, d.head_dim}, "k");
   const int64_t lse_numel = checked_numel({d.batch, d.heads_q, d.seqlen_q}, "lse");
-  expect_buffer(q, "q", device, dtype, q_numel);
-  expect_buffer(k, "k", device, dtype, kv_numel);
-  expect_buffer(v, "v", device, dtype, kv_numel);
-  expect_buffer(out, "out", device, dtype, q_numel);
-  expect_buffer(dout, "dout", device, dtype, q_numel);
-  expect_buffer(lse, "lse", device, DType::kFloat32, lse_numel);
+  strides_array_arg(info[13], 5, "strides");
+  const int64_t qs[4] = {d.batch, d.seqlen_q, d.heads_q, d.head_dim};
+  const int64_t ks[4] = {d.batch, d.seqlen_k, d.heads_kv, d.head_dim};
+  AttnTensor q = attn_tensor(info[1], info[13], 1, "q", qs, device, dtype);
+  AttnTensor k = attn_tensor(info[2], info[13], 2, "k", ks, device, dtype);
+  AttnTensor v = attn_tensor(info[3], info[13], 3, "v", ks, device, dtype);
+  AttnTensor out = attn_tensor(info[4], info[13], 4, "out", qs, device, dtype);
+  AttnTensor dout = attn_tensor(info[0], info[13], 0, "dout", qs, device, dtype);
+  const AttnTensor lse = lse_tensor(info[5], device, lse_numel);
+
+  // Gradients written into given views.
+  static const char* const kGradNames[3] = {"dq", "dk", "dv"};
+  AttnTensor grads[3];
+  bool given[3] = {false, false, false};
+  const Napi::Value grads_v = info[14];
+  if (!grads_v.IsUndefined()) {
+    if (!grads_v.IsArray() || grads_v.As<Napi::Array>().Length() != 3) {
+      throw type_error("Expected grads to be undefined or an Array of 3 [dq, dk, dv] (each a tensor or null) but "
+                       "received " + describe(grads_v));
+    }
+    strides_array_arg(info[15], 3, "gradStrides");
+    auto arr = grads_v.As<Napi::Array>();
+    for (uint32_t i = 0; i < 3; ++i) {
+      const Napi::Value g = arr.Get(i);
+      if (g.IsNull() || g.IsUndefined()) continue;
+      grads[i] = attn_tensor(g, info[15], i, kGradNames[i], i == 0 ? qs : ks, device, dtype);
+      given[i] = true;
+    }
+    const std::pair<const char*, const AttnTensor*> inputs[] = {{"dout", &dout}, {"q", &q}, {"k", &k},
+                                                                {"v", &v},       {"out", &out}, {"lse", &lse}};
+    for (int i = 0; i < 3; ++i) {
+      if (!given[i]) continue;
+      for (int j = 0; j < i; ++j) {
+        if (given[j] && share_elements(grads[i].t, grads[i].v, grads[j].t, grads[j].v)) {
+          throw range_error(std::string("Expected ") + kGradNames[i] + " not to share elements with " + kGradNames[j] +
+                            " but it does");
+        }
+      }
+      for (const auto& [name, in] : inputs) {
+        if (share_elements(grads[i].t, grads[i].v, in->t, in->v)) {
+          throw range_error(std::string("Expected ") + kGradNames[i] + " not to share elements with " + name +
+                            " (an input of the backward) but it does");
+        }
+      }
+    }
+  }
+  // Gradients the call allocates: contiguous, pool-aligned (q's storage stands in for the checks).
+  for (int i = 0; i < 3; ++i) {
+    if (given[i]) continue;
+    grads[i].t.buf = q.t.buf;
+    grads[i].v.rank = 4;
+    for (int e = 0; e < 4; ++e) grads[i].v.sizes[e] = (i == 0 ? qs : ks)[e];
+    set_contiguous_strides(grads[i].v.sizes[1], grads[i].v.sizes[2], grads[i].v.sizes[3], &grads[i].v.strides[0],
+                           &grads[i].v.strides[1], &grads[i].v.strides[2]);
+    grads[i].v.strides[3] = 1;
+  }
+
   AttentionBwdParams p;
   fill_fwd_params(p, d, dtype, scale, causal);
-  p.q = q->data();
-  p.k = k->data();
-  p.v = v->data();
-  p.out = out->data();
-  p.dout = dout->data();
-  p.lse_in = static_cast<const float*>(lse->data());
+  const auto point_at = [&](AttentionBwdParams& pp) {
+    set_strides(q, &pp.q_batch_stride, &pp.q_row_stride, &pp.q_head_stride);
+    set_strides(k, &pp.k_batch_stride, &pp.k_row_stride, &pp.k_head_stride);
+    set_strides(v, &pp.v_batch_stride, &pp.v_row_stride, &pp.v_head_stride);
+    set_strides(out, &pp.o_batch_stride, &pp.o_row_stride, &pp.o_head_stride);
+    set_strides(dout, &pp.do_batch_stride, &pp.do_row_stride, &pp.do_head_stride);
+    set_strides(grads[0], &pp.dq_batch_stride, &pp.dq_row_stride, &pp.dq_head_stride);
+    set_strides(grads[1], &pp.dk_batch_stride, &pp.dk_row_stride, &pp.dk_head_stride);
+    set_strides(grads[2], &pp.dv_batch_stride, &pp.dv_row_stride, &pp.dv_head_stride);
+    pp.q = q.data();
+    pp.k = k.data();
+    pp.v = v.data();
+    pp.out = out.data();
+    pp.dout = dout.data();
+    pp.dq = given[0] ? grads[0].data() : q.t.buf->data();
+    pp.dk = given[1] ? grads[1].data() : q.t.buf->data();
+    pp.dv = given[2] ? grads[2].data() : q.t.buf->data();
+  };
+  point_at(p);
+  p.lse_in = static_cast<const float*>(lse.data());
   p.deterministic = deterministic;
   p.two_kernel = algorithm == BwdAlgorithm::kTwoKernel;
   p.fp32_precision = fp32_precision;
   bool flash_ok = device == Device::kCpu;
+  bool stage_views = false;
   const char* flash_unsupported =
       "the CUDA FlashAttention-2 backward needs a GPU of compute capability 8.0 (sm_80) or newer";
 #ifdef FA_WITH_CUDA
-  if (device == Device::kCuda) {
-    // The gradients are allocated below by the pool (256-byte aligned, contiguous): the checks' other
-    // inputs decide.
+  // Resolves 'auto' into pp.two_kernel and says why FlashAttention-2 cannot run pp (nullptr: it can).
+  const auto reason_for = [&](AttentionBwdParams& pp) -> const char* {
     if (algorithm == BwdAlgorithm::kAuto && dtype != DType::kFloat32) {
       // 'auto' takes the two-kernel backward wherever it exists (Hopper, head dims 32 / 64 / 128 after
       // padding): on an H200 it took 0.97x the single kernel's time over the bf16 FA2 grid (0.93-1.03x per
       // cell, bench/RESULTS.md session 3), needs no fp32 dq accumulator and is deterministic.
-      p.two_kernel = true;
-      if (cuda::flash_bwd_unsupported_reason(p) != nullptr) p.two_kernel = false;
+      pp.two_kernel = true;
+      if (cuda::flash_bwd_unsupported_reason(pp) != nullptr) pp.two_kernel = false;
     }
-    const char* reason = dtype != DType::kFloat32 ? cuda::flash_bwd_unsupported_reason(p)
-                         : p.two_kernel ? "the two-kernel backward takes float16 and bfloat16 inputs (float32 has "
-                                          "the single-kernel one)"
-                                        : cuda::flash_bwd_fp32_unsupported_reason(p);
+    return dtype != DType::kFloat32 ? cuda::flash_bwd_unsupported_reason(pp)
+           : pp.two_kernel ? "the two-kernel backward takes float16 and bfloat16 inputs (float32 has the "
+                             "single-kernel one)"
+                           : cuda::flash_bwd_fp32_unsupported_reason(pp);
+  };
+  if (device == Device::kCuda) {
+    const char* reason = reason_for(p);
+    bool any_view = needs_staging(q) || needs_staging(k) || needs_staging(v) || needs_staging(out) ||
+                    needs_staging(dout);
+    for (int i = 0; i < 3; ++i) any_view = any_view || (given[i] && needs_staging(grads[i]));
+    if (reason != nullptr && requested != Kernel::kNaive && any_view) {
+      AttentionBwdParams dense = p;  // the same call on contiguous staging buffers
+      fill_fwd_params(dense, d, dtype, scale, causal);
+      set_grad_strides_like_inputs(&dense);
+      void* base = q.t.buf->data();
+      dense.q = dense.k = dense.v = dense.dout = base;
+      dense.out = dense.dq = dense.dk = dense.dv = base;
+      if (reason_for(dense) == nullptr) {
+        reason = nullptr;
+        stage_views = true;
+        p.two_kernel = dense.two_kernel;
+      }
+    }
     flash_ok = reason == nullptr;
     if (reason != nullptr) flash_unsupported = reason;
   }
@@ -291,16 +495,33 @@ Napi::Value AttentionBackward(const Napi::CallbackInfo& info) {
                       why);
   }
 
-  BufferPtr dq = rt.allocate(device, dtype, q_numel * dtype_size(dtype), true);
-  BufferPtr dk = rt.allocate(device, dtype, kv_numel * dtype_size(dtype), true);
-  BufferPtr dv = rt.allocate(device, dtype, kv_numel * dtype_size(dtype), true);
-  p.dq = dq->data();
-  p.dk = dk->data();
-  p.dv = dv->data();
+  // Everything is checked: allocate, stage, queue.
+  BufferPtr new_grads[3];
+  for (int i = 0; i < 3; ++i) {
+    if (given[i]) continue;
+    new_grads[i] = rt.allocate(device, dtype, (i == 0 ? q_numel : kv_numel) * dtype_size(dtype), true);
+    grads[i].t.buf = new_grads[i];
+    grads[i].t.offset = 0;
+  }
+  AttnTensor targets[3] = {grads[0], grads[1], grads[2]};  // where the gradients must end up
+  bool copy_out[3] = {false, false, false};
+  if (stage_views && kernel == Kernel::kFlash) {
+    for (AttnTensor* a : {&q, &k, &v, &out, &dout})
+      if (needs_staging(*a)) *a = stage(rt, *a, true);
+    for (int i = 0; i < 3; ++i) {
+      if (given[i] && needs_staging(grads[i])) {
+        grads[i] = stage(rt, grads[i], false);
+        copy_out[i] = true;
+      }
+    }
+  }
+  for (int i = 0; i < 3; ++i) given[i] = true;  // every gradient now has a tensor: point at it
+  point_at(p);
 
   if (device == Device::kCpu) {
     cpu::ThreadPool* pool = &rt.pool();
-    submit_cpu(rt, {dout, q, k, v, out, lse}, {dq, dk, dv}, [p, pool] { cpu::flash_bwd(p, *pool); });
+    submit_cpu(rt, {dout.t.buf, q.t.buf, k.t.buf, v.t.buf, out.t.buf, lse.t.buf},
+               {grads[0].t.buf, grads[1].t.buf, grads[2].t.buf}, [p, pool] { cpu::flash_bwd(p, *pool); });
   } else {
 #ifdef FA_WITH_CUDA
     rt.cuda().ensure_usable();
@@ -316,10 +537,15 @@ Napi::Value AttentionBackward(const Napi::CallbackInfo& info) {
     }
 #endif
   }
+  for (int i = 0; i < 3; ++i) {
+    if (!copy_out[i]) continue;
+    enqueue_copy(rt, device, make_copy_params(*targets[i].t.buf, targets[i].v, *grads[i].t.buf, grads[i].v),
+                 grads[i].t.buf, targets[i].t.buf);
+  }
   Napi::Array result = Napi::Array::New(env, 5);
-  result.Set(0u, NativeBuffer::Wrap(env, dq));
-  result.Set(1u, NativeBuffer::Wrap(env, dk));
-  result.Set(2u, NativeBuffer::Wrap(env, dv));
+  for (uint32_t i = 0; i < 3; ++i) {
+    result.Set(i, new_grads[i] ? Napi::Value(NativeBuffer::Wrap(env, new_grads[i])) : Napi::Value(env.Null()));
+  }
   result.Set(3u, Napi::String::New(env, kernel_name(kernel)));
   const bool two_kernel = kernel == Kernel::kFlash && device == Device::kCuda && p.two_kernel;
   result.Set(4u, Napi::String::New(env, two_kernel ? "two-kernel" : "single-kernel"));

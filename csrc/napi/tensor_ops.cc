@@ -1,11 +1,19 @@
 // Tensor memory: creation from host data, asynchronous reads back, accounting, device queries.
+#include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <vector>
 
+#include "common/copy_params.h"
 #include "common/half.h"
+#include "cpu/copy_cpu.h"
 #include "napi/addon.h"
+#include "napi/copy_ops.h"
+#include "napi/dispatch.h"
+#include "napi/view_args.h"
 
 #ifdef FA_WITH_CUDA
+#include "cuda/copy.h"
 #include "cuda/fault_injection.h"
 #endif
 
@@ -175,7 +183,10 @@ Napi::Value InjectCudaFault(const Napi::CallbackInfo& info) {
 class ReadWorker : public PromiseWorker {
  public:
   // Reads elements [offset, offset + count) of buf (the caller checked the range).
-  ReadWorker(Napi::Env env, Runtime& rt, BufferPtr buf, bool as_float32, size_t offset, size_t count)
+  // With `target` (readInto), the values land in a staging copy first and reach the caller's array
+  // on the JS thread only once the read succeeded: a failed read leaves the array untouched.
+  ReadWorker(Napi::Env env, Runtime& rt, BufferPtr buf, bool as_float32, size_t offset, size_t count,
+             Napi::TypedArray target = Napi::TypedArray())
       : PromiseWorker(env, "flash-attn-node:read"),
         rt_(rt),
         buf_(std::move(buf)),
@@ -184,16 +195,25 @@ class ReadWorker : public PromiseWorker {
         count_(count),
         deferred_(Napi::Promise::Deferred::New(env)) {
     const size_t n = count_;
-    Napi::TypedArray out;
-    if (as_f32_ || buf_->dtype() == DType::kFloat32) {
-      out = Napi::Float32Array::New(env, n);
-    } else if (buf_->dtype() == DType::kInt32) {
-      out = Napi::Int32Array::New(env, n);
+    const bool f32_out = as_f32_ || buf_->dtype() == DType::kFloat32;
+    if (!target.IsEmpty()) {
+      into_ = true;
+      target_bytes_ = target.ByteLength();
+      staging_.resize(n * (f32_out ? 4 : dtype_size(buf_->dtype())));
+      dst_ = staging_.data();
+      result_ = Napi::Persistent(static_cast<Napi::Object>(target));
     } else {
-      out = Napi::Uint16Array::New(env, n);
+      Napi::TypedArray out;
+      if (f32_out) {
+        out = Napi::Float32Array::New(env, n);
+      } else if (buf_->dtype() == DType::kInt32) {
+        out = Napi::Int32Array::New(env, n);
+      } else {
+        out = Napi::Uint16Array::New(env, n);
+      }
+      dst_ = static_cast<uint8_t*>(out.ArrayBuffer().Data()) + out.ByteOffset();
+      result_ = Napi::Persistent(static_cast<Napi::Object>(out));
     }
-    dst_ = static_cast<uint8_t*>(out.ArrayBuffer().Data()) + out.ByteOffset();
-    result_ = Napi::Persistent(static_cast<Napi::Object>(out));
     fence_ = rt_.fence(buf_->device());  // everything queued so far, in call order
   }
 
@@ -231,13 +251,28 @@ class ReadWorker : public PromiseWorker {
   }
 
   void OnOK() override {
-    deferred_.Resolve(result_.Value());
+    if (!into_) {
+      deferred_.Resolve(result_.Value());
+      return;
+    }
+    auto target = result_.Value().As<Napi::TypedArray>();
+    if (target.ByteLength() != target_bytes_ || staging_.size() != target_bytes_) {  // detached meanwhile
+      deferred_.Reject(Napi::Error::New(Env(), "readInto: the target array was detached or resized before the "
+                                               "read finished; nothing was written").Value());
+      return;
+    }
+    std::memcpy(static_cast<uint8_t*>(target.ArrayBuffer().Data()) + target.ByteOffset(), staging_.data(),
+                staging_.size());
+    deferred_.Resolve(Env().Undefined());
   }
   void OnError(const Napi::Error& e) override {
     deferred_.Reject(e.Value());
   }
 
  private:
+  bool into_ = false;
+  size_t target_bytes_ = 0;
+  std::vector<uint8_t> staging_;
   Runtime& rt_;
   BufferPtr buf_;  // kept alive until the read is done, even if the tensor is disposed meanwhile
   bool as_f32_;
@@ -422,12 +457,328 @@ Napi::Value CudaDeviceCount(const Napi::CallbackInfo& info) {
   return o;
 }
 
+// createEmpty(device, dtype, numel): NativeBuffer of numel uninitialised elements (filled with NaN /
+// 0xff bytes while output poisoning is on, like an operation's output).
+Napi::Value CreateEmpty(const Napi::CallbackInfo& info) {
+  Napi::Env env = info.Env();
+  Runtime& rt = runtime(env);
+  Device device = device_arg(info[0], "device");
+  DType dtype = dtype_arg(info[1], "dtype");
+  const int64_t numel = int_arg(info[2], "numel", 1, kMaxSafeInteger);
+  require_device(rt, device);
+  return NativeBuffer::Wrap(env, rt.allocate(device, dtype, static_cast<size_t>(numel) * dtype_size(dtype), true));
+}
+
+// Throws unless values of `src` may be converted to `dst` (float -> int32 is refused).
+void expect_convertible(DType src, DType dst) {
+  if (dst == DType::kInt32 && src != DType::kInt32) {
+    throw type_error(std::string("Expected src to have dtype int32 to be copied into an int32 tensor but received ") +
+                     dtype_name(src) + " (float to int32 conversion is not supported)");
+  }
+}
+
+// copyStrided(dst, src, sizes, dstStrides?, srcStrides?): dst view = src view converted to dst's dtype,
+// queued on their (common) device. Refuses a dst whose elements are not distinct, and src and dst
+// sharing elements (unless they are the same view and dtype: nothing to do).
+Napi::Value CopyStrided(const Napi::CallbackInfo& info) {
+  Napi::Env env = info.Env();
+  Runtime& rt = runtime(env);
+  TensorArg dst = tensor_arg(info[0], "dst");
+  TensorArg src = tensor_arg(info[1], "src");
+  ViewLayout dv, sv;
+  sizes_arg(info[2], "sizes", &dv);
+  sv.rank = dv.rank;
+  std::copy(dv.sizes, dv.sizes + dv.rank, sv.sizes);
+  strides_arg(info[3], "dstStrides", &dv);
+  strides_arg(info[4], "srcStrides", &sv);
+  if (src.device() != dst.device()) {
+    throw type_error(std::string("Expected src to be on device '") + device_name(dst.device()) +
+                     "' (like dst) but received '" + device_name(src.device()) + "'");
+  }
+  expect_convertible(src.dtype(), dst.dtype());
+  expect_view(dst, "dst", &dv);
+  sv.offset = src.offset;
+  const int64_t src_extent = view_extent(sv);
+  if (src_extent < 0) throw range_error("Expected src to reach fewer than 2^62 elements");
+  expect_extent(src, "src", src.device(), src_extent);
+  if (src.buf.get() == dst.buf.get()) {
+    bool same = dv.offset == sv.offset;
+    for (int d = 0; d < dv.rank && same; ++d) same = dv.strides[d] == sv.strides[d] || dv.sizes[d] == 1;
+    if (same) return env.Undefined();  // one buffer has one dtype: the copy would change nothing
+    if (!view_nested(sv) || views_overlap(dv, sv)) {
+      throw range_error("Expected src and dst not to share elements but they do (copy through a clone() first)");
+    }
+  }
+  require_device(rt, dst.device());
+  CopyParams p = make_copy_params(*dst.buf, dv, *src.buf, sv);
+  enqueue_copy(rt, dst.device(), p, src.buf, dst.buf);
+  return env.Undefined();
+}
+
+// fillStrided(dst, sizes, strides?, value): every element of the dst view = value converted to dst's
+// dtype (an integer in int32's range for int32; any number, NaN and +-Infinity included, otherwise).
+Napi::Value FillStrided(const Napi::CallbackInfo& info) {
+  Napi::Env env = info.Env();
+  Runtime& rt = runtime(env);
+  TensorArg dst = tensor_arg(info[0], "dst");
+  ViewLayout dv;
+  sizes_arg(info[1], "sizes", &dv);
+  strides_arg(info[2], "strides", &dv);
+  const double value = number_arg(info[3], "value");
+  if (dst.dtype() == DType::kInt32 &&
+      !(std::isfinite(value) && value == std::floor(value) && value >= -2147483648.0 && value <= 2147483647.0)) {
+    throw range_error("Expected value to be an integer in [-2147483648, 2147483647] for an int32 tensor but received " +
+                      describe(info[3]));
+  }
+  expect_view(dst, "dst", &dv);
+  require_device(rt, dst.device());
+  CopyParams p;
+  p.rank = dv.rank;
+  for (int d = 0; d < dv.rank; ++d) {
+    p.sizes[d] = dv.sizes[d];
+    p.dst_strides[d] = dv.strides[d];
+  }
+  p.numel = numel_of(dv);
+  p.src_dtype = p.dst_dtype = dst.dtype();
+  p.dst = dst.data();
+  p.value = value;
+  BufferPtr out = dst.buf;
+  if (dst.device() == Device::kCpu) {
+    cpu::ThreadPool* pool = &rt.pool();
+    submit_cpu(rt, {out}, {out}, [p, pool] { cpu::fill(p, *pool); });
+  } else {
+#ifdef FA_WITH_CUDA
+    rt.cuda().ensure_usable();
+    check_launch(rt, cuda::fill_strided(p, rt.cuda().stream()), "fill", 0);
+#endif
+  }
+  return env.Undefined();
+}
+
+// transfer(src, count, device): a new contiguous buffer on `device` holding elements [offset, offset +
+// count) of src (same dtype). Ordering: after the work queued on both devices so far.
+//  - cpu -> cuda: the JS thread waits for the CPU executor's queued work (as a tensor creation from
+//    host data does), then the upload is queued on the CUDA stream;
+//  - cuda -> cpu: a task on the CPU executor waits for the CUDA work queued so far, then copies down:
+//    the call returns at once, and CPU work queued after it waits for the copy;
+//  - same device: a copy on that device's stream.
+Napi::Value Transfer(const Napi::CallbackInfo& info) {
+  Napi::Env env = info.Env();
+  Runtime& rt = runtime(env);
+  TensorArg src = tensor_arg(info[0], "src");
+  const int64_t numel = static_cast<int64_t>(src.buf->numel());
+  const int64_t count = int_arg(info[1], "count", 1, numel - src.offset);
+  const Device to = device_arg(info[2], "device");
+  require_device(rt, src.device());
+  require_device(rt, to);
+  const DType dtype = src.dtype();
+  const size_t bytes = static_cast<size_t>(count) * dtype_size(dtype);
+  if (to == src.device()) {
+    BufferPtr out = rt.allocate(to, dtype, bytes, false);
+    ViewLayout v;
+    v.rank = 1;
+    v.sizes[0] = count;
+    v.strides[0] = 1;
+    CopyParams p = make_copy_params(*out, v, *src.buf, v);
+    p.src = src.data();
+    enqueue_copy(rt, to, p, src.buf, out);
+    return NativeBuffer::Wrap(env, out);
+  }
+#ifdef FA_WITH_CUDA
+  if (to == Device::kCuda) {
+    std::string err = rt.wait(rt.fence(Device::kCpu));
+    if (err.empty()) err = src.buf->error();
+    if (!err.empty()) throw Error("to('cuda'): the work that produced the tensor failed: " + err);
+    BufferPtr out = rt.allocate(to, dtype, bytes, false);
+    rt.cuda().upload(out->data(), src.data(), bytes);
+    return NativeBuffer::Wrap(env, out);
+  }
+  BufferPtr out = rt.allocate(Device::kCpu, dtype, bytes, false);
+  Fence fence = rt.fence(Device::kCuda);
+  CudaContext* cuda = rt.memory().cuda();
+  BufferPtr in = src.buf;
+  const void* from = src.data();
+  rt.executor().submit([cuda, fence, in, out, from, bytes] {
+    std::string err = cuda->read_after(fence.event, out->data(), from, bytes);
+    if (!err.empty()) out->set_error(err);
+  });
+  return NativeBuffer::Wrap(env, out);
+#else
+  throw Error("this build of flash-attn-node has no CUDA support");
+#endif
+}
+
+// readInto(buf, offset, count, target): Promise<void>. Elements [offset, offset + count) of buf into
+// `target`: a Float32Array (values, any floating dtype), a Uint16Array (raw bits, float16 / bfloat16)
+// or an Int32Array (int32), of exactly `count` elements. The target is written only once the read
+// succeeded.
+Napi::Value ReadInto(const Napi::CallbackInfo& info) {
+  Napi::Env env = info.Env();
+  BufferPtr buf = NativeBuffer::From(info[0], "tensor");
+  const int64_t numel = static_cast<int64_t>(buf->numel());
+  const int64_t offset = int_arg(info[1], "offset", 0, numel - 1);
+  const int64_t count = int_arg(info[2], "count", 1, numel - offset);
+  const DType t = buf->dtype();
+  const char* want = t == DType::kInt32 ? "an Int32Array"
+                     : t == DType::kFloat32 ? "a Float32Array"
+                                            : "a Float32Array (values) or a Uint16Array (raw bits)";
+  bool ok = info[3].IsTypedArray();
+  bool as_f32 = false;
+  if (ok) {
+    const napi_typedarray_type at = info[3].As<Napi::TypedArray>().TypedArrayType();
+    if (t == DType::kInt32) {
+      ok = at == napi_int32_array;
+    } else if (at == napi_float32_array) {
+      as_f32 = true;
+    } else {
+      ok = at == napi_uint16_array && t != DType::kFloat32;
+    }
+  }
+  if (!ok) {
+    throw type_error(std::string("Expected target to be ") + want + " for dtype " + dtype_name(t) + " but received " +
+                     describe(info[3]));
+  }
+  auto target = info[3].As<Napi::TypedArray>();
+  if (static_cast<int64_t>(target.ElementLength()) != count) {
+    throw range_error("Expected target to have " + std::to_string(count) + " elements but it has " +
+                      std::to_string(target.ElementLength()));
+  }
+  auto* w = new ReadWorker(env, runtime(env), std::move(buf), as_f32, static_cast<size_t>(offset),
+                           static_cast<size_t>(count), target);
+  Napi::Promise p = w->Promise();
+  w->Queue();
+  return p;
+}
+
+// exportPointer(buf): { ptr: bigint, stream: bigint }: the address of the buffer's first byte and the
+// stream that orders work on it (the CUDA compute stream's handle; 0n on the CPU, whose queued work
+// is waited for with synchronize()). lib/interop.ts documents the ownership and ordering rules.
+Napi::Value ExportPointer(const Napi::CallbackInfo& info) {
+  Napi::Env env = info.Env();
+  BufferPtr buf = NativeBuffer::From(info[0], "tensor");
+  uint64_t stream = 0;
+#ifdef FA_WITH_CUDA
+  if (buf->device() == Device::kCuda) stream = reinterpret_cast<uint64_t>(runtime(env).cuda().stream());
+#endif
+  Napi::Object o = Napi::Object::New(env);
+  o.Set("ptr", Napi::BigInt::New(env, static_cast<uint64_t>(reinterpret_cast<uintptr_t>(buf->data()))));
+  o.Set("stream", Napi::BigInt::New(env, stream));
+  return o;
+}
+
+uint64_t bigint_arg(const Napi::Value& v, const char* arg) {
+  if (!v.IsBigInt()) throw type_error(std::string("Expected ") + arg + " to be a bigint but received " + describe(v));
+  bool lossless = false;
+  const uint64_t x = v.As<Napi::BigInt>().Uint64Value(&lossless);
+  if (!lossless) {
+    throw range_error(std::string("Expected ") + arg + " to be a bigint in [0, 2^64) but received " +
+                      v.ToString().Utf8Value());
+  }
+  return x;
+}
+
+// importPointer(device, dtype, ptr: bigint, numel, stream: bigint): a NativeBuffer over numel elements
+// at ptr that another library owns (not freed, not counted by memory()). On CUDA, a non-zero stream
+// is the producer's: the compute stream waits for the work queued on it so far before later work.
+Napi::Value ImportPointer(const Napi::CallbackInfo& info) {
+  Napi::Env env = info.Env();
+  Runtime& rt = runtime(env);
+  const Device device = device_arg(info[0], "device");
+  const DType dtype = dtype_arg(info[1], "dtype");
+  const uint64_t ptr = bigint_arg(info[2], "ptr");
+  const int64_t numel = int_arg(info[3], "numel", 1, kMaxSafeInteger);
+  const uint64_t stream = bigint_arg(info[4], "stream");
+  const size_t elem = dtype_size(dtype);
+  if (ptr == 0 || ptr % elem != 0) {
+    throw range_error(std::string("Expected ptr to be a non-null address aligned to ") + std::to_string(elem) +
+                      " bytes (the size of a " + dtype_name(dtype) + " element) but received " +
+                      info[2].ToString().Utf8Value());
+  }
+  if (static_cast<uint64_t>(numel) > (UINT64_MAX - ptr) / elem) {
+    throw range_error("Expected ptr + numel elements to stay below 2^64 but they do not");
+  }
+  require_device(rt, device);
+  if (device == Device::kCpu) {
+    if (stream != 0) {
+      throw range_error("Expected stream to be 0n for a cpu pointer (order host memory by finishing the producer's "
+                        "writes before the import) but received " + info[4].ToString().Utf8Value());
+    }
+    return NativeBuffer::Wrap(env, rt.wrap_external(device, dtype, static_cast<size_t>(numel) * elem,
+                                                    reinterpret_cast<void*>(static_cast<uintptr_t>(ptr))));
+  }
+#ifdef FA_WITH_CUDA
+  CudaContext& cuda = rt.cuda();
+  cuda.ensure_usable();
+  cudaPointerAttributes attr{};
+  const cudaError_t aerr = cudaPointerGetAttributes(&attr, reinterpret_cast<const void*>(static_cast<uintptr_t>(ptr)));
+  if (aerr != cudaSuccess) cudaGetLastError();
+  if (aerr != cudaSuccess || (attr.type != cudaMemoryTypeDevice && attr.type != cudaMemoryTypeManaged) ||
+      attr.device != cuda.info().ordinal) {
+    throw range_error("Expected ptr to be device (or managed) memory of CUDA device " +
+                      std::to_string(cuda.info().ordinal) + " but it is not");
+  }
+  if (stream != 0) {
+    cudaEvent_t ev = nullptr;
+    cuda.check(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming), "cudaEventCreateWithFlags");
+    cudaError_t err = cudaEventRecord(ev, reinterpret_cast<cudaStream_t>(static_cast<uintptr_t>(stream)));
+    if (err == cudaSuccess) err = cudaStreamWaitEvent(cuda.stream(), ev, 0);
+    cudaEventDestroy(ev);
+    if (err != cudaSuccess) {
+      cudaGetLastError();
+      throw range_error(std::string("Expected stream to be a CUDA stream of device ") +
+                        std::to_string(cuda.info().ordinal) + " but ordering against it failed: " +
+                        cudaGetErrorString(err));
+    }
+  }
+  return NativeBuffer::Wrap(env, rt.wrap_external(device, dtype, static_cast<size_t>(numel) * elem,
+                                                  reinterpret_cast<void*>(static_cast<uintptr_t>(ptr))));
+#else
+  throw Error("this build of flash-attn-node has no CUDA support");
+#endif
+}
+
 }  // namespace
+
+CopyParams make_copy_params(const Buffer& dst, const ViewLayout& dv, const Buffer& src, const ViewLayout& sv) {
+  CopyParams p;
+  p.rank = dv.rank;
+  p.numel = 1;
+  for (int d = 0; d < dv.rank; ++d) {
+    p.sizes[d] = dv.sizes[d];
+    p.dst_strides[d] = dv.strides[d];
+    p.src_strides[d] = sv.strides[d];
+    p.numel *= dv.sizes[d];
+  }
+  p.src_dtype = src.dtype();
+  p.dst_dtype = dst.dtype();
+  p.src = static_cast<const char*>(src.data()) + sv.offset * static_cast<int64_t>(dtype_size(src.dtype()));
+  p.dst = static_cast<char*>(dst.data()) + dv.offset * static_cast<int64_t>(dtype_size(dst.dtype()));
+  return p;
+}
+
+void enqueue_copy(Runtime& rt, Device device, const CopyParams& p, const BufferPtr& src, const BufferPtr& dst) {
+  if (device == Device::kCpu) {
+    cpu::ThreadPool* pool = &rt.pool();
+    submit_cpu(rt, {src, dst}, {dst}, [p, pool] { cpu::copy(p, *pool); });
+    return;
+  }
+#ifdef FA_WITH_CUDA
+  rt.cuda().ensure_usable();
+  check_launch(rt, cuda::copy(p, rt.cuda().stream()), "copy", 0);
+#endif
+}
 
 void InitTensorOps(Napi::Env env, Napi::Object exports) {
   exports.Set("createFromFloat32", Napi::Function::New<guarded<CreateFromFloat32>>(env, "createFromFloat32"));
   exports.Set("createFromBits", Napi::Function::New<guarded<CreateFromBits>>(env, "createFromBits"));
   exports.Set("createZeros", Napi::Function::New<guarded<CreateZeros>>(env, "createZeros"));
+  exports.Set("createEmpty", Napi::Function::New<guarded<CreateEmpty>>(env, "createEmpty"));
+  exports.Set("copyStrided", Napi::Function::New<guarded<CopyStrided>>(env, "copyStrided"));
+  exports.Set("fillStrided", Napi::Function::New<guarded<FillStrided>>(env, "fillStrided"));
+  exports.Set("transfer", Napi::Function::New<guarded<Transfer>>(env, "transfer"));
+  exports.Set("readInto", Napi::Function::New<guarded<ReadInto>>(env, "readInto"));
+  exports.Set("exportPointer", Napi::Function::New<guarded<ExportPointer>>(env, "exportPointer"));
+  exports.Set("importPointer", Napi::Function::New<guarded<ImportPointer>>(env, "importPointer"));
   exports.Set("injectCudaFault", Napi::Function::New<guarded<InjectCudaFault>>(env, "injectCudaFault"));
   exports.Set("readFloat32", Napi::Function::New<guarded<ReadFloat32>>(env, "readFloat32"));
   exports.Set("readBits", Napi::Function::New<guarded<ReadBits>>(env, "readBits"));

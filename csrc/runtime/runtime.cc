@@ -81,8 +81,11 @@ Buffer::Buffer(std::shared_ptr<MemoryManager> mm, Device device, DType dtype, si
   ptr_ = mm_->allocate(device, bytes);
 }
 
+Buffer::Buffer(std::shared_ptr<MemoryManager> mm, Device device, DType dtype, size_t bytes, void* external)
+    : mm_(std::move(mm)), device_(device), dtype_(dtype), bytes_(bytes), ptr_(external), external_(true) {}
+
 Buffer::~Buffer() {
-  mm_->release(device_, ptr_, bytes_);
+  if (!external_) mm_->release(device_, ptr_, bytes_);
 }
 
 void Buffer::set_error(const std::string& msg) {
@@ -160,6 +163,10 @@ BufferPtr Runtime::allocate(Device device, DType dtype, size_t bytes, bool is_ou
     }
   }
   return buf;
+}
+
+BufferPtr Runtime::wrap_external(Device device, DType dtype, size_t bytes, void* ptr) {
+  return std::make_shared<Buffer>(mm_, device, dtype, bytes, ptr);
 }
 
 Fence Runtime::fence(Device device) {

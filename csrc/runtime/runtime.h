@@ -64,6 +64,8 @@ class MemoryManager {
 class Buffer {
  public:
   Buffer(std::shared_ptr<MemoryManager> mm, Device device, DType dtype, size_t bytes);
+  // Memory that another library owns (Tensor.fromDevicePointer): not allocated, counted or freed here.
+  Buffer(std::shared_ptr<MemoryManager> mm, Device device, DType dtype, size_t bytes, void* external);
   ~Buffer();
   Buffer(const Buffer&) = delete;
   Buffer& operator=(const Buffer&) = delete;
@@ -73,6 +75,7 @@ class Buffer {
   size_t numel() const { return bytes_ / dtype_size(dtype_); }
   Device device() const { return device_; }
   DType dtype() const { return dtype_; }
+  bool external() const { return external_; }
 
   // CPU backend: a queued task that failed to produce this buffer records why; reads report it.
   void set_error(const std::string& msg);
@@ -84,6 +87,7 @@ class Buffer {
   DType dtype_;
   size_t bytes_;
   void* ptr_ = nullptr;
+  bool external_ = false;
   mutable std::mutex error_mu_;
   std::string error_;
 };
@@ -105,6 +109,8 @@ class Runtime {
 
   // Allocates a buffer for an operation's output (poisoned when MemoryManager::poison is set).
   BufferPtr allocate(Device device, DType dtype, size_t bytes, bool is_output);
+  // A buffer over `bytes` at `ptr` that another library owns (never freed or counted here).
+  BufferPtr wrap_external(Device device, DType dtype, size_t bytes, void* ptr);
   MemoryManager& memory() { return *mm_; }
   CpuExecutor& executor() { return executor_; }
   cpu::ThreadPool& pool() { return *pool_; }

@@ -307,6 +307,7 @@ fa::AttentionBwdParams make_params(Problem& pr, Outputs& o) {
   p.dq = o.dq.data();
   p.dk = o.dk.data();
   p.dv = o.dv.data();
+  fa::set_grad_strides_like_inputs(&p);
   return p;
 }
 

@@ -457,6 +457,7 @@ bool run_case(const Case& c, DType t, const RunOptions& opt, std::mt19937_64& rn
   p.dk = d_dk.ptr;
   p.dv = d_dv.ptr;
   p.deterministic = true;
+  fa::set_grad_strides_like_inputs(&p);
 
   Outcome o;
   const cudaMemPool_t pool = current_pool();

@@ -215,6 +215,7 @@ fa::AttentionBwdParams make_bwd_params(const fa::AttentionFwdParams& fwd, const 
   p.dk = dk.ptr;
   p.dv = dv.ptr;
   p.deterministic = false;  // flash_bwd does not honour it (see flash_bwd.h)
+  fa::set_grad_strides_like_inputs(&p);
   return p;
 }
 

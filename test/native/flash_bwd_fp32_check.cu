@@ -210,6 +210,7 @@ fa::AttentionBwdParams make_bwd_params(const Case& c, const fa::AttentionFwdPara
   p.dk = dk.ptr;
   p.dv = dv.ptr;
   p.deterministic = c.deterministic;
+  fa::set_grad_strides_like_inputs(&p);
   return p;
 }
 

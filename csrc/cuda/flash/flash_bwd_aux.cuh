@@ -58,12 +58,13 @@ __global__ void __launch_bounds__(kAuxThreads) flash_bwd_dot_do_o_kernel(const A
     const int64_t i = r % p.seqlen_q, bh = r / p.seqlen_q;
     const int64_t h = bh % p.heads_q, b = bh / p.heads_q;
     const int64_t off = b * p.o_batch_stride + i * p.o_row_stride + h * p.o_head_stride;
+    const int64_t do_off = b * p.do_batch_stride + i * p.do_row_stride + h * p.do_head_stride;
     float acc = 0.0f;
     const int col = lane * kAuxVec;
     if (col < p.head_dim) {
       float o[kAuxVec], g[kAuxVec];
       load_vec_as_float(static_cast<const Elem*>(p.out) + off + col, o);
-      load_vec_as_float(static_cast<const Elem*>(p.dout) + off + col, g);
+      load_vec_as_float(static_cast<const Elem*>(p.dout) + do_off + col, g);
 #pragma unroll
       for (int e = 0; e < kAuxVec; ++e) acc += o[e] * g[e];
     }
@@ -98,8 +99,8 @@ __global__ void __launch_bounds__(kAuxThreads) flash_bwd_convert_dq_kernel(const
     const float scaled[kAuxVec] = {lo.x * p.softmax_scale, lo.y * p.softmax_scale, lo.z * p.softmax_scale,
                                    lo.w * p.softmax_scale, hi.x * p.softmax_scale, hi.y * p.softmax_scale,
                                    hi.z * p.softmax_scale, hi.w * p.softmax_scale};
-    store_vec_from_float(static_cast<Elem*>(p.dq) + b * p.q_batch_stride + i * p.q_row_stride + h * p.q_head_stride + c,
-                         scaled);
+    store_vec_from_float(
+        static_cast<Elem*>(p.dq) + b * p.dq_batch_stride + i * p.dq_row_stride + h * p.dq_head_stride + c, scaled);
   }
 }
 

@@ -178,9 +178,12 @@ const char* flash_bwd_fp32_unsupported_reason(const AttentionBwdParams& p) {
     return "q, k, v, out, dout and the gradients must be 16-byte aligned";
   if (!flash::strides_multiple_of({p.q_batch_stride, p.q_row_stride, p.q_head_stride, p.k_batch_stride,
                                    p.k_row_stride, p.k_head_stride, p.v_batch_stride, p.v_row_stride,
-                                   p.v_head_stride, p.o_batch_stride, p.o_row_stride, p.o_head_stride},
+                                   p.v_head_stride, p.o_batch_stride, p.o_row_stride, p.o_head_stride,
+                                   p.do_batch_stride, p.do_row_stride, p.do_head_stride, p.dq_batch_stride,
+                                   p.dq_row_stride, p.dq_head_stride, p.dk_batch_stride, p.dk_row_stride,
+                                   p.dk_head_stride, p.dv_batch_stride, p.dv_row_stride, p.dv_head_stride},
                                   kAlignElems))
-    return "every stride of q, k, v, out and dout must be a multiple of 4 elements";
+    return "every stride of q, k, v, out, dout and the gradients must be a multiple of 4 elements";
   return nullptr;
 }
 

@@ -276,9 +276,9 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSm)
       const int head = head_kv * group + it / m_count;
       const int m0 = (m_begin + it % m_count) * kBlockM;
       const float* q = static_cast<const float*>(p.q) + batch * p.q_batch_stride + head * p.q_head_stride;
-      const float* dout = static_cast<const float*>(p.dout) + batch * p.o_batch_stride + head * p.o_head_stride;
+      const float* dout = static_cast<const float*>(p.dout) + batch * p.do_batch_stride + head * p.do_head_stride;
       load_tile_async<Traits, kBlockM>(sQ + stage * Traits::kQTileElems, q, p.q_row_stride, m0, seqlen_q, head_dim);
-      load_tile_async<Traits, kBlockM>(sdO + stage * Traits::kQTileElems, dout, p.o_row_stride, m0, seqlen_q, head_dim);
+      load_tile_async<Traits, kBlockM>(sdO + stage * Traits::kQTileElems, dout, p.do_row_stride, m0, seqlen_q, head_dim);
       if (threadIdx.x < kBlockM) {
         const int row = m0 + static_cast<int>(threadIdx.x);
         const int64_t stat = (batch * p.heads_q + head) * p.seqlen_q + row;
@@ -481,8 +481,8 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSm)
       // st is dead here, and ptxas spilled less in the d256 kernels.
       if constexpr (kIsCausal) {
         if (q_do_suspect) {
-          const float* dout = static_cast<const float*>(p.dout) + batch * p.o_batch_stride + head * p.o_head_stride;
-          add_nonfinite_do_dv<Traits, kIsCausal, kPrecision>(dv, sdS, lse2, dvec, dout, p.o_row_stride, m0, n0,
+          const float* dout = static_cast<const float*>(p.dout) + batch * p.do_batch_stride + head * p.do_head_stride;
+          add_nonfinite_do_dv<Traits, kIsCausal, kPrecision>(dv, sdS, lse2, dvec, dout, p.do_row_stride, m0, n0,
                                                              seqlen_q, seqlen_k, diag, head_dim);
           __syncthreads();  // P^T is read before dS^T lands
         }
@@ -533,8 +533,8 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSm)
     }
 
     // Epilogue: dK * scale and dV for this warp's keys and columns (zeros when no query saw the tile).
-    float* dk_out = static_cast<float*>(p.dk) + batch * p.k_batch_stride + head_kv * p.k_head_stride;
-    float* dv_out = static_cast<float*>(p.dv) + batch * p.v_batch_stride + head_kv * p.v_head_stride;
+    float* dk_out = static_cast<float*>(p.dk) + batch * p.dk_batch_stride + head_kv * p.dk_head_stride;
+    float* dv_out = static_cast<float*>(p.dv) + batch * p.dv_batch_stride + head_kv * p.dv_head_stride;
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       const int key = n0 + key_row0 + g + 8 * h;
@@ -543,9 +543,9 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSm)
       for (int dt = 0; dt < kKvTiles; ++dt) {
         const int col = kv_col0 + kMmaN * dt + 2 * t;
         if (col >= head_dim) continue;
-        *reinterpret_cast<float2*>(dk_out + static_cast<int64_t>(key) * p.k_row_stride + col) =
+        *reinterpret_cast<float2*>(dk_out + static_cast<int64_t>(key) * p.dk_row_stride + col) =
             make_float2(dk[dt][2 * h] * p.softmax_scale, dk[dt][2 * h + 1] * p.softmax_scale);
-        *reinterpret_cast<float2*>(dv_out + static_cast<int64_t>(key) * p.v_row_stride + col) =
+        *reinterpret_cast<float2*>(dv_out + static_cast<int64_t>(key) * p.dv_row_stride + col) =
             make_float2(dv[dt][2 * h], dv[dt][2 * h + 1]);
       }
     }

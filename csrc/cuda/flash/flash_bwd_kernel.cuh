@@ -326,9 +326,9 @@ __global__ void __launch_bounds__(Traits::kNThreads) flash_bwd_kernel(const Atte
       const int head = head_kv * group + it / m_count;
       const int m0 = (m_begin + it % m_count) * kBlockM;
       const Elem* q = static_cast<const Elem*>(p.q) + batch * p.q_batch_stride + head * p.q_head_stride;
-      const Elem* dout = static_cast<const Elem*>(p.dout) + batch * p.o_batch_stride + head * p.o_head_stride;
+      const Elem* dout = static_cast<const Elem*>(p.dout) + batch * p.do_batch_stride + head * p.do_head_stride;
       load_tile_async<Traits, kBlockM>(sQ + stage * Traits::kQTileElems, q, p.q_row_stride, m0, seqlen_q, head_dim);
-      load_tile_async<Traits, kBlockM>(sdO + stage * Traits::kQTileElems, dout, p.o_row_stride, m0, seqlen_q, head_dim);
+      load_tile_async<Traits, kBlockM>(sdO + stage * Traits::kQTileElems, dout, p.do_row_stride, m0, seqlen_q, head_dim);
       if (threadIdx.x < kBlockM) {
         const int row = m0 + static_cast<int>(threadIdx.x);
         const int64_t stat = (batch * p.heads_q + head) * p.seqlen_q + row;
@@ -558,16 +558,16 @@ __global__ void __launch_bounds__(Traits::kNThreads) flash_bwd_kernel(const Atte
         atomic_add_f32x2(acc + 8 * Traits::kHeadDim + 8 * j, dq[j][2], dq[j][3]);
       }
       if (rows_nonfinite) {  // dO's visible terms, here where only dK and dV stay live
-        const Elem* dout = static_cast<const Elem*>(p.dout) + batch * p.o_batch_stride + head * p.o_head_stride;
-        add_nonfinite_do_terms<Traits>(sQ, sdS, dout, p.o_row_stride, sLse2, sD, it, m0, n0, seqlen_q, seqlen_k,
+        const Elem* dout = static_cast<const Elem*>(p.dout) + batch * p.do_batch_stride + head * p.do_head_stride;
+        add_nonfinite_do_terms<Traits>(sQ, sdS, dout, p.do_row_stride, sLse2, sD, it, m0, n0, seqlen_q, seqlen_k,
                                        diag, head_dim);
       }
     }
 
     // Epilogue: dK * scale and dV for this warp's keys and columns (zeros when no query saw the tile).
     if constexpr (kIsCausal) add_nonfinite_do_classes<Traits>(dv, sQ);
-    const int64_t kv_off = batch * p.k_batch_stride + head_kv * p.k_head_stride;
-    const int64_t v_off = batch * p.v_batch_stride + head_kv * p.v_head_stride;
+    const int64_t kv_off = batch * p.dk_batch_stride + head_kv * p.dk_head_stride;
+    const int64_t v_off = batch * p.dv_batch_stride + head_kv * p.dv_head_stride;
     Elem* dk_out = static_cast<Elem*>(p.dk) + kv_off;
     Elem* dv_out = static_cast<Elem*>(p.dv) + v_off;
 #pragma unroll
@@ -578,9 +578,9 @@ __global__ void __launch_bounds__(Traits::kNThreads) flash_bwd_kernel(const Atte
       for (int j = 0; j < kKvTiles; ++j) {
         const int col = kv_col0 + 8 * j + 2 * t;
         if (col >= head_dim) continue;
-        *reinterpret_cast<uint32_t*>(dk_out + static_cast<int64_t>(key) * p.k_row_stride + col) =
+        *reinterpret_cast<uint32_t*>(dk_out + static_cast<int64_t>(key) * p.dk_row_stride + col) =
             pack2<Elem>(dk[j][2 * h] * p.softmax_scale, dk[j][2 * h + 1] * p.softmax_scale);
-        *reinterpret_cast<uint32_t*>(dv_out + static_cast<int64_t>(key) * p.v_row_stride + col) =
+        *reinterpret_cast<uint32_t*>(dv_out + static_cast<int64_t>(key) * p.dv_row_stride + col) =
             pack2<Elem>(dv[j][2 * h], dv[j][2 * h + 1]);
       }
     }

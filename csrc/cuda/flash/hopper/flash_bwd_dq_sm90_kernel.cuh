@@ -258,12 +258,12 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSm)
   }
 
   // Epilogue: dq * scale, rounded to Elem.
-  Elem* dq_out = static_cast<Elem*>(p.dq) + batch * p.q_batch_stride + head * p.q_head_stride;
+  Elem* dq_out = static_cast<Elem*>(p.dq) + batch * p.dq_batch_stride + head * p.dq_head_stride;
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     const int row = row0 + 8 * h;
     if (row >= seqlen_q) continue;
-    Elem* drow = dq_out + static_cast<int64_t>(row) * p.q_row_stride;
+    Elem* drow = dq_out + static_cast<int64_t>(row) * p.dq_row_stride;
 #pragma unroll
     for (int j = 0; j < kDqTiles; ++j) {
       const int col = 8 * j + 2 * t;

@@ -41,8 +41,8 @@ cudaError_t make_bwd_maps(Maps* maps, const AttentionBwdParams& p, int q_rows, i
   const CUtensorMapDataType type = map_type(p);
   FA_CUDA_TRY(make_map(&maps->q, type, p.q, p.head_dim, p.seqlen_q, p.heads_q, p.batch, p.q_row_stride,
                        p.q_head_stride, p.q_batch_stride, q_rows));
-  FA_CUDA_TRY(make_map(&maps->dout, type, p.dout, p.head_dim, p.seqlen_q, p.heads_q, p.batch, p.o_row_stride,
-                       p.o_head_stride, p.o_batch_stride, q_rows));
+  FA_CUDA_TRY(make_map(&maps->dout, type, p.dout, p.head_dim, p.seqlen_q, p.heads_q, p.batch, p.do_row_stride,
+                       p.do_head_stride, p.do_batch_stride, q_rows));
   FA_CUDA_TRY(make_map(&maps->k, type, p.k, p.head_dim, p.seqlen_k, p.heads_kv, p.batch, p.k_row_stride,
                        p.k_head_stride, p.k_batch_stride, kv_rows));
   FA_CUDA_TRY(make_map(&maps->v, type, p.v, p.head_dim, p.seqlen_k, p.heads_kv, p.batch, p.v_row_stride,

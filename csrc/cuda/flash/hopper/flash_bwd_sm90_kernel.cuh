@@ -381,13 +381,13 @@ __global__ void __launch_bounds__(Traits::kNThreads, kComputeDq ? 1 : Traits::kD
                            "r"(pa[j / 2][(j % 2) * 2 + h])
                            : "memory");
           __syncthreads();  // P^T is in place
-          const Elem* dout = static_cast<const Elem*>(p.dout) + batch * p.o_batch_stride + head * p.o_head_stride;
+          const Elem* dout = static_cast<const Elem*>(p.dout) + batch * p.do_batch_stride + head * p.do_head_stride;
 #pragma unroll 1
           for (int i = 0; i < kBlockM; ++i) {
             const int row = m0 + i;
             if (!bwd_row_suspect(row, seqlen_q, lse2[i], dvec[i])) continue;
             const float pij[2] = {sds_read(key_row0, i), sds_read(key_row0 + 8, i)};
-            const Elem* drow = dout + static_cast<int64_t>(row) * p.o_row_stride;
+            const Elem* drow = dout + static_cast<int64_t>(row) * p.do_row_stride;
 #pragma unroll
             for (int j = 0; j < kKvTiles; ++j)
 #pragma unroll
@@ -418,8 +418,8 @@ __global__ void __launch_bounds__(Traits::kNThreads, kComputeDq ? 1 : Traits::kD
     }
 
     // Epilogue: dK * scale and dV for this thread's keys (zeros when no query saw the tile).
-    Elem* dk_out = static_cast<Elem*>(p.dk) + batch * p.k_batch_stride + head_kv * p.k_head_stride;
-    Elem* dv_out = static_cast<Elem*>(p.dv) + batch * p.v_batch_stride + head_kv * p.v_head_stride;
+    Elem* dk_out = static_cast<Elem*>(p.dk) + batch * p.dk_batch_stride + head_kv * p.dk_head_stride;
+    Elem* dv_out = static_cast<Elem*>(p.dv) + batch * p.dv_batch_stride + head_kv * p.dv_head_stride;
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       const int key = n0 + key_row0 + 8 * h;
@@ -428,9 +428,9 @@ __global__ void __launch_bounds__(Traits::kNThreads, kComputeDq ? 1 : Traits::kD
       for (int j = 0; j < kKvTiles; ++j) {
         const int col = 8 * j + 2 * t;
         if (col >= head_dim) continue;
-        *reinterpret_cast<uint32_t*>(dk_out + static_cast<int64_t>(key) * p.k_row_stride + col) =
+        *reinterpret_cast<uint32_t*>(dk_out + static_cast<int64_t>(key) * p.dk_row_stride + col) =
             pack2<Elem>(dk[j][2 * h] * p.softmax_scale, dk[j][2 * h + 1] * p.softmax_scale);
-        *reinterpret_cast<uint32_t*>(dv_out + static_cast<int64_t>(key) * p.v_row_stride + col) =
+        *reinterpret_cast<uint32_t*>(dv_out + static_cast<int64_t>(key) * p.dv_row_stride + col) =
             pack2<Elem>(dv[j][2 * h], dv[j][2 * h + 1]);
       }
     }
