@@ -116,7 +116,7 @@ export interface NativeBinding {
   gradNorm(tensors: NativeView[], numels: number[]): NativeBuffer;
   sum(x: NativeView, numel: number): NativeBuffer;
   columnSum(x: NativeView, rows: number, cols: number, out: NativeView | null): NativeBuffer | undefined;
-  // The nn ops (csrc/napi/nn_ops.cc). A tensor argument is `[buffer, offset]` (NativeTensorArg).
+  // The nn ops (csrc/napi/nn_ops.cc).
   normForward(
     x: NativeTensorArg, weight: NativeTensorArg, bias: NativeTensorArg | null, rows: number, cols: number,
     eps: number, layerNorm: boolean,

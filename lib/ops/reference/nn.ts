@@ -27,16 +27,21 @@ export type NnInput = ArrayLike<number>;
 
 /** Sizes of a row-wise op: `rows` rows of `cols` columns (SwiGLU: `cols` is the output's width). */
 export interface RowsCols {
+  /** Number of rows (the flattened leading dims), a positive integer. */
   rows: number;
+  /** Columns per row (SwiGLU: the output's width F; its input has 2F), a positive integer. */
   cols: number;
 }
 
 /** Sizes of {@link referenceRope}'s contiguous `[batch, seqlen, heads, headDim]` input. */
 export interface RopeDims {
+  /** Independent sequences. */
   batch: number;
+  /** Positions per sequence: row s is at position positionOffset + s. */
   seqlen: number;
+  /** Heads per position. */
   heads: number;
-  /** Even. */
+  /** Elements per head vector; even (the halves are rotated against each other). */
   headDim: number;
 }
 
@@ -54,17 +59,17 @@ export interface NormReferenceOptions extends NnReferenceOptions {
 
 /** Options of {@link referenceRope}. */
 export interface RopeReferenceOptions extends NnReferenceOptions {
-  /** Default 10000. */
+  /** The base of the frequencies `θ_i = base^(−2i/D)`, > 1. Default 10000. */
   base?: number;
-  /** Default 0. */
+  /** The position of row 0, an integer >= 0. Default 0. */
   positionOffset?: number;
-  /** Default false. */
+  /** Rotate by the negative angles (the backward, and the inverse of the forward). Default false. */
   inverse?: boolean;
 }
 
 /** Options of {@link referenceAdd}. */
 export interface AddReferenceOptions extends NnReferenceOptions {
-  /** Default 1. */
+  /** The factor of b. Default 1. */
   alpha?: number;
 }
 
