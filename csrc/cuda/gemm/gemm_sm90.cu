@@ -20,6 +20,10 @@ struct Sm90Config1 {  // 128 x 64, 4 stages of 24 KiB: shapes with few 128 x 128
   static constexpr int kBlockM = 128, kBlockN = 64, kStages = 4, kBlocksPerSm = 2;
 };
 
+struct Sm90Config2 {  // 128 x 256, 3 stages of 48 KiB, one block per SM: half the B traffic per output
+  static constexpr int kBlockM = 128, kBlockN = 256, kStages = 3, kBlocksPerSm = 1;
+};
+
 template <typename Elem, typename Config, bool kAK, bool kBK>
 cudaError_t launch(const GemmParams& p, const GemmPlan& plan, float* partial, cudaStream_t stream) {
   using Traits = Sm90Traits<Elem, Config::kBlockM, Config::kBlockN, Config::kStages, Config::kBlocksPerSm, kAK, kBK>;
@@ -56,6 +60,7 @@ cudaError_t by_layout(const GemmParams& p, const GemmPlan& plan, float* partial,
 template <typename Elem>
 cudaError_t by_config(const GemmParams& p, const GemmPlan& plan, float* partial, cudaStream_t stream) {
   if (plan.sm90_config == 0) return by_layout<Elem, Sm90Config0>(p, plan, partial, stream);
+  if (plan.sm90_config == 2) return by_layout<Elem, Sm90Config2>(p, plan, partial, stream);
   return by_layout<Elem, Sm90Config1>(p, plan, partial, stream);
 }
 
@@ -70,8 +75,8 @@ bool gemm_sm90_built() {
 }
 
 void gemm_sm90_tile(int config, int* block_m, int* block_n, int* block_k) {
-  *block_m = config == 0 ? Sm90Config0::kBlockM : Sm90Config1::kBlockM;
-  *block_n = config == 0 ? Sm90Config0::kBlockN : Sm90Config1::kBlockN;
+  *block_m = config == 0 ? Sm90Config0::kBlockM : config == 2 ? Sm90Config2::kBlockM : Sm90Config1::kBlockM;
+  *block_n = config == 0 ? Sm90Config0::kBlockN : config == 2 ? Sm90Config2::kBlockN : Sm90Config1::kBlockN;
   *block_k = 64;
 }
 
