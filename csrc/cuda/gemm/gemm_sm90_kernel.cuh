@@ -45,9 +45,12 @@ struct Sm90Traits {
   static constexpr int kATileBytes = kBlockM * kBlockK * 2;
   static constexpr int kBTileBytes = kBlockN * kBlockK * 2;
   static constexpr int kStageBytes = kATileBytes + kBTileBytes;
+  // The staged epilogue reuses the stages' memory (and more when it needs more); the mbarriers sit
+  // after both.
   static constexpr int kPipeBytes = kStages * kStageBytes;
-  static_assert(gemm_kernels::kStagedTileBytes<kBlockM, kBlockN> <= kPipeBytes, "the staged epilogue reuses the stages");
-  static constexpr int kSmemBytes = kPipeBytes + flash::sm90::kSw128AtomBytes + 8 * kStages;
+  static constexpr int kDataBytes = kPipeBytes > kStagedTileBytes<kBlockM, kBlockN> ? kPipeBytes
+                                                                                       : kStagedTileBytes<kBlockM, kBlockN>;
+  static constexpr int kSmemBytes = kDataBytes + flash::sm90::kSw128AtomBytes + 8 * kStages;
   static_assert(kBlockM % 64 == 0 && kBlockN % 64 == 0 && kBlockN <= 256, "tiles of whole 64-wide column blocks");
 };
 
@@ -69,7 +72,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSm)
   const uint32_t base = (flash::smem_u32(smem_raw) + kSw128AtomBytes - 1) & ~uint32_t(kSw128AtomBytes - 1);
   const auto s_a = [&](int st) { return base + static_cast<uint32_t>(st * Traits::kStageBytes); };
   const auto s_b = [&](int st) { return s_a(st) + static_cast<uint32_t>(Traits::kATileBytes); };
-  const auto bar = [&](int st) { return base + static_cast<uint32_t>(kStages * Traits::kStageBytes + 8 * st); };
+  const auto bar = [&](int st) { return base + static_cast<uint32_t>(Traits::kDataBytes + 8 * st); };
 
   const int64_t n_tiles = ceil_div<int64_t>(p.n, kBN), m_tiles = ceil_div<int64_t>(p.m, kBM);
   const int64_t block = blockIdx.x;
