@@ -52,7 +52,8 @@ struct DeviceTensor {
 };
 
 const char* path_name(const fg::GemmPlan& plan) {
-  if (plan.path == fg::GemmPath::kSm90) return plan.sm90_config == 0 ? "sm90/0" : "sm90/1";
+  static const char* kSm90Names[] = {"sm90/0", "sm90/1", "sm90/2", "sm90/3", "sm90/4"};
+  if (plan.path == fg::GemmPath::kSm90) return kSm90Names[plan.sm90_config];
   if (!plan.vec) return "sm80/scalar";
   return plan.tile == fg::Sm80Tile::kLarge ? "sm80/large" : "sm80/small";
 }
@@ -200,13 +201,14 @@ std::vector<Product> model_products() {
   return v;
 }
 
-void bench(const fa::GemmParams& p, const Product& pr, const char* dtype_name, const char* variant) {
-  const fg::GemmPlan plan = fg::make_plan(p, true);
+void bench(const fa::GemmParams& p, const Product& pr, const char* dtype_name, const char* variant,
+           const fg::PlanOverride& force = {}) {
+  const fg::GemmPlan plan = fg::make_plan(p, true, force);
   void* ws = nullptr;
   if (plan.workspace_bytes) CHECK_CUDA(cudaMalloc(&ws, plan.workspace_bytes));
   cudaStream_t stream;
   CHECK_CUDA(cudaStreamCreate(&stream));
-  const LaunchTimes t = time_launches([&] { return fa::cuda::gemm(p, ws, stream); }, stream);
+  const LaunchTimes t = time_launches([&] { return fg::run_plan(p, plan, ws, stream); }, stream);
   const double flops = 2.0 * pr.m * pr.n * pr.k;
   std::printf("BENCH %-12s %-5s %-9s m %6lld n %5lld k %6lld  %-11s splits %2d  median %8.4f ms  queued %8.4f ms  %7.1f TFLOP/s\n",
               pr.name.c_str(), dtype_name, variant, static_cast<long long>(pr.m), static_cast<long long>(pr.n),
@@ -229,6 +231,15 @@ void run_bench(std::mt19937_64& rng) {
       DeviceTensor da(a), db(b), dc(c);
       const fa::GemmParams p = params(cs, da.ptr, db.ptr, nullptr, dc.ptr, nullptr);
       bench(p, pr, short_name(dt), "plain");
+      if (dt == DType::kBFloat16 && fg::gemm_sm90_built()) {  // the sm90 configurations side by side
+        for (int config = 0; config < 5; ++config) {
+          fg::PlanOverride f;
+          f.path = static_cast<int>(fg::GemmPath::kSm90);
+          f.tile = config;
+          const char* names[] = {"cfg0", "cfg1", "cfg2", "cfg3", "cfg4"};
+          bench(p, pr, short_name(dt), names[config], f);
+        }
+      }
       if (pr.name == "fwd_fc" && dt != DType::kFloat32) {  // the fused bias + GELU (+ pre_out) epilogue
         HostTensor bias = random_tensor(dt, static_cast<size_t>(pr.n), rng);
         HostTensor pre = make_tensor(dt, cs.c_count());
@@ -263,11 +274,12 @@ int main(int argc, char** argv) {
     scalar.vec = 0;
     check_path(rng, "sm80 element-by-element loads", scalar, true);
     if (setup.prop.major == 9 && fg::gemm_sm90_built()) {
-      for (int config = 0; config < 2; ++config) {
+      for (int config = 0; config < 5; ++config) {
         fg::PlanOverride sm90;
         sm90.path = static_cast<int>(fg::GemmPath::kSm90);
         sm90.tile = config;
-        check_path(rng, config == 0 ? "sm90 configuration 0" : "sm90 configuration 1", sm90, false);
+        const std::string name = "sm90 configuration " + std::to_string(config) + " (sm80 where TMA cannot)";
+        check_path(rng, name.c_str(), sm90, false);
       }
     }
     check_path(rng, "planner's choice", {}, true);

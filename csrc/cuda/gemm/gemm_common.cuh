@@ -99,6 +99,140 @@ __device__ __forceinline__ void partial_pair(const GemmParams& p, float* slice, 
   if (col + 1 < p.n) d[1] = v1;
 }
 
+// ---- staged epilogue -------------------------------------------------------------------------------
+// The accumulators of a kRows x kCols tile go through shared memory (fp32, rows padded by
+// kStagePad floats: the float2 fragment writes of a half warp, 4 rows x 8 columns, hit 32
+// different banks), then each thread finishes 8 consecutive columns of a row: one 16-byte store
+// per 8 outputs (16-bit C) when the row allows it, coalesced across the warp, instead of 4-byte
+// stores scattered over 8 rows per warp instruction straight from the fragments.
+inline constexpr int kStagePad = 8;
+template <int kRows, int kCols>
+inline constexpr int kStagedTileBytes = kRows * (kCols + kStagePad) * 4;
+
+// Fragment pair (row, col), (row, col + 1) of the tile into the staging buffer.
+template <int kCols>
+__device__ __forceinline__ void stage_pair(float* stage, int row, int col, float v0, float v1) {
+  *reinterpret_cast<float2*>(stage + row * (kCols + kStagePad) + col) = make_float2(v0, v1);
+}
+
+// 8 values to Elem / float storage at base + idx; `vec`: one or two 16-byte stores.
+template <typename Elem>
+__device__ __forceinline__ void store8(void* base, int64_t idx, const float (&t)[8], int count, bool vec, bool is_f32) {
+  if (is_f32) {
+    float* d = static_cast<float*>(base) + idx;
+    if (vec) {
+      reinterpret_cast<float4*>(d)[0] = make_float4(t[0], t[1], t[2], t[3]);
+      reinterpret_cast<float4*>(d)[1] = make_float4(t[4], t[5], t[6], t[7]);
+      return;
+    }
+#pragma unroll
+    for (int e = 0; e < 8; ++e)
+      if (e < count) d[e] = t[e];
+  } else {
+    Elem* d = static_cast<Elem*>(base) + idx;
+    if constexpr (!std::is_same_v<Elem, float>) {
+      if (vec) {
+        uint4 u;
+        uint32_t* w = reinterpret_cast<uint32_t*>(&u);
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const Elem lo = from_float<Elem>(t[2 * e]), hi = from_float<Elem>(t[2 * e + 1]);
+          w[e] = static_cast<uint32_t>(reinterpret_cast<const uint16_t&>(lo)) |
+                 (static_cast<uint32_t>(reinterpret_cast<const uint16_t&>(hi)) << 16);
+        }
+        *reinterpret_cast<uint4*>(d) = u;
+        return;
+      }
+    }
+#pragma unroll
+    for (int e = 0; e < 8; ++e)
+      if (e < count) d[e] = from_float<Elem>(t[e]);
+  }
+}
+
+template <typename Elem>
+__device__ __forceinline__ void load8(const void* base, int64_t idx, float (&t)[8], int count, bool vec, bool is_f32) {
+  if (is_f32) {
+    const float* s = static_cast<const float*>(base) + idx;
+    if (vec) {
+      const float4 a = reinterpret_cast<const float4*>(s)[0], b = reinterpret_cast<const float4*>(s)[1];
+      t[0] = a.x, t[1] = a.y, t[2] = a.z, t[3] = a.w, t[4] = b.x, t[5] = b.y, t[6] = b.z, t[7] = b.w;
+      return;
+    }
+#pragma unroll
+    for (int e = 0; e < 8; ++e) t[e] = e < count ? s[e] : 0.0f;
+  } else {
+    const Elem* s = static_cast<const Elem*>(base) + idx;
+    if constexpr (!std::is_same_v<Elem, float>) {
+      if (vec) {
+        const uint4 u = *reinterpret_cast<const uint4*>(s);
+        const Elem* h = reinterpret_cast<const Elem*>(&u);
+#pragma unroll
+        for (int e = 0; e < 8; ++e) t[e] = to_float(h[e]);
+        return;
+      }
+    }
+#pragma unroll
+    for (int e = 0; e < 8; ++e) t[e] = e < count ? to_float(s[e]) : 0.0f;
+  }
+}
+
+// Finishes the staged tile at C(i0, j0): the epilogue into C (and pre_out), or raw sums into the
+// split-K slice. All kThreads threads call it after a barrier that follows the staging writes.
+template <typename Elem, int kRows, int kCols, int kThreads>
+__device__ __forceinline__ void finish_staged_tile(const GemmParams& p, const float* stage, int64_t i0, int64_t j0,
+                                                   float* slice) {
+  constexpr int kPitch = kCols + kStagePad;
+  constexpr int kChunksPerRow = kCols / 8;
+  constexpr int kIters = kRows * kChunksPerRow / kThreads;
+  static_assert(kRows * kChunksPerRow % kThreads == 0, "staged chunks must split evenly over the threads");
+  const bool c_f32 = p.c_dtype == DType::kFloat32;
+  const int64_t c_es = c_f32 ? 4 : 2;
+  // 16-byte stores need 16-byte aligned rows of C (and pre_out, which shares ldc and dtype).
+  const bool c_rows_vec = (p.ldc * c_es) % 16 == 0 && (reinterpret_cast<uintptr_t>(p.c) & 15u) == 0 &&
+                          (reinterpret_cast<uintptr_t>(p.pre_out) & 15u) == 0;
+  const bool slice_vec = p.n % 4 == 0;
+  const bool gelu = p.activation == GemmActivation::kGeluTanh;
+  const bool b_f32 = p.bias_dtype == DType::kFloat32;
+#pragma unroll 2
+  for (int it = 0; it < kIters; ++it) {
+    const int c = static_cast<int>(threadIdx.x) + it * kThreads;
+    const int r = c / kChunksPerRow, cc = (c % kChunksPerRow) * 8;
+    const int64_t row = i0 + r, col = j0 + cc;
+    if (row >= p.m || col >= p.n) continue;
+    const int count = p.n - col < 8 ? static_cast<int>(p.n - col) : 8;
+    float t[8];
+    const float4 a = *reinterpret_cast<const float4*>(stage + r * kPitch + cc);
+    const float4 b = *reinterpret_cast<const float4*>(stage + r * kPitch + cc + 4);
+    t[0] = a.x, t[1] = a.y, t[2] = a.z, t[3] = a.w, t[4] = b.x, t[5] = b.y, t[6] = b.z, t[7] = b.w;
+    if (slice != nullptr) {
+      store8<float>(slice, row * p.n + col, t, count, slice_vec && count == 8, true);
+      continue;
+    }
+    const bool vec = c_rows_vec && count == 8;
+    const int64_t idx = row * p.ldc + col;
+#pragma unroll
+    for (int e = 0; e < 8; ++e) t[e] *= p.alpha;
+    if (p.bias != nullptr) {
+#pragma unroll
+      for (int e = 0; e < 8; ++e)
+        if (e < count) t[e] += load_as_float<Elem>(p.bias, col + e, b_f32);
+    }
+    if (p.pre_out != nullptr) store8<Elem>(p.pre_out, idx, t, count, vec, c_f32);
+    if (gelu) {
+#pragma unroll
+      for (int e = 0; e < 8; ++e) t[e] = gelu_tanh(t[e]);
+    }
+    if (p.beta != 0.0f) {
+      float c0[8];
+      load8<Elem>(p.c, idx, c0, count, vec, c_f32);
+#pragma unroll
+      for (int e = 0; e < 8; ++e) t[e] += p.beta * c0[e];
+    }
+    store8<Elem>(p.c, idx, t, count, vec, c_f32);
+  }
+}
+
 // Where a kernel's accumulators go: the epilogue into C, or (split-K) raw sums into
 // partial + split * m * n.
 struct GemmOut {

@@ -13,8 +13,8 @@
 // fp16 / bf16: mma m16n8k16, fragments by ldmatrix (k-major tiles) or ldmatrix.trans (MN-major).
 // fp32: mma m16n8k8 on TF32 (one mma, or 3xTF32 for Fp32Precision::kHighest), fragments read as
 // 32-bit words (ldmatrix cannot transpose 32-bit elements).
-// Epilogue: gemm_common.cuh, straight from the accumulators (pairs of columns), or raw fp32 sums
-// into the split's workspace slice when K is split.
+// Epilogue: staged through shared memory and finished 8 columns per thread (gemm_common.cuh), or
+// raw fp32 sums into the split's workspace slice when K is split.
 #pragma once
 #include <cuda_runtime.h>
 
@@ -203,22 +203,21 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSm)
     }
   }
   cp_async_wait<0>();
+  __syncthreads();  // every warp is done with the stages: they hold the staged epilogue now
 
   const int g = lane / 4, t = lane % 4;
-  float* slice = partial != nullptr ? partial + split * p.m * p.n : nullptr;
+  float* stage = reinterpret_cast<float*>(smem_raw);
 #pragma unroll
   for (int mt = 0; mt < kMTiles; ++mt)
 #pragma unroll
     for (int nt = 0; nt < kNTiles; ++nt) {
-      const int64_t row = i0 + wm0 + mt * 16 + g, col = j0 + wn0 + nt * 8 + 2 * t;
-      if (slice != nullptr) {
-        partial_pair(p, slice, row, col, acc[mt][nt][0], acc[mt][nt][1]);
-        partial_pair(p, slice, row + 8, col, acc[mt][nt][2], acc[mt][nt][3]);
-      } else {
-        epilogue_pair<Elem>(p, row, col, acc[mt][nt][0], acc[mt][nt][1]);
-        epilogue_pair<Elem>(p, row + 8, col, acc[mt][nt][2], acc[mt][nt][3]);
-      }
+      const int row = wm0 + mt * 16 + g, col = wn0 + nt * 8 + 2 * t;
+      stage_pair<kBN>(stage, row, col, acc[mt][nt][0], acc[mt][nt][1]);
+      stage_pair<kBN>(stage, row + 8, col, acc[mt][nt][2], acc[mt][nt][3]);
     }
+  __syncthreads();
+  float* slice = partial != nullptr ? partial + split * p.m * p.n : nullptr;
+  finish_staged_tile<Elem, kBM, kBN, kThreads>(p, stage, i0, j0, slice);
 }
 
 }  // namespace fa::cuda::gemm_kernels

@@ -43,7 +43,10 @@ struct Sm80Traits {
   static constexpr int kBPitch = kBKMajor ? kBlockK + kPadK : kBlockN + kPadMN;
   static constexpr int kAStageElems = (kAKMajor ? kBlockM : kBlockK) * kAPitch;
   static constexpr int kBStageElems = (kBKMajor ? kBlockN : kBlockK) * kBPitch;
-  static constexpr int kSmemBytes = kStages * (kAStageElems + kBStageElems) * static_cast<int>(sizeof(Elem));
+  static constexpr int kPipeBytes = kStages * (kAStageElems + kBStageElems) * static_cast<int>(sizeof(Elem));
+  // The staged epilogue reuses the stages: fp32 rows of kBlockN + 8.
+  static constexpr int kEpilogueBytes = kBlockM * (kBlockN + 8) * 4;
+  static constexpr int kSmemBytes = kPipeBytes > kEpilogueBytes ? kPipeBytes : kEpilogueBytes;
   static_assert(kWarpTileM % 16 == 0 && kWarpTileN % 16 == 0, "warp tiles are whole m16 x n16 pieces");
 };
 

@@ -20,6 +20,23 @@ struct Sm90Config1 {  // 128 x 64, 4 stages of 24 KiB: shapes with few 128 x 128
   static constexpr int kBlockM = 128, kBlockN = 64, kStages = 4, kBlocksPerSm = 2;
 };
 
+struct Sm90Config2 {  // 128 x 256, 3 stages of 48 KiB, one block per SM: half the B traffic per output
+  static constexpr int kBlockM = 128, kBlockN = 256, kStages = 3, kBlocksPerSm = 1;
+};
+
+struct Sm90Config3 {  // 64 x 128 (one warpgroup), 3 stages of 24 KiB, three blocks per SM
+  static constexpr int kBlockM = 64, kBlockN = 128, kStages = 3, kBlocksPerSm = 3;
+};
+struct Sm90Config4 {  // 128 x 192, 2 stages of 40 KiB, two blocks per SM
+  static constexpr int kBlockM = 128, kBlockN = 192, kStages = 2, kBlocksPerSm = 2;
+};
+
+template <typename Config>
+void tile_of(int* block_m, int* block_n) {
+  *block_m = Config::kBlockM;
+  *block_n = Config::kBlockN;
+}
+
 template <typename Elem, typename Config, bool kAK, bool kBK>
 cudaError_t launch(const GemmParams& p, const GemmPlan& plan, float* partial, cudaStream_t stream) {
   using Traits = Sm90Traits<Elem, Config::kBlockM, Config::kBlockN, Config::kStages, Config::kBlocksPerSm, kAK, kBK>;
@@ -56,6 +73,9 @@ cudaError_t by_layout(const GemmParams& p, const GemmPlan& plan, float* partial,
 template <typename Elem>
 cudaError_t by_config(const GemmParams& p, const GemmPlan& plan, float* partial, cudaStream_t stream) {
   if (plan.sm90_config == 0) return by_layout<Elem, Sm90Config0>(p, plan, partial, stream);
+  if (plan.sm90_config == 2) return by_layout<Elem, Sm90Config2>(p, plan, partial, stream);
+  if (plan.sm90_config == 3) return by_layout<Elem, Sm90Config3>(p, plan, partial, stream);
+  if (plan.sm90_config == 4) return by_layout<Elem, Sm90Config4>(p, plan, partial, stream);
   return by_layout<Elem, Sm90Config1>(p, plan, partial, stream);
 }
 
@@ -70,8 +90,13 @@ bool gemm_sm90_built() {
 }
 
 void gemm_sm90_tile(int config, int* block_m, int* block_n, int* block_k) {
-  *block_m = config == 0 ? Sm90Config0::kBlockM : Sm90Config1::kBlockM;
-  *block_n = config == 0 ? Sm90Config0::kBlockN : Sm90Config1::kBlockN;
+  switch (config) {
+    case 0: tile_of<Sm90Config0>(block_m, block_n); break;
+    case 2: tile_of<Sm90Config2>(block_m, block_n); break;
+    case 3: tile_of<Sm90Config3>(block_m, block_n); break;
+    case 4: tile_of<Sm90Config4>(block_m, block_n); break;
+    default: tile_of<Sm90Config1>(block_m, block_n); break;
+  }
   *block_k = 64;
 }
 

@@ -14,8 +14,9 @@
 // four wgmma k16 steps, commit, wait until only this tile's group is in flight (the previous tile's
 // reads are done), a block barrier (every warpgroup is past the previous tile), then thread 0 refills
 // the previous tile's stage kStages - 1 tiles ahead.
-// Epilogue: gemm_common.cuh straight from the accumulators (the mma.sync m16n8 layout per warp), or
-// raw fp32 sums into the split's workspace slice.
+// Epilogue: the accumulators are staged through shared memory (the pipeline's stages) and finished
+// 8 columns per thread with 16-byte stores (gemm_common.cuh), or written as raw fp32 sums into the
+// split's workspace slice.
 #pragma once
 #include <cuda.h>
 #include <cuda_runtime.h>
@@ -44,7 +45,12 @@ struct Sm90Traits {
   static constexpr int kATileBytes = kBlockM * kBlockK * 2;
   static constexpr int kBTileBytes = kBlockN * kBlockK * 2;
   static constexpr int kStageBytes = kATileBytes + kBTileBytes;
-  static constexpr int kSmemBytes = kStages * kStageBytes + flash::sm90::kSw128AtomBytes + 8 * kStages;
+  // The staged epilogue reuses the stages' memory (and more when it needs more); the mbarriers sit
+  // after both.
+  static constexpr int kPipeBytes = kStages * kStageBytes;
+  static constexpr int kDataBytes = kPipeBytes > kStagedTileBytes<kBlockM, kBlockN> ? kPipeBytes
+                                                                                       : kStagedTileBytes<kBlockM, kBlockN>;
+  static constexpr int kSmemBytes = kDataBytes + flash::sm90::kSw128AtomBytes + 8 * kStages;
   static_assert(kBlockM % 64 == 0 && kBlockN % 64 == 0 && kBlockN <= 256, "tiles of whole 64-wide column blocks");
 };
 
@@ -66,7 +72,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSm)
   const uint32_t base = (flash::smem_u32(smem_raw) + kSw128AtomBytes - 1) & ~uint32_t(kSw128AtomBytes - 1);
   const auto s_a = [&](int st) { return base + static_cast<uint32_t>(st * Traits::kStageBytes); };
   const auto s_b = [&](int st) { return s_a(st) + static_cast<uint32_t>(Traits::kATileBytes); };
-  const auto bar = [&](int st) { return base + static_cast<uint32_t>(kStages * Traits::kStageBytes + 8 * st); };
+  const auto bar = [&](int st) { return base + static_cast<uint32_t>(Traits::kDataBytes + 8 * st); };
 
   const int64_t n_tiles = ceil_div<int64_t>(p.n, kBN), m_tiles = ceil_div<int64_t>(p.m, kBM);
   const int64_t block = blockIdx.x;
@@ -142,21 +148,21 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSm)
   wgmma_wait<0>();
   fence_operands(acc);
 
+  // Staged epilogue (gemm_common.cuh) in the stages' memory: every warpgroup's wgmma reads and every
+  // TMA write are complete (each was waited for), the barrier orders the other warpgroups.
+  __syncthreads();
+  float* stage = reinterpret_cast<float*>(smem_raw + (base - flash::smem_u32(smem_raw)));
   const int warp = (static_cast<int>(threadIdx.x) / 32) % 4, lane = static_cast<int>(threadIdx.x) % 32;
-  const int64_t row = i0 + wg * 64 + warp * 16 + lane / 4;
-  const int64_t col0 = j0 + 2 * (lane % 4);
-  float* slice = partial != nullptr ? partial + split * p.m * p.n : nullptr;
+  const int row = wg * 64 + warp * 16 + lane / 4;
 #pragma unroll
   for (int j = 0; j < Traits::kNTiles; ++j) {
-    const int64_t col = col0 + 8 * j;
-    if (slice != nullptr) {
-      partial_pair(p, slice, row, col, acc[j][0], acc[j][1]);
-      partial_pair(p, slice, row + 8, col, acc[j][2], acc[j][3]);
-    } else {
-      epilogue_pair<Elem>(p, row, col, acc[j][0], acc[j][1]);
-      epilogue_pair<Elem>(p, row + 8, col, acc[j][2], acc[j][3]);
-    }
+    const int col = 8 * j + 2 * (lane % 4);
+    stage_pair<kBN>(stage, row, col, acc[j][0], acc[j][1]);
+    stage_pair<kBN>(stage, row + 8, col, acc[j][2], acc[j][3]);
   }
+  __syncthreads();
+  float* slice = partial != nullptr ? partial + split * p.m * p.n : nullptr;
+  finish_staged_tile<Elem, kBM, kBN, Traits::kNThreads>(p, stage, i0, j0, slice);
 #else
   __trap();  // only the sm_90a build has this kernel; the planner never selects it elsewhere
 #endif
