@@ -31,9 +31,9 @@ constexpr int kSplitTargetBlocksPerSm = 2;
 // Each split keeps at least this many K tiles (the pipeline's prologue and epilogue amortised).
 constexpr int kMinKTilesPerSplit = 8;
 constexpr int kMaxSplits = 32;
-// sm90: the 128 x 128 configuration once its tiles fill this fraction of the SMs (H100, bf16: the
-// lm head's forward, 128 such tiles on 132 SMs, 10.0 us with it vs 13.3 us with 128 x 64 tiles);
-// below, 128 x 64 tiles with split-K (dW of qkv: 51 us vs 53 us, of fc: 61 vs 71 us).
+// sm90: 128-row tiles once 128 x 128 tiles fill this fraction of the SMs (H100, bf16: the lm head's
+// forward, 128 such tiles on 132 SMs, 9.9 us with them vs 11.3 us with 64 x 128 tiles); below,
+// 64 x 128 tiles with split-K (dW of qkv: 44.8 us vs 53.4 us with 128 x 128, of fc: 55.8 vs 70.8).
 constexpr double kSm90BigTileWaves = 0.75;
 
 bool is_16bit(DType d) { return d == DType::kFloat16 || d == DType::kBFloat16; }
@@ -65,12 +65,19 @@ GemmPlan make_plan(const GemmParams& p, bool allow_split, const PlanOverride& fo
                     plan.vec;
   if (sm90) {
     plan.path = GemmPath::kSm90;
-    // Configuration 0 (128 x 128, gemm_sm90.cu) for shapes that fill the GPU with it, else the
-    // smaller configuration 1 (128 x 64).
+    // Large products: 128 x 192 tiles (configuration 4, gemm_sm90.cu), or 128 x 128 (0) where
+    // 192-wide tiles would pad N more (the lm head, N = 65); products whose 128 x 128 tiles do not
+    // fill kSm90BigTileWaves of the SMs: 64 x 128 tiles (3), split-K on top when K is long.
     int bm = 0, bn = 0, bk = 0;
     gemm_sm90_tile(0, &bm, &bn, &bk);
     const int64_t big_tiles = ceil_div<int64_t>(p.m, bm) * ceil_div<int64_t>(p.n, bn);
-    plan.sm90_config = force.tile >= 0 ? force.tile : big_tiles >= kSm90BigTileWaves * sms ? 0 : 1;
+    int wide_m = 0, wide_n = 0;
+    gemm_sm90_tile(4, &wide_m, &wide_n, &bk);
+    const bool wide_pads_less = ceil_div<int64_t>(p.n, wide_n) * wide_n <= ceil_div<int64_t>(p.n, bn) * bn;
+    plan.sm90_config = force.tile >= 0                        ? force.tile
+                       : big_tiles < kSm90BigTileWaves * sms ? 3
+                       : wide_pads_less                      ? 4
+                                                             : 0;
     gemm_sm90_tile(plan.sm90_config, &plan.block_m, &plan.block_n, &plan.block_k);
   } else {
     plan.path = GemmPath::kSm80;

@@ -11,18 +11,19 @@
 namespace fa::cuda::gemm_kernels {
 namespace {
 
-// Configurations: (kBlockM, kBlockN, kStages, blocks per SM). Two blocks per SM let one block's
-// prologue and epilogue overlap the other's main loop: the model's K of 384 is only 6 K tiles.
+// Configurations: (kBlockM, kBlockN, kStages, blocks per SM). Two or three blocks per SM let one
+// block's prologue and epilogue overlap another's main loop: the model's K of 384 is only 6 K tiles.
+// H100, bf16, M = 16384 products (us, queued mean of 20) for 0 / 3 / 4 and three configurations no
+// longer built (128 x 64 with 4 stages, 128 x 256 with 3 stages and 1 block per SM, 64 x 192 with 2
+// stages and 3 blocks per SM): fwd qkv 43.3 / 48.7 / 38.4 (51.9, 53.2, 45.3); fwd fc 51.6 / 64.6 /
+// 49.1 (67.2, 60.5, 62.5); dx fc 44.2 / 41.8 / 40.4 (49.2, 51.0, 57.8); dW (split-K) qkv 53.4 /
+// 44.8 / 59.0 (51.4, 58.3, 55.9), fc 70.8 / 55.8 / 66.2 (61.5, 69.1, 65.6): more blocks per SM beat
+// deeper pipelines. The planner (gemm.cu) takes 4 for large products, 0 where 192-wide tiles would
+// pad N more (the lm head), 3 for the ones under split-K. Other values of a plan's sm90_config run 0.
 struct Sm90Config0 {  // 128 x 128, 3 stages of 32 KiB
   static constexpr int kBlockM = 128, kBlockN = 128, kStages = 3, kBlocksPerSm = 2;
 };
-struct Sm90Config1 {  // 128 x 64, 4 stages of 24 KiB: shapes with few 128 x 128 tiles
-  static constexpr int kBlockM = 128, kBlockN = 64, kStages = 4, kBlocksPerSm = 2;
-};
 
-struct Sm90Config2 {  // 128 x 256, 3 stages of 48 KiB, one block per SM: half the B traffic per output
-  static constexpr int kBlockM = 128, kBlockN = 256, kStages = 3, kBlocksPerSm = 1;
-};
 
 struct Sm90Config3 {  // 64 x 128 (one warpgroup), 3 stages of 24 KiB, three blocks per SM
   static constexpr int kBlockM = 64, kBlockN = 128, kStages = 3, kBlocksPerSm = 3;
@@ -30,6 +31,7 @@ struct Sm90Config3 {  // 64 x 128 (one warpgroup), 3 stages of 24 KiB, three blo
 struct Sm90Config4 {  // 128 x 192, 2 stages of 40 KiB, two blocks per SM
   static constexpr int kBlockM = 128, kBlockN = 192, kStages = 2, kBlocksPerSm = 2;
 };
+
 
 template <typename Config>
 void tile_of(int* block_m, int* block_n) {
@@ -72,11 +74,9 @@ cudaError_t by_layout(const GemmParams& p, const GemmPlan& plan, float* partial,
 
 template <typename Elem>
 cudaError_t by_config(const GemmParams& p, const GemmPlan& plan, float* partial, cudaStream_t stream) {
-  if (plan.sm90_config == 0) return by_layout<Elem, Sm90Config0>(p, plan, partial, stream);
-  if (plan.sm90_config == 2) return by_layout<Elem, Sm90Config2>(p, plan, partial, stream);
   if (plan.sm90_config == 3) return by_layout<Elem, Sm90Config3>(p, plan, partial, stream);
   if (plan.sm90_config == 4) return by_layout<Elem, Sm90Config4>(p, plan, partial, stream);
-  return by_layout<Elem, Sm90Config1>(p, plan, partial, stream);
+  return by_layout<Elem, Sm90Config0>(p, plan, partial, stream);
 }
 
 }  // namespace
@@ -91,11 +91,9 @@ bool gemm_sm90_built() {
 
 void gemm_sm90_tile(int config, int* block_m, int* block_n, int* block_k) {
   switch (config) {
-    case 0: tile_of<Sm90Config0>(block_m, block_n); break;
-    case 2: tile_of<Sm90Config2>(block_m, block_n); break;
     case 3: tile_of<Sm90Config3>(block_m, block_n); break;
     case 4: tile_of<Sm90Config4>(block_m, block_n); break;
-    default: tile_of<Sm90Config1>(block_m, block_n); break;
+    default: tile_of<Sm90Config0>(block_m, block_n); break;
   }
   *block_k = 64;
 }
