@@ -166,7 +166,6 @@ const char* gemm_unsupported_reason(const GemmParams& p) {
     return "the CUDA GEMM writes C as float32 or as the operands' dtype";
   if (p.bias != nullptr && p.bias_dtype != p.ab_dtype && p.bias_dtype != DType::kFloat32)
     return "the CUDA GEMM takes a float32 bias or one of the operands' dtype";
-  if (p.a == nullptr || p.b == nullptr || p.c == nullptr) return "the CUDA GEMM needs a, b and c";
   if (p.lda < (p.a_k_major ? p.k : p.m) || p.ldb < (p.b_k_major ? p.k : p.n) || p.ldc < p.n)
     return "a leading dimension of the CUDA GEMM is smaller than its matrix's rows";
   if (flash::device_major() < 8) return "the CUDA GEMM needs a GPU of compute capability 8.0 (Ampere) or newer";
@@ -179,7 +178,10 @@ size_t gemm_workspace_bytes(const GemmParams& p) {
 }
 
 cudaError_t gemm(const GemmParams& p, void* workspace, cudaStream_t stream) {
+  // The reason check asks whether a kernel exists for the shape (the binding asks it before it
+  // allocates C); the pointers are the launch's to check.
   if (gemm_unsupported_reason(p) != nullptr) return cudaErrorInvalidValue;
+  if (p.a == nullptr || p.b == nullptr || p.c == nullptr) return cudaErrorInvalidValue;
   return gemm_kernels::run_plan(p, gemm_kernels::make_plan(p, workspace != nullptr), workspace, stream);
 }
 
