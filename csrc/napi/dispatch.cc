@@ -1,6 +1,7 @@
 // Tensor arguments and queuing on the device's stream (dispatch.h).
 #include "napi/dispatch.h"
 
+#include "cpu/thread_pool.h"
 #include "runtime/format.h"
 
 namespace fa::napi {
@@ -87,7 +88,19 @@ void submit_cpu(Runtime& rt, std::vector<BufferPtr> inputs, std::vector<BufferPt
   });
 }
 
+void submit_cpu_pooled(Runtime& rt, std::vector<BufferPtr> inputs, std::vector<BufferPtr> outputs,
+                       std::function<void(cpu::ThreadPool&)> fn) {
+  cpu::ThreadPool* pool = &rt.pool();
+  submit_cpu(rt, std::move(inputs), std::move(outputs), [fn = std::move(fn), pool] { fn(*pool); });
+}
+
 #ifdef FA_WITH_CUDA
+BufferPtr cuda_workspace(Runtime& rt, size_t bytes) {
+  if (bytes == 0) return nullptr;
+  return rt.allocate(Device::kCuda, DType::kFloat32, (bytes + sizeof(float) - 1) / sizeof(float) * sizeof(float),
+                     false);
+}
+
 void check_launch(Runtime& rt, cudaError_t err, const char* what, size_t workspace_bytes) {
   if (err == cudaErrorMemoryAllocation) {
     cudaGetLastError();

@@ -11,6 +11,10 @@
 
 #include "napi/addon.h"
 
+namespace fa::cpu {
+class ThreadPool;
+}
+
 namespace fa::napi {
 
 // A tensor argument as the binding receives it from lib/: the JS array [NativeBuffer, offset], or a
@@ -45,7 +49,14 @@ int64_t checked_numel(std::initializer_list<int64_t> dims, const char* what);
 // error and reads of them reject with it. Ops that update a tensor in place list it in both.
 void submit_cpu(Runtime& rt, std::vector<BufferPtr> inputs, std::vector<BufferPtr> outputs, std::function<void()> fn);
 
+// submit_cpu for a backend function that fans out over the runtime's thread pool.
+void submit_cpu_pooled(Runtime& rt, std::vector<BufferPtr> inputs, std::vector<BufferPtr> outputs,
+                       std::function<void(cpu::ThreadPool&)> fn);
+
 #ifdef FA_WITH_CUDA
+// A stream-ordered CUDA workspace of at least `bytes` (null for 0): freed when the last holder lets
+// go, after the work queued before that point.
+BufferPtr cuda_workspace(Runtime& rt, size_t bytes);
 // Turns a launcher's status into a JS error: out of memory names `what` and its workspace's size.
 void check_launch(Runtime& rt, cudaError_t err, const char* what, size_t workspace_bytes);
 #endif

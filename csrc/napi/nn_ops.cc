@@ -66,11 +66,6 @@ bool overlaps(const TensorArg& a, int64_t na, const TensorArg& b, int64_t nb) {
   return a.offset < b.offset + nb && b.offset < a.offset + na;
 }
 
-void queue_cpu(Runtime& rt, std::vector<BufferPtr> inputs, std::vector<BufferPtr> outputs, std::function<void(cpu::ThreadPool&)> fn) {
-  cpu::ThreadPool* pool = &rt.pool();
-  submit_cpu(rt, std::move(inputs), std::move(outputs), [fn = std::move(fn), pool] { fn(*pool); });
-}
-
 // ---- norms -------------------------------------------------------------------------------------------
 
 [[maybe_unused]] const char* norm_name(bool layer_norm, bool backward) {
@@ -120,7 +115,8 @@ Napi::Value NormForward(const Napi::CallbackInfo& info) {
     if (bias.buf) inputs.push_back(bias.buf);
     std::vector<BufferPtr> outputs{out, rstd};
     if (mean) outputs.push_back(mean);
-    queue_cpu(rt, std::move(inputs), std::move(outputs), [p](cpu::ThreadPool& pool) { cpu::norm_fwd(p, pool); });
+    submit_cpu_pooled(rt, std::move(inputs), std::move(outputs),
+        [p](cpu::ThreadPool& pool) { cpu::norm_fwd(p, pool); });
   } else {
 #ifdef FA_WITH_CUDA
     rt.cuda().ensure_usable();
@@ -195,13 +191,14 @@ Napi::Value NormBackward(const Napi::CallbackInfo& info) {
       inputs.push_back(g->buf);  // accumulated into: read and written
       outputs.push_back(g->buf);
     }
-    queue_cpu(rt, std::move(inputs), std::move(outputs), [p](cpu::ThreadPool& pool) { cpu::norm_bwd(p, pool); });
+    submit_cpu_pooled(rt, std::move(inputs), std::move(outputs),
+        [p](cpu::ThreadPool& pool) { cpu::norm_bwd(p, pool); });
   } else {
 #ifdef FA_WITH_CUDA
     rt.cuda().ensure_usable();
     // The parameter-gradient partial sums; freed stream-ordered after the kernels that use them.
     const size_t ws_bytes = cuda::norm_bwd_workspace_bytes(p);
-    BufferPtr workspace = ws_bytes > 0 ? rt.allocate(device, DType::kFloat32, ws_bytes, false) : nullptr;
+    BufferPtr workspace = cuda_workspace(rt, ws_bytes);
     p.workspace = workspace ? workspace->data() : nullptr;
     check_launch(rt, cuda::norm_bwd(p, rt.cuda().stream()), norm_name(layer_norm, true), ws_bytes);
 #endif
@@ -273,7 +270,7 @@ Napi::Value Rope(const Napi::CallbackInfo& info) {
   p.x = x.data();
 
   if (device == Device::kCpu) {
-    queue_cpu(rt, {x.buf}, {x.buf}, [p](cpu::ThreadPool& pool) { cpu::rope(p, pool); });
+    submit_cpu_pooled(rt, {x.buf}, {x.buf}, [p](cpu::ThreadPool& pool) { cpu::rope(p, pool); });
   } else {
 #ifdef FA_WITH_CUDA
     rt.cuda().ensure_usable();
@@ -302,7 +299,7 @@ Napi::Value GeluForward(const Napi::CallbackInfo& info) {
   p.x = x.data();
   p.out = out->data();
   if (device == Device::kCpu) {
-    queue_cpu(rt, {x.buf}, {out}, [p](cpu::ThreadPool& pool) { cpu::gelu_fwd(p, pool); });
+    submit_cpu_pooled(rt, {x.buf}, {out}, [p](cpu::ThreadPool& pool) { cpu::gelu_fwd(p, pool); });
   } else {
 #ifdef FA_WITH_CUDA
     rt.cuda().ensure_usable();
@@ -332,7 +329,7 @@ Napi::Value GeluBackward(const Napi::CallbackInfo& info) {
   p.dout = dout.data();
   p.out = dx->data();
   if (device == Device::kCpu) {
-    queue_cpu(rt, {dout.buf, x.buf}, {dx}, [p](cpu::ThreadPool& pool) { cpu::gelu_bwd(p, pool); });
+    submit_cpu_pooled(rt, {dout.buf, x.buf}, {dx}, [p](cpu::ThreadPool& pool) { cpu::gelu_bwd(p, pool); });
   } else {
 #ifdef FA_WITH_CUDA
     rt.cuda().ensure_usable();
@@ -363,7 +360,7 @@ Napi::Value SwigluForward(const Napi::CallbackInfo& info) {
   p.x = x.data();
   p.out = out->data();
   if (device == Device::kCpu) {
-    queue_cpu(rt, {x.buf}, {out}, [p](cpu::ThreadPool& pool) { cpu::swiglu_fwd(p, pool); });
+    submit_cpu_pooled(rt, {x.buf}, {out}, [p](cpu::ThreadPool& pool) { cpu::swiglu_fwd(p, pool); });
   } else {
 #ifdef FA_WITH_CUDA
     rt.cuda().ensure_usable();
@@ -396,7 +393,7 @@ Napi::Value SwigluBackward(const Napi::CallbackInfo& info) {
   p.dout = dout.data();
   p.out = dx->data();
   if (device == Device::kCpu) {
-    queue_cpu(rt, {dout.buf, x.buf}, {dx}, [p](cpu::ThreadPool& pool) { cpu::swiglu_bwd(p, pool); });
+    submit_cpu_pooled(rt, {dout.buf, x.buf}, {dx}, [p](cpu::ThreadPool& pool) { cpu::swiglu_bwd(p, pool); });
   } else {
 #ifdef FA_WITH_CUDA
     rt.cuda().ensure_usable();
@@ -437,7 +434,7 @@ Napi::Value Add(const Napi::CallbackInfo& info) {
   p.b = b.data();
   p.out = in_place ? a.data() : out->data();
   if (device == Device::kCpu) {
-    queue_cpu(rt, {a.buf, b.buf}, {out}, [p](cpu::ThreadPool& pool) { cpu::add(p, pool); });
+    submit_cpu_pooled(rt, {a.buf, b.buf}, {out}, [p](cpu::ThreadPool& pool) { cpu::add(p, pool); });
   } else {
 #ifdef FA_WITH_CUDA
     rt.cuda().ensure_usable();

@@ -85,14 +85,6 @@ BufferPtr output(Runtime& rt, Device device, DType dtype, int64_t numel) {
 }
 
 #ifdef FA_WITH_CUDA
-// A workspace of `bytes` on the CUDA device (null for 0). Dropping the last reference after the
-// launch is safe: the buffer's memory goes back to the stream-ordered pool behind the queued work.
-BufferPtr cuda_workspace(Runtime& rt, size_t bytes) {
-  if (bytes == 0) return nullptr;
-  return rt.allocate(Device::kCuda, DType::kFloat32, (bytes + sizeof(float) - 1) / sizeof(float) * sizeof(float),
-                     false);
-}
-
 // Launches one GEMM on the stream with its workspace.
 void launch_gemm(Runtime& rt, const GemmParams& g, const char* what) {
   const size_t ws = cuda::gemm_workspace_bytes(g);
@@ -134,8 +126,7 @@ Napi::Value EmbeddingForward(const Napi::CallbackInfo& info) {
   BufferPtr out = output(rt, device, dtype, out_numel);
   p.out = out->data();
   if (device == Device::kCpu) {
-    cpu::ThreadPool* pool = &rt.pool();
-    submit_cpu(rt, {ids.buf, table.buf}, {out}, [p, pool] { cpu::embedding_fwd(p, *pool); });
+    submit_cpu_pooled(rt, {ids.buf, table.buf}, {out}, [p](cpu::ThreadPool& pool) { cpu::embedding_fwd(p, pool); });
   } else {
 #ifdef FA_WITH_CUDA
     rt.cuda().ensure_usable();
@@ -171,8 +162,8 @@ Napi::Value EmbeddingBackward(const Napi::CallbackInfo& info) {
   p.dout = dout.data();
   p.dtable = static_cast<float*>(dtable.data());
   if (device == Device::kCpu) {
-    cpu::ThreadPool* pool = &rt.pool();
-    submit_cpu(rt, {ids.buf, dout.buf, dtable.buf}, {dtable.buf}, [p, pool] { cpu::embedding_bwd(p, *pool); });
+    submit_cpu_pooled(rt, {ids.buf, dout.buf, dtable.buf}, {dtable.buf},
+        [p](cpu::ThreadPool& pool) { cpu::embedding_bwd(p, pool); });
   } else {
 #ifdef FA_WITH_CUDA
     rt.cuda().ensure_usable();
@@ -238,12 +229,11 @@ Napi::Value LinearForward(const Napi::CallbackInfo& info) {
   g.c = y->data();
   g.pre_out = pre ? pre->data() : nullptr;
   if (device == Device::kCpu) {
-    cpu::ThreadPool* pool = &rt.pool();
     std::vector<BufferPtr> inputs{x.buf, w.buf};
     if (has_bias) inputs.push_back(bias.buf);
     std::vector<BufferPtr> outputs{y};
     if (pre) outputs.push_back(pre);
-    submit_cpu(rt, std::move(inputs), std::move(outputs), [g, pool] { cpu::gemm(g, *pool); });
+    submit_cpu_pooled(rt, std::move(inputs), std::move(outputs), [g](cpu::ThreadPool& pool) { cpu::gemm(g, pool); });
   } else {
 #ifdef FA_WITH_CUDA
     rt.cuda().ensure_usable();
@@ -341,7 +331,6 @@ Napi::Value LinearBackward(const Napi::CallbackInfo& info) {
   BufferPtr dx = want_dx ? output(rt, device, dtype, dx_numel) : nullptr;
   gx.c = dx ? dx->data() : nullptr;
   if (device == Device::kCpu) {
-    cpu::ThreadPool* pool = &rt.pool();
     std::vector<BufferPtr> inputs{dy.buf, x.buf, w.buf};
     std::vector<BufferPtr> outputs;
     if (dx) outputs.push_back(dx);
@@ -353,10 +342,10 @@ Napi::Value LinearBackward(const Napi::CallbackInfo& info) {
       inputs.push_back(db.buf);
       outputs.push_back(db.buf);
     }
-    submit_cpu(rt, std::move(inputs), std::move(outputs), [gx, gw, cs, pool] {
-      if (gx.c) cpu::gemm(gx, *pool);
-      if (gw.c) cpu::gemm(gw, *pool);
-      if (cs.out) cpu::column_sum(cs, *pool);
+    submit_cpu_pooled(rt, std::move(inputs), std::move(outputs), [gx, gw, cs](cpu::ThreadPool& pool) {
+      if (gx.c) cpu::gemm(gx, pool);
+      if (gw.c) cpu::gemm(gw, pool);
+      if (cs.out) cpu::column_sum(cs, pool);
     });
   } else {
 #ifdef FA_WITH_CUDA
@@ -411,10 +400,10 @@ Napi::Value CrossEntropy(const Napi::CallbackInfo& info) {
   p.loss = static_cast<float*>(loss->data());
   p.dlogits = dlogits ? dlogits->data() : nullptr;
   if (device == Device::kCpu) {
-    cpu::ThreadPool* pool = &rt.pool();
     std::vector<BufferPtr> outputs{loss};
     if (dlogits) outputs.push_back(dlogits);
-    submit_cpu(rt, {logits.buf, targets.buf}, std::move(outputs), [p, pool] { cpu::cross_entropy(p, *pool); });
+    submit_cpu_pooled(rt, {logits.buf, targets.buf}, std::move(outputs),
+        [p](cpu::ThreadPool& pool) { cpu::cross_entropy(p, pool); });
   } else {
 #ifdef FA_WITH_CUDA
     rt.cuda().ensure_usable();
@@ -501,7 +490,6 @@ Napi::Value AdamWStep(const Napi::CallbackInfo& info) {
   p.clip_norm = has_clip ? static_cast<const float*>(clip.data()) : nullptr;
   p.max_norm = max_norm;
   if (device == Device::kCpu) {
-    cpu::ThreadPool* pool = &rt.pool();
     std::vector<BufferPtr> inputs{param.buf, grad.buf, m.buf, v.buf};
     std::vector<BufferPtr> outputs{param.buf, m.buf, v.buf};
     if (has_master) {
@@ -509,7 +497,7 @@ Napi::Value AdamWStep(const Napi::CallbackInfo& info) {
       outputs.push_back(master.buf);
     }
     if (has_clip) inputs.push_back(clip.buf);
-    submit_cpu(rt, std::move(inputs), std::move(outputs), [p, pool] { cpu::adamw(p, *pool); });
+    submit_cpu_pooled(rt, std::move(inputs), std::move(outputs), [p](cpu::ThreadPool& pool) { cpu::adamw(p, pool); });
   } else {
 #ifdef FA_WITH_CUDA
     rt.cuda().ensure_usable();
@@ -555,8 +543,7 @@ Napi::Value GradNorm(const Napi::CallbackInfo& info) {
   BufferPtr out = output(rt, device, DType::kFloat32, 1);
   p.out = static_cast<float*>(out->data());
   if (device == Device::kCpu) {
-    cpu::ThreadPool* pool = &rt.pool();
-    submit_cpu(rt, std::move(inputs), {out}, [p, pool] { cpu::norm_of(p, *pool); });
+    submit_cpu_pooled(rt, std::move(inputs), {out}, [p](cpu::ThreadPool& pool) { cpu::norm_of(p, pool); });
   } else {
 #ifdef FA_WITH_CUDA
     rt.cuda().ensure_usable();
@@ -584,8 +571,7 @@ Napi::Value Sum(const Napi::CallbackInfo& info) {
   BufferPtr out = output(rt, device, DType::kFloat32, 1);
   p.out = static_cast<float*>(out->data());
   if (device == Device::kCpu) {
-    cpu::ThreadPool* pool = &rt.pool();
-    submit_cpu(rt, {x.buf}, {out}, [p, pool] { cpu::sum(p, *pool); });
+    submit_cpu_pooled(rt, {x.buf}, {out}, [p](cpu::ThreadPool& pool) { cpu::sum(p, pool); });
   } else {
 #ifdef FA_WITH_CUDA
     rt.cuda().ensure_usable();
@@ -624,10 +610,9 @@ Napi::Value ColumnSum(const Napi::CallbackInfo& info) {
   BufferPtr out = given ? out_arg.buf : output(rt, device, DType::kFloat32, cols);
   p.out = given ? static_cast<float*>(out_arg.data()) : static_cast<float*>(out->data());
   if (device == Device::kCpu) {
-    cpu::ThreadPool* pool = &rt.pool();
     std::vector<BufferPtr> inputs{x.buf};
     if (given) inputs.push_back(out);
-    submit_cpu(rt, std::move(inputs), {out}, [p, pool] { cpu::column_sum(p, *pool); });
+    submit_cpu_pooled(rt, std::move(inputs), {out}, [p](cpu::ThreadPool& pool) { cpu::column_sum(p, pool); });
   } else {
 #ifdef FA_WITH_CUDA
     rt.cuda().ensure_usable();
