@@ -3,16 +3,7 @@
 // sources of the example and of lib/ through TypeScript's transpiler (a devDependency), so a
 // checkout needs no build step beyond the native addon.
 'use strict';
-const fs = require('fs');
-const ts = require('typescript');
-
-require.extensions['.ts'] = (module, filename) => {
-  const out = ts.transpileModule(fs.readFileSync(filename, 'utf8'), {
-    fileName: filename,
-    compilerOptions: { module: ts.ModuleKind.CommonJS, target: ts.ScriptTarget.ES2022, esModuleInterop: true, sourceMap: false },
-  });
-  module._compile(out.outputText, filename);
-};
+require('./register-ts');
 
 require('./main.ts').main(process.argv.slice(2)).then(
   (status) => { process.exitCode = status; },
