@@ -217,6 +217,35 @@ def compare(node, torch_losses, steps, tol):
     return ok
 
 
+def profile_steps(n, windows, model, opt, autocast, opt_cfg, dev):
+    """Runs n training steps under torch.profiler and prints the CUDA kernels' time per step (stderr)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    def step(w):
+        opt.zero_grad(set_to_none=True)
+        with autocast:
+            loss = model(w[:, :-1], w[:, 1:])
+        loss.backward()
+        if opt_cfg['gradClip'] > 0:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), opt_cfg['gradClip'])
+        opt.step()
+
+    for i in range(3):
+        step(windows[i % len(windows)])
+    torch.cuda.synchronize(dev)
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for i in range(n):
+            step(windows[i % len(windows)])
+        torch.cuda.synchronize(dev)
+    rows = [e for e in prof.key_averages() if e.device_type == torch.autograd.DeviceType.CUDA]
+    rows.sort(key=lambda e: -e.device_time_total)
+    total = sum(e.device_time_total for e in rows) / n
+    print(f'twin profile: {n} steps, CUDA kernel time {total / 1000:.3f} ms per step, '
+          f'{sum(e.count for e in rows) / n:.0f} kernels per step', file=sys.stderr)
+    for e in rows[:40]:
+        print(f'  {e.device_time_total / n:9.1f} us/step {e.count / n:5.0f}x  {e.key[:110]}', file=sys.stderr)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument('--run', default='gpt-out', help='the Node run\'s --out directory')
@@ -227,6 +256,8 @@ def main():
     ap.add_argument('--compare-steps', type=int, default=50)
     ap.add_argument('--tol', type=float, default=1e-3)
     ap.add_argument('--device', default='cuda' if torch.cuda.is_available() else 'cpu')
+    ap.add_argument('--profile', type=int, default=0,
+                    help='after training, profile N more steps (torch.profiler) and print the CUDA kernels by time')
     args = ap.parse_args()
 
     with open(os.path.join(args.run, 'run.json')) as f:
@@ -289,6 +320,9 @@ def main():
                 print(json.dumps({'step': s, 'loss': v, 'lr': lr_s, 'tokensPerSecond': tps}))
             pending = []
             t0 = time.perf_counter()
+
+    if args.profile > 0:
+        profile_steps(args.profile, windows, model, opt, autocast, opt_cfg, dev)
 
     if args.compare:
         n = min(args.compare_steps, steps)
