@@ -45,7 +45,7 @@ struct NormTraits {
 
 // ptxas (nvcc 13.0, sm_80 / sm_90a): 40-96 registers, 0 spills.
 template <typename Tr>
-__global__ void __launch_bounds__(kRowBlockThreads, ops::kRowMinBlocks) norm_fwd_kernel(const NormParams p, float inv_cols) {
+__global__ void __launch_bounds__(kRowBlockThreads, ops::kRowMinBlocks) norm_fwd_kernel(const NormParams p, float cols_f) {
   using T = typename Tr::T;
   using Rows = typename Tr::Rows;
   constexpr int N = Tr::N;
@@ -66,7 +66,10 @@ __global__ void __launch_bounds__(kRowBlockThreads, ops::kRowMinBlocks) norm_fwd
         for (int i = 0; i < N; ++i) s[0] += v[i];
       }
       Rows::sum(s, scratch);
-      mean = s[0] * inv_cols;
+      // Divided, not multiplied by 1/cols: the mean and the variance are then the correctly rounded
+      // quotients a plain implementation computes. On ill-conditioned rows (3 columns of nearly equal
+      // values) the reciprocal's ulp reached out through rstd: 2.65e-5 against a bound of 1.83e-5.
+      mean = s[0] / cols_f;
     }
     float ss[1] = {0.0f};
     for (int64_t c = static_cast<int64_t>(Rows::rank()) * N; c < p.cols; c += Tr::kStep) {
@@ -82,7 +85,7 @@ __global__ void __launch_bounds__(kRowBlockThreads, ops::kRowMinBlocks) norm_fwd
     // In double, once per row: rsqrtf's 2 ulp reach dx through (1 - xhat^2) when a row has one
     // column (an RMSNorm dx 4.3e-6 off against a bound of 5.3e-7 on the H100), and 1.0f / sqrtf or
     // __frsqrt_rn call a slow path that spilled 8-48 bytes in the fp32 instances.
-    const float rstd = static_cast<float>(rsqrt(static_cast<double>(ss[0] * inv_cols + p.eps)));
+    const float rstd = static_cast<float>(rsqrt(static_cast<double>(ss[0] / cols_f + p.eps)));
     for (int64_t c = static_cast<int64_t>(Rows::rank()) * N; c < p.cols; c += Tr::kStep) {
       float v[N], wv[N], y[N];
       ops::load_float<N>(xr + c, v);
@@ -240,10 +243,10 @@ __global__ void __launch_bounds__(kRowBlockThreads, ops::kRowMinBlocks)
   const int cols = static_cast<int>(p.cols);
   for (int t = static_cast<int>(threadIdx.x); t < kOuts * cols; t += kRowBlockThreads) {
     const int o = t / cols, c = t - o * cols;
-    float acc = 0.0f;
+    double acc = 0.0;  // the warps' sums added exactly, rounded once (see column_partials.cuh)
 #pragma unroll
     for (int wi = 0; wi < kWarps; ++wi) acc += sums[o][wi][c];
-    partials[(o * split.chunks + chunk) * p.cols + c] = acc;
+    partials[(o * split.chunks + chunk) * p.cols + c] = static_cast<float>(acc);
   }
 }
 
@@ -291,7 +294,7 @@ float inv_cols(const NormParams& p) { return static_cast<float>(1.0 / static_cas
 template <typename Tr>
 struct FwdKernel {
   static void launch(unsigned int grid, const NormParams& p, cudaStream_t stream) {
-    norm_fwd_kernel<Tr><<<grid, kRowBlockThreads, 0, stream>>>(p, inv_cols(p));
+    norm_fwd_kernel<Tr><<<grid, kRowBlockThreads, 0, stream>>>(p, static_cast<float>(p.cols));
   }
 };
 template <typename Tr>
