@@ -8,6 +8,10 @@
 // Both blocks are kRowLanes warps x 32 columns: warp w takes rows (or chunks) w, w + kRowLanes, ...,
 // lane l column 32 tile + l (a warp reads 32 consecutive elements of a row), and the kRowLanes sums
 // are added in warp order through shared memory. Same inputs, same bits, on every run.
+// Precision: each lane sums a few rows in float32 (rows_per_chunk / kRowLanes, 8 for the GPT); the
+// warps' sums, the chunks' partials and the old value of out are added in double and rounded once, so
+// the error is that of the short float32 runs. With float32 adds throughout (1025 rows, 1 column) the
+// result was 13 ulps off, above 3x a sequential float32 sum's error on some seeds of ops_check.
 #pragma once
 #include <cuda_runtime.h>
 
@@ -70,10 +74,10 @@ __global__ void __launch_bounds__(kColumnThreads)
   for (int k = 0; k < kOuts; ++k) sums[k][rl][lane] = acc[k];
   __syncthreads();
   if (rl < kOuts && c < cols) {  // warp k writes output k
-    float s = 0.0f;
+    double s = 0.0;
 #pragma unroll
     for (int w = 0; w < kRowLanes; ++w) s += sums[rl][w][lane];
-    partials[(static_cast<int64_t>(rl) * split.chunks + chunk) * cols + c] = s;
+    partials[(static_cast<int64_t>(rl) * split.chunks + chunk) * cols + c] = static_cast<float>(s);
   }
 }
 
@@ -83,13 +87,13 @@ template <int kOuts>
 __global__ void __launch_bounds__(kColumnThreads)
     column_finish_kernel(const float* __restrict__ partials, int64_t chunks, int64_t cols, float* out0, float* out1,
                          bool accumulate) {
-  __shared__ float sums[kOuts][kRowLanes][kColTile];
+  __shared__ double sums[kOuts][kRowLanes][kColTile];
   const int lane = static_cast<int>(threadIdx.x) % kColTile;
   const int rl = static_cast<int>(threadIdx.x) / kColTile;
   const int64_t c = static_cast<int64_t>(blockIdx.x) * kColTile + lane;
 #pragma unroll
   for (int k = 0; k < kOuts; ++k) {
-    float acc = 0.0f;
+    double acc = 0.0;
     if (c < cols) {
       for (int64_t ch = rl; ch < chunks; ch += kRowLanes) acc += partials[(k * chunks + ch) * cols + c];
     }
@@ -99,10 +103,10 @@ __global__ void __launch_bounds__(kColumnThreads)
   if (rl < kOuts && c < cols) {
     float* out = rl == 0 ? out0 : out1;
     if (out != nullptr) {
-      float s = 0.0f;
+      double s = accumulate ? static_cast<double>(out[c]) : 0.0;
 #pragma unroll
       for (int w = 0; w < kRowLanes; ++w) s += sums[rl][w][lane];
-      out[c] = accumulate ? out[c] + s : s;
+      out[c] = static_cast<float>(s);
     }
   }
 }
