@@ -470,7 +470,7 @@ bool run_case(const Case& c, const char* path, BwdFn bwd, bool deterministic, st
   upload(v_dev, c.dtype, v);
   upload(dout_dev, c.dtype, dout);
   cudaStream_t stream;
-  CHECK_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  CHECK_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamDefault));
   const auto pfwd = make_params(c, q_dev, k_dev, v_dev, out_dev, lse_dev);
   const char* fwd_path = run_forward(pfwd, stream);
   const auto pf = make_bwd_params(pfwd, dout_dev, flash_dq, flash_dk, flash_dv);
@@ -700,7 +700,7 @@ void bench(BenchInputs& in, bool causal, const char* name, BwdFn bwd) {
   Case c = in.c;
   c.causal = causal;
   cudaStream_t stream;
-  CHECK_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  CHECK_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamDefault));
   const auto pfwd = make_params(c, in.q, in.k, in.v, in.out, in.lse);
   run_forward(pfwd, stream);
   const auto p = make_bwd_params(pfwd, in.dout, in.dq, in.dk, in.dv);

@@ -432,7 +432,7 @@ bool run_case(const Case& c, std::mt19937_64& rng) {
   upload(v_dev, in.v);
   upload(dout_dev, in.dout);
   cudaStream_t stream;
-  CHECK_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  CHECK_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamDefault));
   const auto pfwd = make_params(c, q_dev, k_dev, v_dev, out_dev, lse_dev);
   const char* fwd_path = run_forward(pfwd, stream);
   const auto pf = make_bwd_params(c, pfwd, dout_dev, flash_dq, flash_dk, flash_dv);
@@ -649,7 +649,7 @@ void bench(const Case& c, const char* name, BwdFn bwd, std::mt19937_64& rng) {
   upload(v_dev, random_values(n, kVMaxMag, rng));
   upload(dout_dev, random_values(n, kDoutMaxMag, rng));
   cudaStream_t stream;
-  CHECK_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  CHECK_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamDefault));
   const auto pfwd = make_params(c, q_dev, k_dev, v_dev, out_dev, lse_dev);
   run_forward(pfwd, stream);
   const auto p = make_bwd_params(c, pfwd, dout_dev, dq, dk, dv);

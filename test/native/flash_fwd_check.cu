@@ -144,7 +144,7 @@ bool run_case(const Case& c, const char* path, FwdFn fwd, std::mt19937_64& rng) 
   CHECK_CUDA(cudaMemset(dout_flash.ptr, 0xFF, nq * 2));  // NaN in fp16 and bf16
   CHECK_CUDA(cudaMemset(dlse_flash.ptr, 0xFF, nlse * 4));
   cudaStream_t stream;
-  CHECK_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  CHECK_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamDefault));
   const auto pf = make_params(c, dq, dk, dv, dout_flash, dlse_flash);
   const auto pn = make_params(c, dq, dk, dv, dout_naive, dlse_naive);
   CHECK_CUDA(fwd(pf, stream));
@@ -276,7 +276,7 @@ void bench(int64_t seqlen, int64_t d, bool causal, const char* path, FwdFn fwd, 
   upload(dv, c.dtype, random_values(n, c.dtype, kVMaxMag, rng));
   const auto p = make_params(c, dq, dk, dv, dout, dlse);
   cudaStream_t stream;
-  CHECK_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  CHECK_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamDefault));
   const LaunchTimes tm = time_launches([&] { return fwd(p, stream); }, stream);
   const double flops = 4.0 * c.batch * c.hq * static_cast<double>(seqlen) * seqlen * d * (causal ? 0.5 : 1.0);
   std::printf("BENCH %-12s bf16 B%" PRId64 " H%" PRId64 " S%-5" PRId64 " D%-3" PRId64

@@ -152,7 +152,7 @@ bool run_case(const Case& c, Fp32Precision precision, std::mt19937_64& rng) {
   CHECK_CUDA(cudaMemset(dout_flash.ptr, 0xFF, nq * 4));  // NaN
   CHECK_CUDA(cudaMemset(dlse_flash.ptr, 0xFF, nlse * 4));
   cudaStream_t stream;
-  CHECK_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  CHECK_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamDefault));
   const auto pf = make_params(c, precision, dq, dk, dv, dout_flash, dlse_flash);
   const auto pn = make_params(c, precision, dq, dk, dv, dout_naive, dlse_naive);
   CHECK_CUDA(fa::cuda::flash_fwd_fp32(pf, stream));
@@ -231,7 +231,7 @@ void bench(const Case& c, const char* name, Fp32Precision precision, FwdFn fwd, 
   upload(dv, random_values(nk, kVMaxMag, rng));
   const auto p = make_params(c, precision, dq, dk, dv, dout, dlse);
   cudaStream_t stream;
-  CHECK_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  CHECK_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamDefault));
   const LaunchTimes tm = time_launches([&] { return fwd(p, stream); }, stream);
   const double flops = 4.0 * c.batch * c.hq * static_cast<double>(c.sq) * c.sk * c.d * (c.causal ? 0.5 : 1.0);
   std::printf("BENCH %-13s fp32 B%" PRId64 " H%-3" PRId64 " S%-5" PRId64 " D%-3" PRId64

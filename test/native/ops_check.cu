@@ -1074,7 +1074,11 @@ void run_bench(Rng& rng) {
 int main(int argc, char** argv) {
   const CheckSetup setup = check_setup(argc, argv, "ops_check", true);
   Rng rng(setup.seed);
-  CHECK_CUDA(cudaStreamCreateWithFlags(&g_stream, cudaStreamNonBlocking));
+  // A blocking stream: Buf's cudaMemcpy / cudaMemset run on the legacy default stream, and a pageable
+  // host-to-device cudaMemcpy may return before its DMA lands. With a non-blocking stream a kernel
+  // could read a buffer before its upload finished: the embedding backward's "differs between two
+  // runs" failures (re-uploaded dtable, 1 MB and up) came from that race, not from the kernel.
+  CHECK_CUDA(cudaStreamCreateWithFlags(&g_stream, cudaStreamDefault));
   if (setup.run_checks) {
     const auto fits = [](int64_t rows, int64_t cols) { return rows * cols <= kMaxCaseElems; };
     // Misaligned variants on the smaller shapes (the scalar paths do not depend on size).
