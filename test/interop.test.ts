@@ -35,7 +35,17 @@ const CC = ['cc', 'gcc', 'clang'].find((c) => {
   }
 });
 const NODE_INCLUDE = path.join(path.dirname(path.dirname(process.execPath)), 'include', 'node');
-const HEADERS = ['/usr/include/node', NODE_INCLUDE].find((d) => fs.existsSync(path.join(d, 'node_api.h')));
+// node-api-headers (cmake-js's dependency) carries node_api.h where Node's own headers are absent
+// (a GPU machine with a bundled node binary).
+const API_HEADERS = ((): string | undefined => {
+  try {
+    // eslint-disable-next-line @typescript-eslint/no-var-requires
+    return (require('node-api-headers') as { include_dir: string }).include_dir;
+  } catch {
+    return undefined;
+  }
+})();
+const HEADERS = ['/usr/include/node', NODE_INCLUDE, API_HEADERS].find((d) => d && fs.existsSync(path.join(d, 'node_api.h')));
 const SKIP = !CC ? 'no C compiler (cc, gcc, clang) to build the owner addon'
   : !HEADERS ? "Node's headers (node_api.h) are not installed" : '';
 
