@@ -12,6 +12,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <string>
 #include <vector>
 
@@ -31,7 +32,7 @@ namespace {
 int g_failures = 0;
 int g_cases = 0;
 // The sm90 tile configurations built (gemm_sm90.cu): 128 x 128, 64 x 128, 128 x 192.
-constexpr int kSm90Configs[] = {0, 3, 4};
+constexpr int kSm90Configs[] = {0, 3, 4, 5, 6};
 
 // Device copy of a host tensor, at a byte offset from a 256-byte aligned allocation (offset 2 makes a
 // 16-bit tensor unaligned for 16-byte loads).
@@ -54,7 +55,10 @@ struct DeviceTensor {
 };
 
 const char* path_name(const fg::GemmPlan& plan) {
-  if (plan.path == fg::GemmPath::kSm90) return plan.sm90_config == 4 ? "sm90/4" : plan.sm90_config == 3 ? "sm90/3" : "sm90/0";
+  if (plan.path == fg::GemmPath::kSm90) {
+    static const char* const kNames[] = {"sm90/0", "sm90/1", "sm90/2", "sm90/3", "sm90/4", "sm90/5", "sm90/6"};
+    return plan.sm90_config >= 0 && plan.sm90_config <= 6 ? kNames[plan.sm90_config] : "sm90/?";
+  }
   if (!plan.vec) return "sm80/scalar";
   return plan.tile == fg::Sm80Tile::kLarge ? "sm80/large" : "sm80/small";
 }
@@ -240,6 +244,18 @@ void run_bench(std::mt19937_64& rng) {
           const std::string name = "cfg" + std::to_string(config);
           bench(p, pr, short_name(dt), name.c_str(), f);
         }
+      }
+      if (pr.dw && dt == DType::kBFloat16 && fg::gemm_sm90_built() && std::getenv("GEMM_SPLIT_SWEEP") != nullptr) {
+        // GEMM_SPLIT_SWEEP=1: every sm90 configuration at K splits 1-24 (the planner's split choice).
+        for (int config : kSm90Configs)
+          for (int splits : {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 14, 16, 18, 20, 24}) {
+            fg::PlanOverride f;
+            f.path = static_cast<int>(fg::GemmPath::kSm90);
+            f.tile = config;
+            f.splits = splits;
+            const std::string name = "cfg" + std::to_string(config) + "s" + std::to_string(splits);
+            bench(p, pr, short_name(dt), name.c_str(), f);
+          }
       }
       if (pr.name == "fwd_fc" && dt != DType::kFloat32) {  // the fused bias + GELU (+ pre_out) epilogue
         HostTensor bias = random_tensor(dt, static_cast<size_t>(pr.n), rng);

@@ -178,10 +178,11 @@ __device__ __forceinline__ void load8(const void* base, int64_t idx, float (&t)[
 }
 
 // Finishes the staged tile at C(i0, j0): the epilogue into C (and pre_out), or raw sums into the
-// split-K slice. All kThreads threads call it after a barrier that follows the staging writes.
+// split-K slice. All kThreads threads (`tid` 0 .. kThreads - 1) call it after a barrier that follows
+// the staging writes.
 template <typename Elem, int kRows, int kCols, int kThreads>
 __device__ __forceinline__ void finish_staged_tile(const GemmParams& p, const float* stage, int64_t i0, int64_t j0,
-                                                   float* slice) {
+                                                   float* slice, int tid) {
   constexpr int kPitch = kCols + kStagePad;
   constexpr int kChunksPerRow = kCols / 8;
   constexpr int kIters = kRows * kChunksPerRow / kThreads;
@@ -196,7 +197,7 @@ __device__ __forceinline__ void finish_staged_tile(const GemmParams& p, const fl
   const bool b_f32 = p.bias_dtype == DType::kFloat32;
 #pragma unroll 2
   for (int it = 0; it < kIters; ++it) {
-    const int c = static_cast<int>(threadIdx.x) + it * kThreads;
+    const int c = tid + it * kThreads;
     const int r = c / kChunksPerRow, cc = (c % kChunksPerRow) * 8;
     const int64_t row = i0 + r, col = j0 + cc;
     if (row >= p.m || col >= p.n) continue;

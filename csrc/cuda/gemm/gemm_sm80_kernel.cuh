@@ -217,7 +217,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSm)
     }
   __syncthreads();
   float* slice = partial != nullptr ? partial + split * p.m * p.n : nullptr;
-  finish_staged_tile<Elem, kBM, kBN, kThreads>(p, stage, i0, j0, slice);
+  finish_staged_tile<Elem, kBM, kBN, kThreads>(p, stage, i0, j0, slice, static_cast<int>(threadIdx.x));
 }
 
 }  // namespace fa::cuda::gemm_kernels

@@ -3,7 +3,10 @@
 #include <cuda.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
+
 #include "cuda/cuda_utils.cuh"
+#include "cuda/flash/launch_checks.h"
 #include "cuda/flash/hopper/tensor_map.h"
 #include "cuda/gemm/gemm_plan.h"
 #include "cuda/gemm/gemm_sm90_kernel.cuh"
@@ -22,26 +25,46 @@ namespace {
 // pad N more (the lm head), 3 for the ones under split-K. Other values of a plan's sm90_config run 0.
 struct Sm90Config0 {  // 128 x 128, 3 stages of 32 KiB
   static constexpr int kBlockM = 128, kBlockN = 128, kStages = 3, kBlocksPerSm = 2;
+  static constexpr bool kWarpSpecialized = false;
 };
 
 
 struct Sm90Config3 {  // 64 x 128 (one warpgroup), 3 stages of 24 KiB, three blocks per SM
   static constexpr int kBlockM = 64, kBlockN = 128, kStages = 3, kBlocksPerSm = 3;
+  static constexpr bool kWarpSpecialized = false;
 };
 struct Sm90Config4 {  // 128 x 192, 2 stages of 40 KiB, two blocks per SM
   static constexpr int kBlockM = 128, kBlockN = 192, kStages = 2, kBlocksPerSm = 2;
+  static constexpr bool kWarpSpecialized = false;
+};
+// Warp-specialized and persistent (gemm_sm90_ws_kernel): one block per SM, a producer warpgroup and
+// two consumer warpgroups, the epilogue staged in a buffer of its own while the producer loads ahead.
+// H100, bf16, us (5 / 6 against the best of 0, 3, 4 unsplit): fwd qkv 48.7 / 50.7 vs 38.8, fwd fc2
+// (K = 1536) 43.6 / 42.5 vs 43.9, dx fc 42.8 / 42.8 vs 40.1: at K = 384 the epilogue, which no other
+// block overlaps here, costs more than the deeper pipeline gains. Split over K (dW, K = 16384) with
+// one wave of work items 6 wins: qkv 41.0 (4 splits), fc 48.8 (3), fc2 49.3 (3), against 43.4, 50.7
+// and 54.1 with the best split of 0 or 3; the planner takes it there (gemm.cu).
+struct Sm90Config5 {  // 128 x 192, 3 stages of 40 KiB + 100 KiB staging
+  static constexpr int kBlockM = 128, kBlockN = 192, kStages = 3, kBlocksPerSm = 1;
+  static constexpr bool kWarpSpecialized = true;
+};
+struct Sm90Config6 {  // 128 x 128, 4 stages of 32 KiB + 68 KiB staging
+  static constexpr int kBlockM = 128, kBlockN = 128, kStages = 4, kBlocksPerSm = 1;
+  static constexpr bool kWarpSpecialized = true;
 };
 
 
 template <typename Config>
-void tile_of(int* block_m, int* block_n) {
+void tile_of(int* block_m, int* block_n, int* blocks_per_sm) {
   *block_m = Config::kBlockM;
   *block_n = Config::kBlockN;
+  if (blocks_per_sm != nullptr) *blocks_per_sm = Config::kBlocksPerSm;
 }
 
 template <typename Elem, typename Config, bool kAK, bool kBK>
 cudaError_t launch(const GemmParams& p, const GemmPlan& plan, float* partial, cudaStream_t stream) {
-  using Traits = Sm90Traits<Elem, Config::kBlockM, Config::kBlockN, Config::kStages, Config::kBlocksPerSm, kAK, kBK>;
+  constexpr bool kWs = Config::kWarpSpecialized;
+  using Traits = Sm90Traits<Elem, Config::kBlockM, Config::kBlockN, Config::kStages, Config::kBlocksPerSm, kAK, kBK, kWs>;
   const CUtensorMapDataType type =
       p.ab_dtype == DType::kFloat16 ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16;
   GemmTensorMaps maps;
@@ -57,10 +80,19 @@ cudaError_t launch(const GemmParams& p, const GemmPlan& plan, float* partial, cu
     FA_CUDA_TRY(map2d(&maps.b, p.b, p.k, p.n, p.ldb, Traits::kBlockN));
   else
     FA_CUDA_TRY(map2d(&maps.b, p.b, p.n, p.k, p.ldb, Traits::kBlockK));
-  auto kernel = gemm_sm90_kernel<Traits>;
-  FA_CUDA_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Traits::kSmemBytes));
-  kernel<<<static_cast<unsigned>(plan.blocks), Traits::kNThreads, Traits::kSmemBytes, stream>>>(
-      p, maps, partial, plan.splits, plan.k_tiles_per_split);
+  if constexpr (kWs) {
+    // Persistent: at most one block per SM, each walking work items gridDim.x apart.
+    auto kernel = gemm_sm90_ws_kernel<Traits>;
+    FA_CUDA_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Traits::kSmemBytes));
+    const int64_t sms = std::max(flash::device_attribute(cudaDevAttrMultiProcessorCount), 1);
+    const unsigned grid = static_cast<unsigned>(std::min<int64_t>(plan.blocks, sms));
+    kernel<<<grid, Traits::kNThreads, Traits::kSmemBytes, stream>>>(p, maps, partial, plan.blocks, plan.k_tiles_per_split);
+  } else {
+    auto kernel = gemm_sm90_kernel<Traits>;
+    FA_CUDA_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Traits::kSmemBytes));
+    kernel<<<static_cast<unsigned>(plan.blocks), Traits::kNThreads, Traits::kSmemBytes, stream>>>(
+        p, maps, partial, plan.splits, plan.k_tiles_per_split);
+  }
   return cudaGetLastError();
 }
 
@@ -76,6 +108,8 @@ template <typename Elem>
 cudaError_t by_config(const GemmParams& p, const GemmPlan& plan, float* partial, cudaStream_t stream) {
   if (plan.sm90_config == 3) return by_layout<Elem, Sm90Config3>(p, plan, partial, stream);
   if (plan.sm90_config == 4) return by_layout<Elem, Sm90Config4>(p, plan, partial, stream);
+  if (plan.sm90_config == 5) return by_layout<Elem, Sm90Config5>(p, plan, partial, stream);
+  if (plan.sm90_config == 6) return by_layout<Elem, Sm90Config6>(p, plan, partial, stream);
   return by_layout<Elem, Sm90Config0>(p, plan, partial, stream);
 }
 
@@ -89,11 +123,13 @@ bool gemm_sm90_built() {
 #endif
 }
 
-void gemm_sm90_tile(int config, int* block_m, int* block_n, int* block_k) {
+void gemm_sm90_tile(int config, int* block_m, int* block_n, int* block_k, int* blocks_per_sm) {
   switch (config) {
-    case 3: tile_of<Sm90Config3>(block_m, block_n); break;
-    case 4: tile_of<Sm90Config4>(block_m, block_n); break;
-    default: tile_of<Sm90Config0>(block_m, block_n); break;
+    case 3: tile_of<Sm90Config3>(block_m, block_n, blocks_per_sm); break;
+    case 4: tile_of<Sm90Config4>(block_m, block_n, blocks_per_sm); break;
+    case 5: tile_of<Sm90Config5>(block_m, block_n, blocks_per_sm); break;
+    case 6: tile_of<Sm90Config6>(block_m, block_n, blocks_per_sm); break;
+    default: tile_of<Sm90Config0>(block_m, block_n, blocks_per_sm); break;
   }
   *block_k = 64;
 }

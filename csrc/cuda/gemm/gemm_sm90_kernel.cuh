@@ -17,6 +17,15 @@
 // Epilogue: the accumulators are staged through shared memory (the pipeline's stages) and finished
 // 8 columns per thread with 16-byte stores (gemm_common.cuh), or written as raw fp32 sums into the
 // split's workspace slice.
+//
+// gemm_sm90_ws_kernel, the warp-specialized persistent variant: warpgroup 0 is the producer (one
+// thread issues every TMA load), warpgroups 1.. the consumers (64 rows each). One block per SM walks
+// the work items (tile, K split) blockIdx.x, + gridDim.x, ...; a K tile's stage cycles through a
+// full barrier (the producer's expect_tx, completed by TMA) and an empty barrier (every consumer
+// thread arrives once its wgmma reading the stage are done), so no block-wide barrier sits in the
+// main loop and the producer runs up to kStages tiles ahead, into the next work item while the
+// consumers finish the last one. The epilogue stages through a buffer of its own (the pipeline keeps
+// loading meanwhile) and is ordered among the consumers by a named barrier.
 #pragma once
 #include <cuda.h>
 #include <cuda_runtime.h>
@@ -32,31 +41,115 @@
 
 namespace fa::cuda::gemm_kernels {
 
-template <typename Elem_, int kBlockM_, int kBlockN_, int kStages_, int kMinBlocksPerSm_, bool kAKMajor_, bool kBKMajor_>
+template <typename Elem_, int kBlockM_, int kBlockN_, int kStages_, int kMinBlocksPerSm_, bool kAKMajor_, bool kBKMajor_,
+          bool kWarpSpecialized_ = false>
 struct Sm90Traits {
   using Elem = Elem_;
   static constexpr int kBlockM = kBlockM_, kBlockN = kBlockN_, kBlockK = 64, kStages = kStages_;
   static constexpr int kMinBlocksPerSm = kMinBlocksPerSm_;
   static constexpr bool kAKMajor = kAKMajor_, kBKMajor = kBKMajor_;
-  static constexpr int kWarpGroups = kBlockM / 64;
-  static constexpr int kNThreads = kWarpGroups * 128;
+  static constexpr bool kWarpSpecialized = kWarpSpecialized_;
+  static constexpr int kWarpGroups = kBlockM / 64;  // the ones that multiply
+  static constexpr int kMmaThreads = kWarpGroups * 128;
+  static constexpr int kNThreads = kMmaThreads + (kWarpSpecialized ? 128 : 0);  // + the producer warpgroup
   static constexpr int kNTiles = kBlockN / 8;  // accumulator n8 tiles per thread
   static constexpr int kBlockBytes = 64 * flash::sm90::kSw128RowBytes;  // one [64][64] column block
   static constexpr int kATileBytes = kBlockM * kBlockK * 2;
   static constexpr int kBTileBytes = kBlockN * kBlockK * 2;
   static constexpr int kStageBytes = kATileBytes + kBTileBytes;
-  // The staged epilogue reuses the stages' memory (and more when it needs more); the mbarriers sit
-  // after both.
+  // The non-specialized kernel stages its epilogue in the stages' memory (and more when it needs
+  // more); the warp-specialized one in a buffer of its own after them. The mbarriers come last:
+  // full (and, warp-specialized, empty) per stage.
   static constexpr int kPipeBytes = kStages * kStageBytes;
-  static constexpr int kDataBytes = kPipeBytes > kStagedTileBytes<kBlockM, kBlockN> ? kPipeBytes
-                                                                                       : kStagedTileBytes<kBlockM, kBlockN>;
-  static constexpr int kSmemBytes = kDataBytes + flash::sm90::kSw128AtomBytes + 8 * kStages;
+  static constexpr int kStagingBytes = kStagedTileBytes<kBlockM, kBlockN>;
+  static constexpr int kDataBytes = kWarpSpecialized             ? kPipeBytes + kStagingBytes
+                                    : kPipeBytes > kStagingBytes ? kPipeBytes
+                                                                 : kStagingBytes;
+  static constexpr int kSmemBytes = kDataBytes + flash::sm90::kSw128AtomBytes + 16 * kStages;
   static_assert(kBlockM % 64 == 0 && kBlockN % 64 == 0 && kBlockN <= 256, "tiles of whole 64-wide column blocks");
+  static_assert(kSmemBytes <= 227 * 1024, "an sm_90 block has at most 227 KiB of shared memory");
 };
 
 struct GemmTensorMaps {
   CUtensorMap a, b;
 };
+
+// One work item: a kBlockM x kBlockN tile of C and a K split (N tile fastest, then M tile, then split).
+struct Sm90Work {
+  int i0, j0;        // the tile's first row and column of C
+  int64_t split;     // >= splits: no such work item
+  int64_t kt_begin;  // its first K tile
+  int n_kt;          // its K tiles
+};
+
+template <typename Traits>
+__device__ __forceinline__ Sm90Work sm90_work(const GemmParams& p, int64_t item, int k_tiles_per_split) {
+  const int64_t n_tiles = ceil_div<int64_t>(p.n, Traits::kBlockN), m_tiles = ceil_div<int64_t>(p.m, Traits::kBlockM);
+  const int64_t tn = item % n_tiles, tm = (item / n_tiles) % m_tiles;
+  Sm90Work w;
+  w.i0 = static_cast<int>(tm * Traits::kBlockM);
+  w.j0 = static_cast<int>(tn * Traits::kBlockN);
+  w.split = item / (n_tiles * m_tiles);
+  const int64_t k_tiles = ceil_div<int64_t>(p.k, Traits::kBlockK);
+  w.kt_begin = w.split * k_tiles_per_split;
+  const int64_t kt_end = w.kt_begin + k_tiles_per_split < k_tiles ? w.kt_begin + k_tiles_per_split : k_tiles;
+  w.n_kt = static_cast<int>(kt_end > w.kt_begin ? kt_end - w.kt_begin : 0);
+  return w;
+}
+
+// K tile `kt` of work item w into the stage at s_a / s_b (B's after A's), completing on `bar`. One
+// thread issues it.
+template <typename Traits>
+__device__ __forceinline__ void sm90_load_k_tile(const GemmTensorMaps& maps, uint32_t s_a, uint32_t bar, const Sm90Work& w,
+                                                 int64_t kt) {
+  using namespace flash::sm90;
+  constexpr int kBM = Traits::kBlockM, kBN = Traits::kBlockN;
+  const uint32_t s_b = s_a + static_cast<uint32_t>(Traits::kATileBytes);
+  const int k0 = static_cast<int>(kt * Traits::kBlockK);
+  mbarrier_arrive_expect_tx(bar, static_cast<uint32_t>(Traits::kStageBytes));
+  if constexpr (Traits::kAKMajor) {
+    tma_load_4d(s_a, &maps.a, bar, k0, w.i0, 0, 0);
+  } else {
+#pragma unroll
+    for (int cb = 0; cb < kBM / 64; ++cb) tma_load_4d(s_a + cb * Traits::kBlockBytes, &maps.a, bar, w.i0 + 64 * cb, k0, 0, 0);
+  }
+  if constexpr (Traits::kBKMajor) {
+    tma_load_4d(s_b, &maps.b, bar, k0, w.j0, 0, 0);
+  } else {
+#pragma unroll
+    for (int cb = 0; cb < kBN / 64; ++cb) tma_load_4d(s_b + cb * Traits::kBlockBytes, &maps.b, bar, w.j0 + 64 * cb, k0, 0, 0);
+  }
+}
+
+// The four k16 wgmma steps of one K tile for warpgroup `wg` (its 64 rows of A) into acc.
+template <typename Traits>
+__device__ __forceinline__ void sm90_mma_k_tile(float (&acc)[Traits::kNTiles][4], uint32_t s_a, int wg) {
+  using namespace flash::sm90;
+  constexpr int kBM = Traits::kBlockM, kBN = Traits::kBlockN, kBK = Traits::kBlockK;
+  constexpr int kTransA = Traits::kAKMajor ? 0 : 1, kTransB = Traits::kBKMajor ? 0 : 1;
+  const uint32_t s_b = s_a + static_cast<uint32_t>(Traits::kATileBytes);
+  // This warpgroup's 64 rows of A: rows [64 wg, 64 wg + 64) of a k-major tile, or column block wg.
+  const uint32_t a_wg = s_a + static_cast<uint32_t>(wg * (Traits::kAKMajor ? 64 * kSw128RowBytes : Traits::kBlockBytes));
+#pragma unroll
+  for (int ks = 0; ks < kBK / 16; ++ks) {
+    const uint64_t da = Traits::kAKMajor ? desc_k_major<kBM>(a_wg, ks) : desc_mn_major<kBK>(a_wg, ks);
+    const uint64_t db = Traits::kBKMajor ? desc_k_major<kBN>(s_b, ks) : desc_mn_major<kBK>(s_b, ks);
+    flash::sm90::Wgmma<kBN, typename Traits::Elem>::template ss_t<kTransA, kTransB>(acc, da, db, 1);
+  }
+}
+
+// Warpgroup wg's accumulators into the fp32 staging tile; `t` is the thread's index in its warpgroup.
+template <typename Traits>
+__device__ __forceinline__ void sm90_stage_acc(float* stage, const float (&acc)[Traits::kNTiles][4], int wg, int t) {
+  const int warp = t / 32, lane = t % 32;
+  const int row = wg * 64 + warp * 16 + lane / 4;
+#pragma unroll
+  for (int j = 0; j < Traits::kNTiles; ++j) {
+    const int col = 8 * j + 2 * (lane % 4);
+    stage_pair<Traits::kBlockN>(stage, row, col, acc[j][0], acc[j][1]);
+    stage_pair<Traits::kBlockN>(stage, row + 8, col, acc[j][2], acc[j][3]);
+  }
+}
 
 template <typename Traits>
 __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSm)
@@ -65,24 +158,16 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSm)
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using namespace flash::sm90;
   using Elem = typename Traits::Elem;
-  constexpr int kBM = Traits::kBlockM, kBN = Traits::kBlockN, kBK = Traits::kBlockK, kStages = Traits::kStages;
-  constexpr int kTransA = Traits::kAKMajor ? 0 : 1, kTransB = Traits::kBKMajor ? 0 : 1;
+  constexpr int kBM = Traits::kBlockM, kBN = Traits::kBlockN, kStages = Traits::kStages;
 
   extern __shared__ unsigned char smem_raw[];
   const uint32_t base = (flash::smem_u32(smem_raw) + kSw128AtomBytes - 1) & ~uint32_t(kSw128AtomBytes - 1);
   const auto s_a = [&](int st) { return base + static_cast<uint32_t>(st * Traits::kStageBytes); };
-  const auto s_b = [&](int st) { return s_a(st) + static_cast<uint32_t>(Traits::kATileBytes); };
   const auto bar = [&](int st) { return base + static_cast<uint32_t>(Traits::kDataBytes + 8 * st); };
 
-  const int64_t n_tiles = ceil_div<int64_t>(p.n, kBN), m_tiles = ceil_div<int64_t>(p.m, kBM);
-  const int64_t block = blockIdx.x;
-  const int64_t tn = block % n_tiles, tm = (block / n_tiles) % m_tiles, split = block / (n_tiles * m_tiles);
-  if (split >= splits) return;
-  const int i0 = static_cast<int>(tm * kBM), j0 = static_cast<int>(tn * kBN);
-  const int64_t k_tiles = ceil_div<int64_t>(p.k, kBK);
-  const int64_t kt_begin = split * k_tiles_per_split;
-  const int64_t kt_end = kt_begin + k_tiles_per_split < k_tiles ? kt_begin + k_tiles_per_split : k_tiles;
-  const int n_kt = static_cast<int>(kt_end > kt_begin ? kt_end - kt_begin : 0);
+  const Sm90Work w = sm90_work<Traits>(p, blockIdx.x, k_tiles_per_split);
+  if (w.split >= splits) return;
+  const int n_kt = w.n_kt;
 
   if (threadIdx.x == 0) {
     prefetch_tensor_map(&maps.a);
@@ -94,35 +179,8 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSm)
   __syncthreads();
 
   // Thread 0: local K tile `it` into stage it % kStages.
-  const auto issue = [&](int it) {
-    const int st = it % kStages;
-    const int k0 = static_cast<int>((kt_begin + it) * kBK);
-    mbarrier_arrive_expect_tx(bar(st), static_cast<uint32_t>(Traits::kStageBytes));
-    if constexpr (Traits::kAKMajor) {
-      tma_load_4d(s_a(st), &maps.a, bar(st), k0, i0, 0, 0);
-    } else {
-#pragma unroll
-      for (int cb = 0; cb < kBM / 64; ++cb)
-        tma_load_4d(s_a(st) + cb * Traits::kBlockBytes, &maps.a, bar(st), i0 + 64 * cb, k0, 0, 0);
-    }
-    if constexpr (Traits::kBKMajor) {
-      tma_load_4d(s_b(st), &maps.b, bar(st), k0, j0, 0, 0);
-    } else {
-#pragma unroll
-      for (int cb = 0; cb < kBN / 64; ++cb)
-        tma_load_4d(s_b(st) + cb * Traits::kBlockBytes, &maps.b, bar(st), j0 + 64 * cb, k0, 0, 0);
-    }
-  };
-
+  const auto issue = [&](int it) { sm90_load_k_tile<Traits>(maps, s_a(it % kStages), bar(it % kStages), w, w.kt_begin + it); };
   const int wg = warp_uniform_int(static_cast<int>(threadIdx.x) / 128);
-  // This warpgroup's 64 rows of A: rows [64 wg, 64 wg + 64) of a k-major tile, or column block wg.
-  const uint32_t a_wg_off = static_cast<uint32_t>(wg * (Traits::kAKMajor ? 64 * kSw128RowBytes : Traits::kBlockBytes));
-  const auto desc_a = [&](int st, int ks) {
-    return Traits::kAKMajor ? desc_k_major<kBM>(s_a(st) + a_wg_off, ks) : desc_mn_major<kBK>(s_a(st) + a_wg_off, ks);
-  };
-  const auto desc_b = [&](int st, int ks) {
-    return Traits::kBKMajor ? desc_k_major<kBN>(s_b(st), ks) : desc_mn_major<kBK>(s_b(st), ks);
-  };
 
   float acc[Traits::kNTiles][4];
 #pragma unroll
@@ -137,9 +195,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSm)
     const int st = it % kStages;
     mbarrier_wait(bar(st), static_cast<uint32_t>((it / kStages) & 1));
     wgmma_fence();
-#pragma unroll
-    for (int ks = 0; ks < kBK / 16; ++ks)
-      flash::sm90::Wgmma<kBN, Elem>::template ss_t<kTransA, kTransB>(acc, desc_a(st, ks), desc_b(st, ks), 1);
+    sm90_mma_k_tile<Traits>(acc, s_a(st), wg);
     wgmma_commit();
     wgmma_wait<1>();  // tile it - 1's wgmma are done in this warpgroup
     __syncthreads();  // ... and in every warpgroup: its stage may be refilled
@@ -152,17 +208,95 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSm)
   // TMA write are complete (each was waited for), the barrier orders the other warpgroups.
   __syncthreads();
   float* stage = reinterpret_cast<float*>(smem_raw + (base - flash::smem_u32(smem_raw)));
-  const int warp = (static_cast<int>(threadIdx.x) / 32) % 4, lane = static_cast<int>(threadIdx.x) % 32;
-  const int row = wg * 64 + warp * 16 + lane / 4;
-#pragma unroll
-  for (int j = 0; j < Traits::kNTiles; ++j) {
-    const int col = 8 * j + 2 * (lane % 4);
-    stage_pair<kBN>(stage, row, col, acc[j][0], acc[j][1]);
-    stage_pair<kBN>(stage, row + 8, col, acc[j][2], acc[j][3]);
-  }
+  sm90_stage_acc<Traits>(stage, acc, wg, static_cast<int>(threadIdx.x) % 128);
   __syncthreads();
-  float* slice = partial != nullptr ? partial + split * p.m * p.n : nullptr;
-  finish_staged_tile<Elem, kBM, kBN, Traits::kNThreads>(p, stage, i0, j0, slice);
+  float* slice = partial != nullptr ? partial + w.split * p.m * p.n : nullptr;
+  finish_staged_tile<Elem, kBM, kBN, Traits::kNThreads>(p, stage, w.i0, w.j0, slice, static_cast<int>(threadIdx.x));
+#else
+  __trap();  // only the sm_90a build has this kernel; the planner never selects it elsewhere
+#endif
+}
+
+template <typename Traits>
+__global__ void __launch_bounds__(Traits::kNThreads, 1)
+    gemm_sm90_ws_kernel(const __grid_constant__ GemmParams p, const __grid_constant__ GemmTensorMaps maps,
+                        float* partial, int64_t items, int k_tiles_per_split) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  static_assert(Traits::kWarpSpecialized, "the warp-specialized traits");
+  using namespace flash::sm90;
+  using Elem = typename Traits::Elem;
+  constexpr int kBM = Traits::kBlockM, kBN = Traits::kBlockN, kStages = Traits::kStages;
+  constexpr int kMma = Traits::kMmaThreads;
+
+  extern __shared__ unsigned char smem_raw[];
+  const uint32_t base = (flash::smem_u32(smem_raw) + kSw128AtomBytes - 1) & ~uint32_t(kSw128AtomBytes - 1);
+  const auto s_a = [&](int st) { return base + static_cast<uint32_t>(st * Traits::kStageBytes); };
+  const auto full = [&](int st) { return base + static_cast<uint32_t>(Traits::kDataBytes + 8 * st); };
+  const auto empty = [&](int st) { return base + static_cast<uint32_t>(Traits::kDataBytes + 8 * (kStages + st)); };
+  float* staging = reinterpret_cast<float*>(smem_raw + (base - flash::smem_u32(smem_raw)) + Traits::kPipeBytes);
+
+  if (threadIdx.x == 0) {
+    prefetch_tensor_map(&maps.a);
+    prefetch_tensor_map(&maps.b);
+#pragma unroll
+    for (int st = 0; st < kStages; ++st) {
+      mbarrier_init(full(st), 1);       // the producer's expect_tx
+      mbarrier_init(empty(st), kMma);  // every consumer thread
+    }
+    fence_mbarrier_init();
+  }
+  __syncthreads();  // the last block-wide barrier: the roles part here
+
+  const int wg = warp_uniform_int(static_cast<int>(threadIdx.x) / 128);
+  if (wg == 0) {
+    // Producer: K tile g of this block's walk (over all its work items) goes to stage g % kStages once
+    // the consumers have released that stage's use g - kStages (parity of the previous phase; a fresh
+    // barrier counts its phase before the first as complete, so the first kStages waits pass).
+    if (threadIdx.x == 0) {
+      int64_t g = 0;
+      for (int64_t item = blockIdx.x; item < items; item += gridDim.x) {
+        const Sm90Work w = sm90_work<Traits>(p, item, k_tiles_per_split);
+        for (int it = 0; it < w.n_kt; ++it, ++g) {
+          const int st = static_cast<int>(g % kStages);
+          mbarrier_wait(empty(st), static_cast<uint32_t>(((g / kStages) & 1) ^ 1));
+          sm90_load_k_tile<Traits>(maps, s_a(st), full(st), w, w.kt_begin + it);
+        }
+      }
+    }
+    return;
+  }
+
+  // Consumers: warpgroup cw multiplies rows [64 cw, 64 cw + 64) of each tile.
+  const int cw = wg - 1, t = static_cast<int>(threadIdx.x) - 128;
+  int64_t g = 0;
+  for (int64_t item = blockIdx.x; item < items; item += gridDim.x) {
+    const Sm90Work w = sm90_work<Traits>(p, item, k_tiles_per_split);
+    float acc[Traits::kNTiles][4];
+#pragma unroll
+    for (int j = 0; j < Traits::kNTiles; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) acc[j][e] = 0.0f;
+    for (int it = 0; it < w.n_kt; ++it, ++g) {
+      const int st = static_cast<int>(g % kStages);
+      mbarrier_wait(full(st), static_cast<uint32_t>((g / kStages) & 1));
+      wgmma_fence();
+      sm90_mma_k_tile<Traits>(acc, s_a(st), cw);
+      wgmma_commit();
+      wgmma_wait<1>();  // this thread's wgmma of the previous K tile are done: release its stage
+      if (it > 0) mbarrier_arrive(empty(static_cast<int>((g - 1) % kStages)));
+    }
+    wgmma_wait<0>();
+    fence_operands(acc);
+    if (w.n_kt > 0) mbarrier_arrive(empty(static_cast<int>((g - 1) % kStages)));
+
+    // Epilogue through the staging buffer: the first barrier waits until every consumer has
+    // finished reading the previous item's tile, the second until this tile is staged.
+    flash::named_barrier_sync(1, kMma);
+    sm90_stage_acc<Traits>(staging, acc, cw, t % 128);
+    flash::named_barrier_sync(1, kMma);
+    float* slice = partial != nullptr ? partial + w.split * p.m * p.n : nullptr;
+    finish_staged_tile<Elem, kBM, kBN, kMma>(p, staging, w.i0, w.j0, slice, t);
+  }
 #else
   __trap();  // only the sm_90a build has this kernel; the planner never selects it elsewhere
 #endif
