@@ -22,7 +22,8 @@ namespace {
 // 49.1 (67.2, 60.5, 62.5); dx fc 44.2 / 41.8 / 40.4 (49.2, 51.0, 57.8); dW (split-K) qkv 53.4 /
 // 44.8 / 59.0 (51.4, 58.3, 55.9), fc 70.8 / 55.8 / 66.2 (61.5, 69.1, 65.6): more blocks per SM beat
 // deeper pipelines. The planner (gemm.cu) takes 4 for large products, 0 where 192-wide tiles would
-// pad N more (the lm head), 3 for the ones under split-K. Other values of a plan's sm90_config run 0.
+// pad N more (the lm head), 6 (below) for small ones split over a long K, 3 for small ones unsplit.
+// Other values of a plan's sm90_config run 0.
 struct Sm90Config0 {  // 128 x 128, 3 stages of 32 KiB
   static constexpr int kBlockM = 128, kBlockN = 128, kStages = 3, kBlocksPerSm = 2;
   static constexpr bool kWarpSpecialized = false;
