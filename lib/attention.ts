@@ -189,9 +189,20 @@ interface CheckedOptions {
   algorithm: BackwardAlgorithm;
 }
 
-function checkOptions(options: unknown, backward: boolean): CheckedOptions {
+// The forward takes the backward's keys too (one options object can serve both passes), and checks
+// them as the backward would.
+const OPTION_KEYS: readonly string[] = ['causal', 'softmaxScale', 'kernel', 'float32Precision', 'deterministic', 'algorithm'];
+
+function checkOptions(options: unknown): CheckedOptions {
   if (options !== undefined && (options === null || typeof options !== 'object' || Array.isArray(options))) {
     throw typeError('options to be an object or undefined', describeValue(options));
+  }
+  // Unknown keys are refused: a typo ({ casual: true }) must not run with a default instead.
+  const allowed = OPTION_KEYS;
+  for (const key of Object.keys(options ?? {})) {
+    if (!allowed.includes(key)) {
+      throw typeError(`options to have only the keys ${allowed.map((k) => `'${k}'`).join(', ')}`, `unknown key '${key}'`);
+    }
   }
   const o = (options ?? {}) as AttentionBackwardOptions;
   if (o.causal !== undefined && typeof o.causal !== 'boolean') {
@@ -213,10 +224,10 @@ function checkOptions(options: unknown, backward: boolean): CheckedOptions {
   if (o.float32Precision !== undefined && !['tf32', 'highest'].includes(o.float32Precision as string)) {
     throw typeError("options.float32Precision to be 'tf32' or 'highest'", describeValue(o.float32Precision));
   }
-  if (backward && o.deterministic !== undefined && typeof o.deterministic !== 'boolean') {
+  if (o.deterministic !== undefined && typeof o.deterministic !== 'boolean') {
     throw typeError('options.deterministic to be a boolean', describeValue(o.deterministic));
   }
-  if (backward && o.algorithm !== undefined && !['auto', 'single-kernel', 'two-kernel'].includes(o.algorithm as string)) {
+  if (o.algorithm !== undefined && !['auto', 'single-kernel', 'two-kernel'].includes(o.algorithm as string)) {
     throw typeError("options.algorithm to be 'auto', 'single-kernel' or 'two-kernel'", describeValue(o.algorithm));
   }
   return {
@@ -233,7 +244,7 @@ function checkOptions(options: unknown, backward: boolean): CheckedOptions {
 type BackwardProblem = Problem & { deterministic: boolean; algorithm: BackwardAlgorithm };
 
 /** Validates q, k, v (and the options) and derives the problem's dimensions. */
-function checkQKV(q: unknown, k: unknown, v: unknown, options: unknown, backward: boolean): BackwardProblem {
+function checkQKV(q: unknown, k: unknown, v: unknown, options: unknown): BackwardProblem {
   handleOf(q, 'q');
   handleOf(k, 'k');
   handleOf(v, 'v');
@@ -259,7 +270,7 @@ function checkQKV(q: unknown, k: unknown, v: unknown, options: unknown, backward
   if (V.shape.some((d, i) => d !== K.shape[i])) {
     throw rangeError(`v to have the shape of k ${formatShape(K.shape)}`, formatShape(V.shape));
   }
-  const o = checkOptions(options, backward);
+  const o = checkOptions(options);
   return {
     dims: [batch, seqlenQ, seqlenK, headsQ, headsKV, headDim],
     device: Q.device,
@@ -316,12 +327,15 @@ function forwardNative(q: NativeView, k: NativeView, v: NativeView, p: Problem):
  * @param q [batch, seqlenQ, headsQ, headDim]; a view with any batch, row and head strides (headDim stride 1)
  * @param k [batch, seqlenK, headsKV, headDim], same dtype and device as q; a view like q
  * @param v like k
+ * @param options see {@link AttentionOptions}; the backward's keys (`deterministic`, `algorithm`) are
+ *   accepted and checked too, so one options object can serve both passes. Unknown keys are refused.
+ * @throws TypeError / RangeError naming the argument; a refused call changes nothing.
  * @example
  * const { out, lse } = flashAttention(q, k, v, { causal: true });
  * const values = await out.toFloat32Array();
  */
-export function flashAttention(q: Tensor, k: Tensor, v: Tensor, options?: AttentionOptions): AttentionOutput {
-  const p = checkQKV(q, k, v, options, false);
+export function flashAttention(q: Tensor, k: Tensor, v: Tensor, options?: AttentionBackwardOptions): AttentionOutput {
+  const p = checkQKV(q, k, v, options);
   return forwardNative(nativeView(q, 'q'), nativeView(k, 'k'), nativeView(v, 'v'), p);
 }
 
@@ -340,7 +354,7 @@ export function flashAttentionBackward(
   options?: AttentionBackwardOptions & GradientTargets,
 ): AttentionGradients {
   const targets = checkTargets(options, q, k);
-  const p = checkQKV(q, k, v, withoutTargets(options), true);
+  const p = checkQKV(q, k, v, withoutTargets(options));
   checkSameShape(dout, 'dout', q, 'q');
   checkRank4(dout as Tensor, 'dout');
   checkSameShape(out, 'out', q, 'q');
@@ -464,7 +478,7 @@ export class AttentionContext implements Disposable {
     if (extra.length > 0) {
       throw typeError("options of backward() to hold only 'deterministic' and 'algorithm' (the rest are the forward's)", extra.join(', '));
     }
-    const o = checkOptions(options, true);
+    const o = checkOptions(options);
     // Options given here override the ones given to flashAttentionWithGrad; the others keep theirs.
     const given = (options ?? {}) as { deterministic?: boolean; algorithm?: BackwardAlgorithm };
     const p = {
@@ -512,7 +526,7 @@ export class AttentionContext implements Disposable {
  * const { dq, dk, dv } = ctx.backward(dout);
  */
 export function flashAttentionWithGrad(q: Tensor, k: Tensor, v: Tensor, options?: AttentionBackwardOptions): AttentionContext {
-  const p = checkQKV(q, k, v, options, true);
+  const p = checkQKV(q, k, v, options);
   const views = [nativeView(q, 'q'), nativeView(k, 'k'), nativeView(v, 'v')];
   const result = forwardNative(views[0], views[1], views[2], p);
   // Each saved view holds its own handle on its storage (views of a packed qkv share one storage).

@@ -177,8 +177,15 @@ function checkPositiveInt(name: string, v: unknown): number {
 }
 
 function checkLength(name: string, a: ReferenceInput, expected: number, dims: string): void {
-  if (a === null || typeof a !== 'object' || typeof (a as { length?: unknown }).length !== 'number') {
-    throw new TypeError(`${name} must be a Float32Array, Float64Array or number[]`);
+  // Only arrays of values: an Int16Array / Uint16Array (half-precision bits, say) would be read as
+  // numbers and give garbage.
+  // By tag, not instanceof: arrays from another realm (a vm context, a test runner) are accepted too.
+  const tag = Object.prototype.toString.call(a);
+  const ok = tag === '[object Float32Array]' || tag === '[object Float64Array]'
+    || (Array.isArray(a) && a.every((x) => typeof x === 'number'));
+  if (!ok) {
+    const got = a === null ? 'null' : ArrayBuffer.isView(a) ? (a as object).constructor.name : Array.isArray(a) ? 'an Array with a non-number' : typeof a;
+    throw new TypeError(`${name} must be a Float32Array, Float64Array or number[] (float values; convert half-precision bits first), got ${got}`);
   }
   if (a.length !== expected) {
     throw new RangeError(`${name} has ${a.length} elements, expected ${expected} (${dims})`);

@@ -128,7 +128,12 @@ export interface ReadRange {
 }
 
 function checkRange(range: unknown, numel: number): { offset: number; length: number } {
-  if (range === null || typeof range !== 'object') throw typeError('range to be an object { offset, length }', describeValue(range));
+  if (range === null || typeof range !== 'object' || Array.isArray(range)) {
+    throw typeError('range to be an object { offset, length }', describeValue(range));
+  }
+  for (const key of Object.keys(range)) {
+    if (key !== 'offset' && key !== 'length') throw typeError("range to have only the keys 'offset', 'length'", `unknown key '${key}'`);
+  }
   const r = range as ReadRange;
   const offset = r.offset ?? 0;
   if (typeof offset !== 'number' || !Number.isSafeInteger(offset) || offset < 0 || offset >= numel) {
@@ -144,8 +149,13 @@ function checkRange(range: unknown, numel: number): { offset: number; length: nu
 function resolveOptions(
   options: unknown, allowed: readonly TensorDType[] = DTYPES,
 ): { dtype: TensorDType; device: Device } {
-  if (options !== undefined && (options === null || typeof options !== 'object')) {
+  if (options !== undefined && (options === null || typeof options !== 'object' || Array.isArray(options))) {
     throw typeError('options to be an object or undefined', describeValue(options));
+  }
+  for (const key of Object.keys(options ?? {})) {
+    if (key !== 'dtype' && key !== 'device') {
+      throw typeError("options to have only the keys 'dtype', 'device'", `unknown key '${key}'`);
+    }
   }
   const o = (options ?? {}) as TensorOptions;
   const dtype = o.dtype === undefined ? allowed[0] : checkDType(o.dtype, 'options.dtype', allowed);
@@ -272,7 +282,11 @@ export class Tensor implements Disposable {
     buf: NativeBuffer, shape: readonly number[], dtype: TensorDType, device: Device,
     view?: { offset: number; strides: readonly number[] },
   ) {
-    this.shape = shape;
+    if (!(buf instanceof (binding().NativeBuffer as new (...args: never[]) => unknown))) {
+      throw new TypeError('Tensor has no public constructor: create tensors with Tensor.fromFloat32Array, '
+        + 'Tensor.fromInt32Array, Tensor.empty, Tensor.full or an operation');
+    }
+    this.shape = Object.isFrozen(shape) ? shape : Object.freeze([...shape]);
     this.dtype = dtype;
     this.device = device;
     this.numel = shape.reduce((a, b) => a * b, 1);
@@ -286,6 +300,9 @@ export class Tensor implements Disposable {
     }
     handles.set(this, buf);
     registry.register(this, buf, this);
+    // shape, dtype, device, numel, strides and offset are the tensor's identity: read-only at run
+    // time too (an assignment throws in strict code), not only in the type.
+    Object.freeze(this);
     if (creationHook) creationHook(this);
   }
 
@@ -662,6 +679,10 @@ export class Tensor implements Disposable {
 
   /** Frees the tensor's memory (after queued work that uses it). Idempotent. */
   dispose(): void {
+    if (!(this instanceof Tensor)) {
+      // e.g. `const d = t.dispose; d()`: nothing to free, and the tensor's memory would stay.
+      throw new TypeError('dispose() was called without its tensor: call t.dispose(), or bind it (t.dispose.bind(t))');
+    }
     const h = handles.get(this);
     if (h && !h.released) {
       registry.unregister(this);
@@ -687,7 +708,8 @@ export class Tensor implements Disposable {
 export function handleOf(t: unknown, arg: string): NativeBuffer {
   if (!(t instanceof Tensor)) throw typeError(`${arg} to be a Tensor`, describeValue(t));
   const h = handles.get(t);
-  if (!h || h.released) throw typeError(`${arg} to be a live Tensor`, 'a disposed Tensor');
+  if (!h) throw typeError(`${arg} to be a Tensor made by this library`, 'an object with Tensor\'s prototype and no storage');
+  if (h.released) throw typeError(`${arg} to be a live Tensor`, 'a disposed Tensor');
   return h;
 }
 

@@ -52,9 +52,17 @@ export type ResolvedGPTConfig = Required<GPTConfig>;
 
 const MULTIPLE_OF = 64;
 
-/** Fills in a config's defaults and checks it. */
+const CONFIG_KEYS = ['vocabSize', 'blockSize', 'layers', 'heads', 'dModel', 'norm', 'mlp', 'mlpHidden', 'positions', 'bias',
+  'dtype', 'float32Precision', 'device'] as const satisfies readonly (keyof GPTConfig)[];
+
+/** Fills in a config's defaults and checks it. Unknown keys are refused. */
 export function resolveConfig(c: GPTConfig): ResolvedGPTConfig {
-  if (c === null || typeof c !== 'object') throw typeError('config to be an object', describeValue(c));
+  if (c === null || typeof c !== 'object' || Array.isArray(c)) throw typeError('config to be an object', describeValue(c));
+  for (const key of Object.keys(c)) {
+    if (!(CONFIG_KEYS as readonly string[]).includes(key)) {
+      throw typeError(`config to have only the keys ${CONFIG_KEYS.map((k) => `'${k}'`).join(', ')}`, `unknown key '${key}'`);
+    }
+  }
   for (const k of ['vocabSize', 'blockSize', 'layers', 'heads', 'dModel'] as const) {
     if (!Number.isSafeInteger(c[k]) || c[k] < 1) throw rangeError(`config.${k} to be a positive integer`, describeValue(c[k]));
   }

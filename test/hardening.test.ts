@@ -1,0 +1,179 @@
+/**
+ * Regression tests of the hardening classes of issue 16 that lib/ closes: options objects refuse
+ * unknown keys and wrong types (a typo must not run with a default), a Tensor's identity cannot be
+ * reassigned, detached or hand-made calls get an error that says what to do instead of a silent
+ * no-op or a misleading message, and the float64 reference refuses arrays of non-float values.
+ * Every refused call leaves memory() as it was. CPU tensors (the checks are device-independent).
+ */
+
+import { flashAttention, flashAttentionWithGrad, GPT, referenceAttention, Tensor } from '../lib';
+import { liveMemory, synchronizeAll, trackMemory } from './helpers/backend';
+
+trackMemory();
+
+/**
+ * Runs fn, which must throw `name` with a message matching `message`, and leave memory() unchanged
+ * (measured after the queued work of earlier calls has finished and freed what it held).
+ */
+async function refused(fn: () => unknown, name: 'TypeError' | 'RangeError', message: RegExp): Promise<void> {
+  await synchronizeAll();
+  const before = liveMemory();
+  let thrown: unknown;
+  try {
+    fn();
+  } catch (e) {
+    thrown = e;
+  }
+  expect(thrown).toBeDefined();
+  expect((thrown as Error).name).toBe(name);
+  expect((thrown as Error).message).toMatch(message);
+  await synchronizeAll();
+  expect(liveMemory()).toEqual(before);
+}
+
+function qkv(): Tensor {
+  const data = Float32Array.from({ length: 2 * 4 * 2 * 8 }, (_, i) => Math.sin(i));
+  return Tensor.fromFloat32Array(data, [2, 4, 2, 8], { device: 'cpu' });
+}
+
+describe('options objects refuse unknown keys and wrong types', () => {
+  test("the forward refuses a typo ({ casual: true }) instead of running non-causal", async () => {
+    const q = qkv();
+    try {
+      await refused(() => flashAttention(q, q, q, { casual: true } as never), 'TypeError',
+        /^Expected options to have only the keys 'causal', .* but received unknown key 'casual'$/);
+    } finally {
+      q.dispose();
+    }
+  });
+
+  test('the forward checks the backward keys it accepts (one options object serves both passes)', async () => {
+    const q = qkv();
+    try {
+      await refused(() => flashAttention(q, q, q, { deterministic: 'yes' } as never), 'TypeError',
+        /^Expected options.deterministic to be a boolean but received/);
+      await refused(() => flashAttention(q, q, q, { algorithm: 'fast' } as never), 'TypeError', /^Expected options.algorithm to be/);
+      await refused(() => flashAttentionWithGrad(q, q, q, { causal: true, dropout: 0.1 } as never), 'TypeError',
+        /unknown key 'dropout'/);
+      const { out, lse } = flashAttention(q, q, q, { causal: true, deterministic: true, algorithm: 'auto' });
+      out.dispose();
+      lse.dispose();
+    } finally {
+      q.dispose();
+    }
+  });
+
+  test('tensor factories refuse an Array or unknown keys where the options object belongs', async () => {
+    const data = new Float32Array(4);
+    await refused(() => Tensor.fromFloat32Array(data, [4], [] as never), 'TypeError',
+      /^Expected options to be an object or undefined but received an Array/);
+    await refused(() => Tensor.fromFloat32Array(data, [4], { dtyp: 'float16' } as never), 'TypeError',
+      /^Expected options to have only the keys 'dtype', 'device' but received unknown key 'dtyp'$/);
+    await refused(() => Tensor.empty([4], { device: 'cpu', size: 4 } as never), 'TypeError', /unknown key 'size'/);
+    await refused(() => Tensor.fromInt32Array(new Int32Array(4), [4], { devices: 'cpu' } as never), 'TypeError',
+      /unknown key 'devices'/);
+  });
+
+  test('reads refuse a range with unknown keys or an Array', async () => {
+    const t = Tensor.fromFloat32Array(new Float32Array(4), [4], { device: 'cpu' });
+    try {
+      const reads: ((r: unknown) => Promise<unknown>)[] = [(r) => t.toFloat32Array(r as never), (r) => t.toBits(r as never),
+        (r) => t.readInto(new Float32Array(4), r as never)];
+      for (const read of reads) {
+        await expect(Promise.resolve().then(() => read({ offst: 1 }))).rejects.toThrow(
+          /^Expected range to have only the keys 'offset', 'length' but received unknown key 'offst'$/);
+        await expect(Promise.resolve().then(() => read([0, 1]))).rejects.toThrow(/^Expected range to be an object/);
+      }
+      expect(Array.from(await t.toFloat32Array({ offset: 1, length: 2 }))).toEqual([0, 0]);
+    } finally {
+      t.dispose();
+    }
+  });
+
+  test('a GPT config refuses unknown keys', async () => {
+    const zeros = (n: number): Float32Array => new Float32Array(n);
+    await refused(() => new GPT({ vocabSize: 8, blockSize: 4, layers: 1, heads: 1, dModel: 8, device: 'cpu', layer: 2 } as never, zeros),
+      'TypeError', /^Expected config to have only the keys 'vocabSize', .* but received unknown key 'layer'$/);
+  });
+});
+
+describe("a Tensor's identity is read-only", () => {
+  test('shape, dtype, device, numel, strides and offset cannot be reassigned; shape cannot grow', async () => {
+    const t = Tensor.fromFloat32Array(new Float32Array(6), [2, 3], { device: 'cpu' });
+    try {
+      const w = t as unknown as Record<string, unknown>;
+      for (const [key, value] of [['shape', [6]], ['dtype', 'float16'], ['device', 'cuda'], ['numel', 1],
+        ['strides', [1]], ['offset', 3]] as const) {
+        expect(() => { w[key] = value; }).toThrow(TypeError);
+      }
+      expect(() => (t.shape as number[]).push(4)).toThrow(TypeError);
+      expect(t.shape).toEqual([2, 3]);
+      expect(t.dtype).toBe('float32');
+      expect(t.device).toBe('cpu');
+      expect(t.numel).toBe(6);
+      expect(t.toString()).toBe('Tensor(float32 [2, 3] on cpu)');
+    } finally {
+      t.dispose();
+    }
+  });
+
+  test("a view's shape does not alias the array it was given", async () => {
+    const t = Tensor.fromFloat32Array(new Float32Array(6), [2, 3], { device: 'cpu' });
+    const dims = [3, 2];
+    const v = t.view(dims);
+    dims[0] = 6;
+    expect(v.shape).toEqual([3, 2]);
+    v.dispose();
+    t.dispose();
+  });
+});
+
+describe('detached and hand-made calls say what to do', () => {
+  test('dispose() called without its tensor throws and frees nothing; bound, it frees', async () => {
+    const t = Tensor.fromFloat32Array(new Float32Array(4), [4], { device: 'cpu' });
+    const detached = t.dispose;
+    await refused(() => detached(), 'TypeError', /^dispose\(\) was called without its tensor: call t\.dispose\(\)/);
+    expect(t.disposed).toBe(false);
+    const bound = t.dispose.bind(t);
+    bound();
+    expect(t.disposed).toBe(true);
+  });
+
+  test("the constructor points to the factories; an object with Tensor's prototype is not a tensor", async () => {
+    await refused(() => new (Tensor as unknown as new () => Tensor)(), 'TypeError',
+      /^Tensor has no public constructor: create tensors with Tensor\.fromFloat32Array/);
+    const fake = { bytes: 16, release: () => undefined, share: () => fake };
+    await refused(() => new (Tensor as unknown as new (...a: unknown[]) => Tensor)(fake, [4], 'float32', 'cpu'), 'TypeError',
+      /no public constructor/);
+    const imitation = Object.create(Tensor.prototype) as Tensor;
+    await refused(() => flashAttention(imitation, imitation, imitation), 'TypeError',
+      /^Expected q to be a Tensor made by this library but received an object with Tensor's prototype and no storage$/);
+  });
+
+  test('a disposed tensor is called disposed', async () => {
+    const q = qkv();
+    q.dispose();
+    await refused(() => flashAttention(q, q, q), 'TypeError', /^Expected q to be a live Tensor but received a disposed Tensor$/);
+  });
+});
+
+describe('the float64 reference takes float values only', () => {
+  const shape = { batch: 1, seqlenQ: 2, seqlenK: 2, headsQ: 1, headsKV: 1, headDim: 8 };
+
+  test.each([
+    ['Uint16Array (half-precision bits)', () => new Uint16Array(16), /got Uint16Array$/],
+    ['Int32Array', () => new Int32Array(16), /got Int32Array$/],
+    ['an Array holding a string', () => [...new Array(15).fill(0), '1'], /got an Array with a non-number$/],
+  ])('refuses %s', async (_, make, message) => {
+    const good = new Float32Array(16);
+    await refused(() => referenceAttention(make() as never, good, good, shape), 'TypeError', message as RegExp);
+    await refused(() => referenceAttention(good, good, make() as never, shape), 'TypeError', message as RegExp);
+  });
+
+  test('takes Float32Array, Float64Array and number[]', async () => {
+    const values = Array.from({ length: 16 }, (_, i) => Math.cos(i));
+    const a = referenceAttention(Float32Array.from(values), Float64Array.from(values), values, shape);
+    expect(a.out.length).toBe(16);
+    expect(Number.isFinite(a.out[0])).toBe(true);
+  });
+});
