@@ -53,6 +53,8 @@ export interface NativeCudaDevice {
 /** Everything the addon exports (csrc/napi/*.cc). */
 export interface NativeBinding {
   NativeBuffer: unknown;
+  /** Whether `value` is a NativeBuffer the addon made (checked by its type tag, not its prototype). */
+  isNativeBuffer(value: unknown): boolean;
   cudaCompiled: boolean;
   cpuThreads: number;
   createFromFloat32(device: number, dtype: number, data: Float32Array): NativeBuffer;

@@ -282,7 +282,7 @@ export class Tensor implements Disposable {
     buf: NativeBuffer, shape: readonly number[], dtype: TensorDType, device: Device,
     view?: { offset: number; strides: readonly number[] },
   ) {
-    if (!(buf instanceof (binding().NativeBuffer as new (...args: never[]) => unknown))) {
+    if (!binding().isNativeBuffer(buf)) {
       throw new TypeError('Tensor has no public constructor: create tensors with Tensor.fromFloat32Array, '
         + 'Tensor.fromInt32Array, Tensor.empty, Tensor.full or an operation');
     }

@@ -3,11 +3,15 @@
  * unknown keys and wrong types (a typo must not run with a default), a Tensor's identity cannot be
  * reassigned, detached or hand-made calls get an error that says what to do instead of a silent
  * no-op or a misleading message, and the float64 reference refuses arrays of non-float values.
- * Every refused call leaves memory() as it was. CPU tensors (the checks are device-independent).
+ * Every refused call leaves memory() as it was. The raw binding refuses handles of the wrong kind
+ * (type tags) instead of crashing. CPU tensors (the checks are device-independent).
  */
 
 import { flashAttention, flashAttentionWithGrad, GPT, referenceAttention, Tensor } from '../lib';
+import { binding } from '../lib/native';
+import { handleOf } from '../lib/tensor';
 import { liveMemory, synchronizeAll, trackMemory } from './helpers/backend';
+import { LIB_ENTRY, runNodeChild } from './helpers/child';
 
 trackMemory();
 
@@ -175,5 +179,47 @@ describe('the float64 reference takes float values only', () => {
     const a = referenceAttention(Float32Array.from(values), Float64Array.from(values), values, shape);
     expect(a.out.length).toBe(16);
     expect(Number.isFinite(a.out[0])).toBe(true);
+  });
+});
+
+describe('the raw binding refuses handles of the wrong kind (in a child process: a crash fails the test)', () => {
+  // Each case calls the raw binding with an object or External of another kind; the child prints the
+  // error's name and message. Before the type tags, 'timer as buffer handle' ended the process with
+  // SIGSEGV (exit 139).
+  const cases: [string, string, RegExp][] = [
+    ['timer handle as a buffer handle', 'new b.NativeBuffer(b.timerStart(0))',
+      /^TypeError: NativeBuffer cannot be constructed from JS; use the Tensor factories$/],
+    ['an object with NativeBuffer.prototype as a tensor argument', 'b.transfer(Object.create(b.NativeBuffer.prototype), 1, 0)',
+      /^TypeError: Expected src to be a native buffer made by the addon but received an object with its prototype only$/],
+    ['an object with NativeBuffer.prototype adopted by a Tensor', "new lib.Tensor(Object.create(b.NativeBuffer.prototype), [1], 'float32', 'cpu')",
+      /^TypeError: Tensor has no public constructor/],
+    ['a plain object as a timer handle', 'b.timerStop({})', /^TypeError: Expected timer to be a handle from timerStart but received an object$/],
+    ['a buffer as a timer handle', "b.timerStop(b.createEmpty(0, 0, 4))", /^TypeError: Expected timer to be a handle from timerStart/],
+  ];
+
+  test.each(cases)('%s', (_, call, expected) => {
+    const script = `
+      const lib = require(${JSON.stringify(LIB_ENTRY)});
+      const b = require(${JSON.stringify(LIB_ENTRY.replace(/index\.ts$/, 'native.ts'))}).binding();
+      try { ${call}; console.log('no error'); } catch (e) { console.log(e.name + ': ' + e.message); }
+      global.gc && global.gc();
+    `;
+    const run = runNodeChild(script, { cwd: process.cwd(), nodeArgs: ['--expose-gc'] });
+    expect(run.signal).toBeNull();
+    expect(run.status).toBe(0);
+    expect(run.stdout.trim()).toMatch(expected);
+  });
+
+  test('isNativeBuffer tells the addon\'s buffers from imitations', () => {
+    const b = binding();
+    const t = Tensor.fromFloat32Array(new Float32Array(2), [2], { device: 'cpu' });
+    try {
+      expect(b.isNativeBuffer(handleOf(t, 't'))).toBe(true);
+      expect(b.isNativeBuffer(Object.create((b.NativeBuffer as { prototype: object }).prototype))).toBe(false);
+      expect(b.isNativeBuffer({ bytes: 8, released: false })).toBe(false);
+      expect(b.isNativeBuffer(undefined)).toBe(false);
+    } finally {
+      t.dispose();
+    }
   });
 });

@@ -109,16 +109,20 @@ Napi::Function NativeBuffer::Define(Napi::Env env) {
 }
 
 NativeBuffer::NativeBuffer(const Napi::CallbackInfo& info) : Napi::ObjectWrap<NativeBuffer>(info) {
-  // Only Wrap() creates these: it passes the buffer through an External.
-  if (info.Length() != 1 || !info[0].IsExternal()) {
+  // Only Wrap() creates these: it passes the buffer through an External it tagged. Any other
+  // argument (another addon's External, a timer handle) is refused, not read as a BufferPtr.
+  if (info.Length() != 1 || !info[0].IsExternal() ||
+      !info[0].As<Napi::External<BufferPtr>>().CheckTypeTag(&kBufferHandleTag)) {
     throw Napi::TypeError::New(info.Env(), "NativeBuffer cannot be constructed from JS; use the Tensor factories");
   }
   buf_ = *info[0].As<Napi::External<BufferPtr>>().Data();
+  info.This().As<Napi::Object>().TypeTag(&kBufferObjectTag);
 }
 
 Napi::Object NativeBuffer::Wrap(Napi::Env env, BufferPtr buf) {
   BufferPtr holder = std::move(buf);
   auto ext = Napi::External<BufferPtr>::New(env, &holder);
+  ext.TypeTag(&kBufferHandleTag);
   return data(env).buffer_ctor.New({ext});
 }
 
@@ -126,6 +130,11 @@ BufferPtr NativeBuffer::From(const Napi::Value& value, const char* arg) {
   Napi::Env env = value.Env();
   if (!value.IsObject() || !value.As<Napi::Object>().InstanceOf(data(env).buffer_ctor.Value())) {
     throw type_error(std::string("Expected ") + arg + " to be a native buffer but received " + describe(value));
+  }
+  // InstanceOf only asks the prototype chain: Object.create(NativeBuffer.prototype) passes it.
+  if (!value.As<Napi::Object>().CheckTypeTag(&kBufferObjectTag)) {
+    throw type_error(std::string("Expected ") + arg +
+                     " to be a native buffer made by the addon but received an object with its prototype only");
   }
   NativeBuffer* nb = NativeBuffer::Unwrap(value.As<Napi::Object>());
   if (!nb->buf_) throw type_error(std::string("Expected ") + arg + " to be a live tensor but it was disposed");
@@ -160,6 +169,13 @@ Napi::Value NativeBuffer::GetReleased(const Napi::CallbackInfo& info) {
   return Napi::Boolean::New(info.Env(), !buf_);
 }
 
+// isNativeBuffer(value): whether value is a NativeBuffer the addon made (its type tag), for lib/'s
+// Tensor constructor, which must not adopt an imitation (its finalizer would call into it).
+Napi::Value IsNativeBuffer(const Napi::CallbackInfo& info) {
+  const Napi::Value v = info[0];
+  return Napi::Boolean::New(info.Env(), v.IsObject() && v.As<Napi::Object>().CheckTypeTag(&kBufferObjectTag));
+}
+
 // ---- module ----
 
 Napi::Object Init(Napi::Env env, Napi::Object exports) {
@@ -169,6 +185,7 @@ Napi::Object Init(Napi::Env env, Napi::Object exports) {
   Napi::Function ctor = NativeBuffer::Define(env);
   d->buffer_ctor = Napi::Persistent(ctor);
   exports.Set("NativeBuffer", ctor);
+  exports.Set("isNativeBuffer", Napi::Function::New<guarded<IsNativeBuffer>>(env, "isNativeBuffer"));
   exports.Set("cudaCompiled", Napi::Boolean::New(env, Runtime::cuda_compiled()));
   exports.Set("cpuThreads", Napi::Number::New(env, d->runtime->pool().size()));
   InitTensorOps(env, exports);

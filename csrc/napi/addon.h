@@ -12,6 +12,14 @@
 
 namespace fa::napi {
 
+// Type tags (napi_type_tag_object) of every object and External the addon hands to JS, checked
+// wherever one comes back: the raw binding is reachable from user code, and an External or an
+// object of another kind (a timer handle passed as a buffer handle, an object made with
+// NativeBuffer.prototype) must be refused with a TypeError, never dereferenced as the wrong type.
+inline constexpr napi_type_tag kBufferHandleTag = {0x6a1c2f0e9b3d4a57ULL, 0x8e21c4b7d05f9a13ULL};  // External<BufferPtr>
+inline constexpr napi_type_tag kBufferObjectTag = {0x3f84d2a96c1e7b05ULL, 0xb7590e3ad2c84f61ULL};  // NativeBuffer
+inline constexpr napi_type_tag kTimerTag = {0xc02e5b917a4df368ULL, 0x51d9f7260e8ba4c3ULL};         // External<Timer>
+
 // A JS handle on one Buffer. JS `Tensor` objects (lib/tensor.ts) hold one each; `release()` drops
 // the handle's reference (the buffer is freed when queued work on it is done).
 class NativeBuffer : public Napi::ObjectWrap<NativeBuffer> {

@@ -46,7 +46,9 @@ Napi::Value TimerStart(const Napi::CallbackInfo& info) {
     throw;
   }
   t->t0 = std::chrono::steady_clock::now();
-  return Napi::External<Timer>::New(env, t, finalize_timer);
+  auto handle = Napi::External<Timer>::New(env, t, finalize_timer);
+  handle.TypeTag(&kTimerTag);
+  return handle;
 }
 
 class TimerWorker : public PromiseWorker {
@@ -105,7 +107,7 @@ class TimerWorker : public PromiseWorker {
 // timerStop(timer): Promise<number> (milliseconds). A timer stops once.
 Napi::Value TimerStop(const Napi::CallbackInfo& info) {
   Napi::Env env = info.Env();
-  if (!info[0].IsExternal())
+  if (!info[0].IsExternal() || !info[0].As<Napi::External<Timer>>().CheckTypeTag(&kTimerTag))
     throw type_error("Expected timer to be a handle from timerStart but received " + describe(info[0]));
   Timer* t = info[0].As<Napi::External<Timer>>().Data();
   if (t->stopped) throw Error("Expected timer to be running but it was already stopped");
