@@ -463,7 +463,8 @@ export class AttentionContext implements Disposable {
   /**
    * Gradients with respect to q, k and v for `dout` (like out), using the options given to
    * {@link flashAttentionWithGrad}; `deterministic` and `algorithm` given here override those. Releases
-   * what the context saved: call it once.
+   * what the context saved once the backward is queued: call it once. A refused call (a TypeError or
+   * RangeError) releases nothing, so it can be retried with corrected arguments.
    */
   backward(dout: Tensor, options?: { deterministic?: boolean; algorithm?: BackwardAlgorithm }): AttentionGradients {
     if (this.#saved === null) {
@@ -497,11 +498,12 @@ export class AttentionContext implements Disposable {
     }
     checkRank4(D, 'dout');
     const [q, k, v, out, lse] = this.#saved;
-    try {
-      return backwardNative(nativeView(D, 'dout'), q, k, v, out, [lse.buf, lse.offset], p, [null, null, null]);
-    } finally {
-      this.dispose();
-    }
+    // Released only once the backward is queued: a call the native layer refuses (say, an algorithm
+    // this dtype or device cannot run) changes nothing, and a corrected retry still finds the saved
+    // tensors.
+    const grads = backwardNative(nativeView(D, 'dout'), q, k, v, out, [lse.buf, lse.offset], p, [null, null, null]);
+    this.dispose();
+    return grads;
   }
 
   /** Releases the saved tensors without running the backward. Idempotent. */

@@ -100,23 +100,39 @@ function checkDevice(device: unknown, arg: string): Device {
   return device as Device;
 }
 
-/** Validates a shape: an array of positive safe integers. Returns a frozen copy and its element count. */
+// %TypedArray%.prototype.length's own getter: the element count from the array's internal slot,
+// which a subclass's `get length()` cannot change (and which works on arrays of any realm).
+const typedArrayLength = Object.getOwnPropertyDescriptor(Object.getPrototypeOf(Int8Array.prototype), 'length')
+  ?.get as (this: ArrayBufferView) => number;
+
+/** The true element count of a typed array (what the addon will read), whatever `length` says. */
+export function trueLength(a: ArrayBufferView): number {
+  return typedArrayLength.call(a);
+}
+
+/**
+ * Validates a shape: an array of positive safe integers. Reads each element once, into a snapshot
+ * (a getter or Proxy that changes its answer cannot make the checked and the used shape differ);
+ * returns the frozen snapshot and its element count.
+ */
 function checkShape(shape: unknown): { shape: readonly number[]; numel: number } {
   if (!Array.isArray(shape) || shape.length === 0) {
     throw typeError('shape to be a non-empty Array of positive integers', describeValue(shape));
   }
+  const snapshot: unknown[] = [];
+  for (let i = 0, n = shape.length; i < n; i += 1) snapshot.push(shape[i]);
   let numel = 1;
-  for (const d of shape) {
+  for (const d of snapshot) {
     if (typeof d !== 'number' || !Number.isSafeInteger(d) || d < 1) {
-      const shown = shape.every((x) => typeof x === 'number') ? formatShape(shape as number[]) : describeValue(d);
+      const shown = snapshot.every((x) => typeof x === 'number') ? formatShape(snapshot as number[]) : describeValue(d);
       throw rangeError('every dim of shape to be a positive integer (empty tensors are not supported)', shown);
     }
     numel *= d;
   }
   if (!Number.isSafeInteger(numel)) {
-    throw rangeError('shape to have fewer than 2^53 elements', formatShape(shape as number[]));
+    throw rangeError('shape to have fewer than 2^53 elements', formatShape(snapshot as number[]));
   }
-  return { shape: Object.freeze([...(shape as number[])]), numel };
+  return { shape: Object.freeze(snapshot as number[]), numel };
 }
 
 /** Elements [offset, offset + length) of a tensor's elements in row-major order, for partial reads. */
@@ -292,10 +308,14 @@ export class Tensor implements Disposable {
     this.numel = shape.reduce((a, b) => a * b, 1);
     this.offset = view?.offset ?? 0;
     this.strides = Object.freeze(view ? [...view.strides] : contiguousStrides(shape));
+    // Internal consistency (the factories validated everything before allocating); the buffer is
+    // released rather than left to the garbage collector if it ever fails.
     if (!view && buf.bytes !== this.numel * dtypeSize(dtype)) {
+      buf.release();
       throw new Error(`internal: buffer of ${buf.bytes} bytes does not match ${formatShape(shape)} ${dtype}`);
     }
     if (view && this.offset + viewExtent(shape, this.strides) > buf.bytes / dtypeSize(dtype)) {
+      buf.release();
       throw new Error(`internal: view ${formatShape(shape)} at offset ${this.offset} leaves its storage`);
     }
     handles.set(this, buf);
@@ -324,8 +344,8 @@ export class Tensor implements Disposable {
     const s = checkShape(shape);
     const { dtype, device } = resolveOptions(options, ['int32']);
     if (!(data instanceof Int32Array)) throw typeError('data to be an Int32Array', describeValue(data));
-    if (data.length !== s.numel) {
-      throw rangeError(`data to have ${s.numel} elements for shape ${formatShape(s.shape)}`, `${data.length}`);
+    if (trueLength(data) !== s.numel) {
+      throw rangeError(`data to have ${s.numel} elements for shape ${formatShape(s.shape)}`, `${trueLength(data)}`);
     }
     const buf = binding().createFromBits(DEVICE_CODE[device], DTYPE_CODE[dtype], data);
     return new Tensor(buf, s.shape, dtype, device);
@@ -340,8 +360,8 @@ export class Tensor implements Disposable {
     const s = checkShape(shape);
     const { dtype, device } = resolveOptions(options, FLOAT_DTYPES);
     if (!(data instanceof Float32Array)) throw typeError('data to be a Float32Array', describeValue(data));
-    if (data.length !== s.numel) {
-      throw rangeError(`data to have ${s.numel} elements for shape ${formatShape(s.shape)}`, `${data.length}`);
+    if (trueLength(data) !== s.numel) {
+      throw rangeError(`data to have ${s.numel} elements for shape ${formatShape(s.shape)}`, `${trueLength(data)}`);
     }
     const buf = binding().createFromFloat32(DEVICE_CODE[device], DTYPE_CODE[dtype], data);
     return new Tensor(buf, s.shape, dtype, device);
@@ -360,8 +380,8 @@ export class Tensor implements Disposable {
     const { dtype, device } = resolveOptions(options);
     const want = dtype === 'float32' ? Float32Array : dtype === 'int32' ? Int32Array : Uint16Array;
     if (!(bits instanceof want)) throw typeError(`bits to be a ${want.name} for dtype ${dtype}`, describeValue(bits));
-    if (bits.length !== s.numel) {
-      throw rangeError(`bits to have ${s.numel} elements for shape ${formatShape(s.shape)}`, `${bits.length}`);
+    if (trueLength(bits) !== s.numel) {
+      throw rangeError(`bits to have ${s.numel} elements for shape ${formatShape(s.shape)}`, `${trueLength(bits)}`);
     }
     const buf = binding().createFromBits(DEVICE_CODE[device], DTYPE_CODE[dtype], bits);
     return new Tensor(buf, s.shape, dtype, device);
@@ -453,8 +473,8 @@ export class Tensor implements Disposable {
       throw typeError(`target to be ${want} for dtype ${this.dtype}`, describeValue(target));
     }
     const r = range === undefined ? { offset: 0, length: this.numel } : checkRange(range, this.numel);
-    if (target.length !== r.length) {
-      throw rangeError(`target to have ${r.length} elements (the elements read)`, `${target.length}`);
+    if (trueLength(target) !== r.length) {
+      throw rangeError(`target to have ${r.length} elements (the elements read)`, `${trueLength(target)}`);
     }
     if (!this.isContiguous) return this.#throughCopy((c) => c.readInto(target, range));
     return binding().readInto(h, this.offset + r.offset, r.length, target);

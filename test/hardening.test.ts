@@ -223,3 +223,68 @@ describe('the raw binding refuses handles of the wrong kind (in a child process:
     }
   });
 });
+
+describe('inputs are read once, validated, then used (nothing is allocated before validation)', () => {
+  test('a typed array whose length getter lies is measured by its real length', async () => {
+    class Lying extends Float32Array {
+      override get length(): number {
+        return 8;
+      }
+    }
+    await refused(() => Tensor.fromFloat32Array(new Lying(4), [8], { device: 'cpu' }), 'RangeError',
+      /^Expected data to have 8 elements for shape \[8\] but received 4$/);
+    class LyingInt extends Int32Array {
+      override get length(): number {
+        return 2;
+      }
+    }
+    await refused(() => Tensor.fromInt32Array(new LyingInt(4), [2], { device: 'cpu' }), 'RangeError',
+      /^Expected data to have 2 elements for shape \[2\] but received 4$/);
+    const t = Tensor.fromFloat32Array(new Float32Array(4), [4], { device: 'cpu' });
+    try {
+      await expect(Promise.resolve().then(() => t.readInto(new Lying(2) as Float32Array))).rejects.toThrow(
+        /^Expected target to have 4 elements \(the elements read\) but received 2$/);
+    } finally {
+      t.dispose();
+    }
+  });
+
+  test('a shape whose elements change between reads is read once', () => {
+    let reads = 0;
+    const shape = [2, 2];
+    Object.defineProperty(shape, 1, { get: () => (++reads > 1 ? 3 : 2), enumerable: true });
+    const t = Tensor.fromFloat32Array(new Float32Array(4), shape, { device: 'cpu' });
+    try {
+      expect(t.shape).toEqual([2, 2]);
+      expect(t.numel).toBe(4);
+      expect(reads).toBe(1);
+    } finally {
+      t.dispose();
+    }
+  });
+});
+
+describe('a refused call changes nothing', () => {
+  test('ctx.backward refused by the native layer keeps the saved tensors; a corrected retry runs', async () => {
+    const q = qkv();
+    const dout = qkv();
+    const ctx = flashAttentionWithGrad(q, q, q, { causal: true });
+    try {
+      // The CPU backend has one backward algorithm: only C++ knows, after lib/ validated everything.
+      await refused(() => ctx.backward(dout, { algorithm: 'two-kernel' }), 'RangeError',
+        /^Expected algorithm to be 'auto' or 'single-kernel' for this call but received 'two-kernel': the CPU backend has one backward algorithm$/);
+      expect(ctx.released).toBe(false);
+      const g = ctx.backward(dout);
+      expect(ctx.released).toBe(true);
+      const fresh = flashAttentionWithGrad(q, q, q, { causal: true });
+      const h = fresh.backward(dout);
+      for (const key of ['dq', 'dk', 'dv'] as const) {
+        expect(Array.from(await g[key].toFloat32Array())).toEqual(Array.from(await h[key].toFloat32Array()));
+      }
+      for (const t of [g.dq, g.dk, g.dv, h.dq, h.dk, h.dv, fresh.out, fresh.lse]) t.dispose();
+    } finally {
+      for (const t of [ctx.out, ctx.lse, q, dout]) t.dispose();
+      ctx.dispose();
+    }
+  });
+});
