@@ -1,0 +1,166 @@
+/**
+ * The raw binding's fuzz driver, run in a child process by test/fuzz.test.ts (a crash then ends the
+ * child, not the test runner, and is reported with its seed). Every function of the binding is
+ * called with random argument lists: wrong counts, numbers at and past the limits, strings,
+ * bigints, typed arrays of every kind (detached ones too), live, released and imitation buffers,
+ * Proxies whose traps throw, objects with throwing getters. Each call must either return or throw
+ * an Error with a message (not a bare "internal" one), and once what it created is released and the
+ * CPU executor has drained, memory() must be what it was before the call.
+ *
+ * Not fuzzed: `importPointer` (it takes a raw address by contract, as DLPack does: a random one is
+ * undefined behaviour by design) and `injectCudaFault` (a test hook that breaks the CUDA context).
+ */
+import * as fc from 'fast-check';
+
+import { binding } from '../../lib/native';
+
+const SKIPPED = new Set(['importPointer', 'injectCudaFault', 'NativeBuffer']);
+// The buffer class is called as a constructor (it takes only the addon's own tagged handle).
+const CONSTRUCT = 'new NativeBuffer';
+
+/** What a case's argument is, materialised fresh for each call. */
+type Spec =
+  | { k: 'value'; v: unknown }
+  | { k: 'buffer'; n: number; dtype: number }
+  | { k: 'bufferAt'; n: number; offset: number }
+  | { k: 'released' }
+  | { k: 'imitation' }
+  | { k: 'typed'; kind: string; n: number }
+  | { k: 'detached' }
+  | { k: 'throwingProxy' }
+  | { k: 'throwingGetter' }
+  | { k: 'timer' }
+  | { k: 'array'; items: Spec[] };
+
+const TYPED: Record<string, new (n: number) => ArrayBufferView> = {
+  Float32Array, Float64Array, Int32Array, Uint16Array, Uint8Array, Int8Array, BigInt64Array,
+};
+
+const leafSpec: fc.Arbitrary<Spec> = fc.oneof(
+  fc.integer({ min: -3, max: 70 }).map((v) => ({ k: 'value', v }) as Spec),
+  fc.constantFrom(0, -1, 1.5, NaN, Infinity, -Infinity, -0, 2 ** 31, 2 ** 32, 2 ** 53, Number.MAX_VALUE)
+    .map((v) => ({ k: 'value', v }) as Spec),
+  fc.constantFrom('', 'cpu', 'cuda', 'float32', 'auto', 'flash', 'x'.repeat(64)).map((v) => ({ k: 'value', v }) as Spec),
+  fc.constantFrom(true, false, null, undefined, 0n, -1n, 2n ** 64n, {}, [], () => 1, Symbol('s'))
+    .map((v) => ({ k: 'value', v }) as Spec),
+  fc.record({ n: fc.integer({ min: 1, max: 64 }), dtype: fc.integer({ min: 0, max: 3 }) }).map((r) => ({ k: 'buffer', ...r }) as Spec),
+  fc.record({ n: fc.integer({ min: 1, max: 64 }), offset: fc.integer({ min: -2, max: 70 }) }).map((r) => ({ k: 'bufferAt', ...r }) as Spec),
+  fc.constant({ k: 'released' } as Spec),
+  fc.constant({ k: 'imitation' } as Spec),
+  fc.record({ kind: fc.constantFrom(...Object.keys(TYPED)), n: fc.integer({ min: 0, max: 64 }) }).map((r) => ({ k: 'typed', ...r }) as Spec),
+  fc.constant({ k: 'detached' } as Spec),
+  fc.constant({ k: 'throwingProxy' } as Spec),
+  fc.constant({ k: 'throwingGetter' } as Spec),
+  fc.constant({ k: 'timer' } as Spec),
+);
+const argSpec: fc.Arbitrary<Spec> = fc.oneof(
+  { weight: 6, arbitrary: leafSpec },
+  { weight: 1, arbitrary: fc.array(leafSpec, { maxLength: 16 }).map((items) => ({ k: 'array', items }) as Spec) },
+);
+
+interface Finding {
+  fn: string;
+  args: string;
+  problem: string;
+}
+
+export interface FuzzReport {
+  seed: number;
+  cases: number;
+  threw: number;
+  returned: number;
+  findings: Finding[];
+}
+
+function describeSpec(s: Spec): string {
+  if (s.k === 'value') return typeof s.v === 'bigint' ? `${s.v}n` : typeof s.v === 'symbol' ? 'Symbol' : typeof s.v === 'function' ? 'function' : JSON.stringify(s.v) ?? String(s.v);
+  if (s.k === 'array') return `[${s.items.map(describeSpec).join(', ')}]`;
+  return JSON.stringify(s);
+}
+
+/** Runs `cases` random calls from `seed`; resolves with what it found. */
+export async function fuzzBinding(seed: number, cases: number): Promise<FuzzReport> {
+  const b = binding() as unknown as Record<string, (...a: unknown[]) => unknown> & { NativeBuffer: { prototype: object } };
+  const names = [...Object.keys(b).filter((k) => typeof b[k] === 'function' && !SKIPPED.has(k)).sort(), CONSTRUCT];
+  const samples = fc.sample(fc.tuple(fc.constantFrom(...names), fc.array(argSpec, { maxLength: 16 })), { numRuns: cases, seed });
+  const report: FuzzReport = { seed, cases: samples.length, threw: 0, returned: 0, findings: [] };
+  const live = (): string => {
+    const m = b.memory() as { cpu: { buffers: number; bytes: number } };
+    return `${m.cpu.buffers}/${m.cpu.bytes}`;
+  };
+  const sync = (): Promise<unknown> => b.synchronize(0) as Promise<unknown>;
+
+  for (const [fn, specs] of samples) {
+    await sync();
+    const before = live();
+    const made: { release(): void }[] = [];
+    const materialise = (s: Spec): unknown => {
+      switch (s.k) {
+        case 'value': return s.v;
+        case 'buffer': {
+          const buf = b.createEmpty(0, s.dtype, s.n) as { release(): void };
+          made.push(buf);
+          return buf;
+        }
+        case 'bufferAt': {
+          const buf = b.createEmpty(0, 0, s.n) as { release(): void };
+          made.push(buf);
+          return [buf, s.offset];
+        }
+        case 'released': {
+          const buf = b.createEmpty(0, 0, 4) as { release(): void };
+          buf.release();
+          return buf;
+        }
+        case 'imitation': return Object.create(b.NativeBuffer.prototype);
+        case 'typed': return new TYPED[s.kind](s.n);
+        case 'detached': {
+          const a = new Float32Array(8);
+          structuredClone(a.buffer, { transfer: [a.buffer] });
+          return a;
+        }
+        case 'throwingProxy': return new Proxy([], { get() { throw new Error('proxy trap'); }, has() { throw new Error('proxy trap'); } });
+        case 'throwingGetter': return Object.defineProperty([1, 2], 0, { get() { throw new Error('getter'); } });
+        case 'timer': return b.timerStart(0);  // an External of another kind than a buffer handle
+        case 'array': return s.items.map(materialise);
+        default: return undefined;
+      }
+    };
+    const args = specs.map(materialise);
+    const shown = `${fn}(${specs.map(describeSpec).join(', ')})`;
+    const check = (e: unknown): void => {
+      report.threw += 1;
+      if (!(e instanceof Error) && !(e !== null && typeof e === 'object' && 'message' in e)) {
+        report.findings.push({ fn, args: shown, problem: `threw a non-Error: ${String(e)}` });
+        return;
+      }
+      const msg = (e as Error).message;
+      if (typeof msg !== 'string' || msg.length === 0) report.findings.push({ fn, args: shown, problem: 'an Error without a message' });
+      else if (/^internal/i.test(msg) || msg === 'Invalid argument') {
+        report.findings.push({ fn, args: shown, problem: `a bare message: ${msg}` });
+      }
+    };
+    let result: unknown;
+    try {
+      result = fn === CONSTRUCT ? new (b.NativeBuffer as unknown as new (...a: unknown[]) => unknown)(...args) : b[fn](...args);
+      report.returned += 1;
+    } catch (e) {
+      check(e);
+    }
+    // Results: release returned buffers, settle returned promises.
+    const settle: Promise<unknown>[] = [];
+    const collect = (r: unknown): void => {
+      if (r instanceof Promise) settle.push(r.then(collect, (e) => { report.returned -= 1; check(e); }));
+      else if (Array.isArray(r)) r.forEach(collect);
+      else if (r !== null && typeof r === 'object' && b.isNativeBuffer(r)) (r as { release(): void }).release();
+    };
+    collect(result);
+    await Promise.all(settle);
+    for (const m of made) m.release();
+    if (fn === 'setPoison') b.setPoison(false);
+    await sync();
+    const after = live();
+    if (after !== before) report.findings.push({ fn, args: shown, problem: `memory ${before} -> ${after} (buffers/bytes)` });
+  }
+  return report;
+}
