@@ -288,3 +288,24 @@ describe('a refused call changes nothing', () => {
     }
   });
 });
+
+describe('the raw binding refuses extra arguments', () => {
+  test('every function throws a TypeError for more arguments than its signature has', () => {
+    const b = binding() as unknown as Record<string, unknown>;
+    const names = Object.keys(b).filter((k) => typeof b[k] === 'function' && k !== 'NativeBuffer');
+    expect(names.length).toBeGreaterThan(30);
+    for (const name of names) {
+      let thrown: unknown;
+      try {
+        (b[name] as (...a: unknown[]) => unknown)(...new Array(20).fill(undefined));
+      } catch (e) {
+        thrown = e;
+      }
+      expect({ name, message: (thrown as Error | undefined)?.message }).toEqual({
+        name, message: expect.stringMatching(/^Expected at most \d+ arguments? but received 20$/),
+      });
+    }
+    expect(() => (b.timerStart as (...a: unknown[]) => unknown)(0, 'extra')).toThrow(
+      /^Expected at most 1 argument but received 2$/);
+  });
+});

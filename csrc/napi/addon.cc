@@ -169,6 +169,11 @@ Napi::Value NativeBuffer::GetReleased(const Napi::CallbackInfo& info) {
   return Napi::Boolean::New(info.Env(), !buf_);
 }
 
+void throw_too_many_args(Napi::Env env, size_t max_args, size_t got) {
+  throw Napi::TypeError::New(env, "Expected at most " + std::to_string(max_args) + " argument" +
+                                      (max_args == 1 ? "" : "s") + " but received " + std::to_string(got));
+}
+
 // isNativeBuffer(value): whether value is a NativeBuffer the addon made (its type tag), for lib/'s
 // Tensor constructor, which must not adopt an imitation (its finalizer would call into it).
 Napi::Value IsNativeBuffer(const Napi::CallbackInfo& info) {
@@ -185,7 +190,7 @@ Napi::Object Init(Napi::Env env, Napi::Object exports) {
   Napi::Function ctor = NativeBuffer::Define(env);
   d->buffer_ctor = Napi::Persistent(ctor);
   exports.Set("NativeBuffer", ctor);
-  exports.Set("isNativeBuffer", Napi::Function::New<guarded<IsNativeBuffer>>(env, "isNativeBuffer"));
+  exports.Set("isNativeBuffer", Napi::Function::New<guarded<IsNativeBuffer, 1>>(env, "isNativeBuffer"));
   exports.Set("cudaCompiled", Napi::Boolean::New(env, Runtime::cuda_compiled()));
   exports.Set("cpuThreads", Napi::Number::New(env, d->runtime->pool().size()));
   InitTensorOps(env, exports);

@@ -71,9 +71,15 @@ class PromiseWorker : public Napi::AsyncWorker {
 // Maps a C++ exception to the matching JS error and throws it.
 [[noreturn]] void rethrow_as_js(Napi::Env env, const std::exception& e);
 
-// Every exported function is registered through guarded<>: C++ exceptions become JS errors.
-template <Napi::Value (*Fn)(const Napi::CallbackInfo&)>
+// A TypeError for a call with more than `max_args` arguments (extra arguments are refused, not
+// ignored: a binding called with the wrong signature must not run with part of it).
+[[noreturn]] void throw_too_many_args(Napi::Env env, size_t max_args, size_t got);
+
+// Every exported function is registered through guarded<>: it refuses more than kMaxArgs arguments
+// (the signature in lib/native.ts), and C++ exceptions become JS errors.
+template <Napi::Value (*Fn)(const Napi::CallbackInfo&), size_t kMaxArgs>
 Napi::Value guarded(const Napi::CallbackInfo& info) {
+  if (info.Length() > kMaxArgs) throw_too_many_args(info.Env(), kMaxArgs, info.Length());
   try {
     return Fn(info);
   } catch (const Napi::Error&) {

@@ -555,8 +555,8 @@ Napi::Value AttentionBackward(const Napi::CallbackInfo& info) {
 }  // namespace
 
 void InitAttentionOps(Napi::Env env, Napi::Object exports) {
-  exports.Set("attentionForward", Napi::Function::New<guarded<AttentionForward>>(env, "attentionForward"));
-  exports.Set("attentionBackward", Napi::Function::New<guarded<AttentionBackward>>(env, "attentionBackward"));
+  exports.Set("attentionForward", Napi::Function::New<guarded<AttentionForward, 9>>(env, "attentionForward"));
+  exports.Set("attentionBackward", Napi::Function::New<guarded<AttentionBackward, 16>>(env, "attentionBackward"));
 }
 
 }  // namespace fa::napi

@@ -448,14 +448,14 @@ Napi::Value Add(const Napi::CallbackInfo& info) {
 }  // namespace
 
 void InitNnOps(Napi::Env env, Napi::Object exports) {
-  exports.Set("normForward", Napi::Function::New<guarded<NormForward>>(env, "normForward"));
-  exports.Set("normBackward", Napi::Function::New<guarded<NormBackward>>(env, "normBackward"));
-  exports.Set("rope", Napi::Function::New<guarded<Rope>>(env, "rope"));
-  exports.Set("geluForward", Napi::Function::New<guarded<GeluForward>>(env, "geluForward"));
-  exports.Set("geluBackward", Napi::Function::New<guarded<GeluBackward>>(env, "geluBackward"));
-  exports.Set("swigluForward", Napi::Function::New<guarded<SwigluForward>>(env, "swigluForward"));
-  exports.Set("swigluBackward", Napi::Function::New<guarded<SwigluBackward>>(env, "swigluBackward"));
-  exports.Set("add", Napi::Function::New<guarded<Add>>(env, "add"));
+  exports.Set("normForward", Napi::Function::New<guarded<NormForward, 7>>(env, "normForward"));
+  exports.Set("normBackward", Napi::Function::New<guarded<NormBackward, 10>>(env, "normBackward"));
+  exports.Set("rope", Napi::Function::New<guarded<Rope, 6>>(env, "rope"));
+  exports.Set("geluForward", Napi::Function::New<guarded<GeluForward, 2>>(env, "geluForward"));
+  exports.Set("geluBackward", Napi::Function::New<guarded<GeluBackward, 3>>(env, "geluBackward"));
+  exports.Set("swigluForward", Napi::Function::New<guarded<SwigluForward, 3>>(env, "swigluForward"));
+  exports.Set("swigluBackward", Napi::Function::New<guarded<SwigluBackward, 4>>(env, "swigluBackward"));
+  exports.Set("add", Napi::Function::New<guarded<Add, 5>>(env, "add"));
 }
 
 }  // namespace fa::napi

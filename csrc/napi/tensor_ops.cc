@@ -769,25 +769,25 @@ void enqueue_copy(Runtime& rt, Device device, const CopyParams& p, const BufferP
 }
 
 void InitTensorOps(Napi::Env env, Napi::Object exports) {
-  exports.Set("createFromFloat32", Napi::Function::New<guarded<CreateFromFloat32>>(env, "createFromFloat32"));
-  exports.Set("createFromBits", Napi::Function::New<guarded<CreateFromBits>>(env, "createFromBits"));
-  exports.Set("createZeros", Napi::Function::New<guarded<CreateZeros>>(env, "createZeros"));
-  exports.Set("createEmpty", Napi::Function::New<guarded<CreateEmpty>>(env, "createEmpty"));
-  exports.Set("copyStrided", Napi::Function::New<guarded<CopyStrided>>(env, "copyStrided"));
-  exports.Set("fillStrided", Napi::Function::New<guarded<FillStrided>>(env, "fillStrided"));
-  exports.Set("transfer", Napi::Function::New<guarded<Transfer>>(env, "transfer"));
-  exports.Set("readInto", Napi::Function::New<guarded<ReadInto>>(env, "readInto"));
-  exports.Set("exportPointer", Napi::Function::New<guarded<ExportPointer>>(env, "exportPointer"));
-  exports.Set("importPointer", Napi::Function::New<guarded<ImportPointer>>(env, "importPointer"));
-  exports.Set("injectCudaFault", Napi::Function::New<guarded<InjectCudaFault>>(env, "injectCudaFault"));
-  exports.Set("readFloat32", Napi::Function::New<guarded<ReadFloat32>>(env, "readFloat32"));
-  exports.Set("readBits", Napi::Function::New<guarded<ReadBits>>(env, "readBits"));
-  exports.Set("synchronize", Napi::Function::New<guarded<Synchronize>>(env, "synchronize"));
-  exports.Set("memory", Napi::Function::New<guarded<Memory>>(env, "memory"));
-  exports.Set("resetPeakMemory", Napi::Function::New<guarded<ResetPeakMemory>>(env, "resetPeakMemory"));
-  exports.Set("setPoison", Napi::Function::New<guarded<SetPoison>>(env, "setPoison"));
-  exports.Set("cudaStatus", Napi::Function::New<guarded<CudaStatus>>(env, "cudaStatus"));
-  exports.Set("cudaDeviceCount", Napi::Function::New<guarded<CudaDeviceCount>>(env, "cudaDeviceCount"));
+  exports.Set("createFromFloat32", Napi::Function::New<guarded<CreateFromFloat32, 3>>(env, "createFromFloat32"));
+  exports.Set("createFromBits", Napi::Function::New<guarded<CreateFromBits, 3>>(env, "createFromBits"));
+  exports.Set("createZeros", Napi::Function::New<guarded<CreateZeros, 3>>(env, "createZeros"));
+  exports.Set("createEmpty", Napi::Function::New<guarded<CreateEmpty, 3>>(env, "createEmpty"));
+  exports.Set("copyStrided", Napi::Function::New<guarded<CopyStrided, 5>>(env, "copyStrided"));
+  exports.Set("fillStrided", Napi::Function::New<guarded<FillStrided, 4>>(env, "fillStrided"));
+  exports.Set("transfer", Napi::Function::New<guarded<Transfer, 3>>(env, "transfer"));
+  exports.Set("readInto", Napi::Function::New<guarded<ReadInto, 4>>(env, "readInto"));
+  exports.Set("exportPointer", Napi::Function::New<guarded<ExportPointer, 1>>(env, "exportPointer"));
+  exports.Set("importPointer", Napi::Function::New<guarded<ImportPointer, 5>>(env, "importPointer"));
+  exports.Set("injectCudaFault", Napi::Function::New<guarded<InjectCudaFault, 1>>(env, "injectCudaFault"));
+  exports.Set("readFloat32", Napi::Function::New<guarded<ReadFloat32, 3>>(env, "readFloat32"));
+  exports.Set("readBits", Napi::Function::New<guarded<ReadBits, 3>>(env, "readBits"));
+  exports.Set("synchronize", Napi::Function::New<guarded<Synchronize, 2>>(env, "synchronize"));
+  exports.Set("memory", Napi::Function::New<guarded<Memory, 0>>(env, "memory"));
+  exports.Set("resetPeakMemory", Napi::Function::New<guarded<ResetPeakMemory, 1>>(env, "resetPeakMemory"));
+  exports.Set("setPoison", Napi::Function::New<guarded<SetPoison, 1>>(env, "setPoison"));
+  exports.Set("cudaStatus", Napi::Function::New<guarded<CudaStatus, 0>>(env, "cudaStatus"));
+  exports.Set("cudaDeviceCount", Napi::Function::New<guarded<CudaDeviceCount, 0>>(env, "cudaDeviceCount"));
 }
 
 }  // namespace fa::napi

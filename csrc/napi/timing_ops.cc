@@ -120,8 +120,8 @@ Napi::Value TimerStop(const Napi::CallbackInfo& info) {
 }  // namespace
 
 void InitTimingOps(Napi::Env env, Napi::Object exports) {
-  exports.Set("timerStart", Napi::Function::New<guarded<TimerStart>>(env, "timerStart"));
-  exports.Set("timerStop", Napi::Function::New<guarded<TimerStop>>(env, "timerStop"));
+  exports.Set("timerStart", Napi::Function::New<guarded<TimerStart, 1>>(env, "timerStart"));
+  exports.Set("timerStop", Napi::Function::New<guarded<TimerStop, 1>>(env, "timerStop"));
 }
 
 }  // namespace fa::napi

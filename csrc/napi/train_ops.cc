@@ -628,15 +628,15 @@ Napi::Value ColumnSum(const Napi::CallbackInfo& info) {
 }  // namespace
 
 void InitTrainOps(Napi::Env env, Napi::Object exports) {
-  exports.Set("embeddingForward", Napi::Function::New<guarded<EmbeddingForward>>(env, "embeddingForward"));
-  exports.Set("embeddingBackward", Napi::Function::New<guarded<EmbeddingBackward>>(env, "embeddingBackward"));
-  exports.Set("linearForward", Napi::Function::New<guarded<LinearForward>>(env, "linearForward"));
-  exports.Set("linearBackward", Napi::Function::New<guarded<LinearBackward>>(env, "linearBackward"));
-  exports.Set("crossEntropy", Napi::Function::New<guarded<CrossEntropy>>(env, "crossEntropy"));
-  exports.Set("adamwStep", Napi::Function::New<guarded<AdamWStep>>(env, "adamwStep"));
-  exports.Set("gradNorm", Napi::Function::New<guarded<GradNorm>>(env, "gradNorm"));
-  exports.Set("sum", Napi::Function::New<guarded<Sum>>(env, "sum"));
-  exports.Set("columnSum", Napi::Function::New<guarded<ColumnSum>>(env, "columnSum"));
+  exports.Set("embeddingForward", Napi::Function::New<guarded<EmbeddingForward, 5>>(env, "embeddingForward"));
+  exports.Set("embeddingBackward", Napi::Function::New<guarded<EmbeddingBackward, 6>>(env, "embeddingBackward"));
+  exports.Set("linearForward", Napi::Function::New<guarded<LinearForward, 8>>(env, "linearForward"));
+  exports.Set("linearBackward", Napi::Function::New<guarded<LinearBackward, 10>>(env, "linearBackward"));
+  exports.Set("crossEntropy", Napi::Function::New<guarded<CrossEntropy, 8>>(env, "crossEntropy"));
+  exports.Set("adamwStep", Napi::Function::New<guarded<AdamWStep, 15>>(env, "adamwStep"));
+  exports.Set("gradNorm", Napi::Function::New<guarded<GradNorm, 2>>(env, "gradNorm"));
+  exports.Set("sum", Napi::Function::New<guarded<Sum, 2>>(env, "sum"));
+  exports.Set("columnSum", Napi::Function::New<guarded<ColumnSum, 4>>(env, "columnSum"));
 }
 
 }  // namespace fa::napi
