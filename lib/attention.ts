@@ -20,7 +20,7 @@
  * names the argument; the work itself is queued (see tensor.ts) and the call returns at once.
  * @packageDocumentation
  */
-import { describeValue, formatShape, rangeError, typeError } from './errors';
+import { describeValue, formatShape, rangeError, refuseUnknownKeys, typeError } from './errors';
 import { BACKWARD_ALGORITHM_CODE, binding, FLOAT32_PRECISION_CODE, KERNEL_CODE, NativeBuffer } from './native';
 import { Device, DType, handleOf, Tensor, wrapNative } from './tensor';
 
@@ -198,12 +198,7 @@ function checkOptions(options: unknown): CheckedOptions {
     throw typeError('options to be an object or undefined', describeValue(options));
   }
   // Unknown keys are refused: a typo ({ casual: true }) must not run with a default instead.
-  const allowed = OPTION_KEYS;
-  for (const key of Object.keys(options ?? {})) {
-    if (!allowed.includes(key)) {
-      throw typeError(`options to have only the keys ${allowed.map((k) => `'${k}'`).join(', ')}`, `unknown key '${key}'`);
-    }
-  }
+  refuseUnknownKeys(options ?? {}, 'options', OPTION_KEYS);
   const o = (options ?? {}) as AttentionBackwardOptions;
   if (o.causal !== undefined && typeof o.causal !== 'boolean') {
     throw typeError('options.causal to be a boolean', describeValue(o.causal));

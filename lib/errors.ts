@@ -41,6 +41,22 @@ export function typeError(what: string, received: string): TypeError {
   return new TypeError(`Expected ${what} but received ${received}`);
 }
 
+/** `'a'`, `'a' or 'b'`, `'a', 'b' or 'c'`: a list of choices for error messages. */
+export function quoteList(list: readonly string[]): string {
+  const q = list.map((d) => `'${d}'`);
+  return q.length === 1 ? q[0] : `${q.slice(0, -1).join(', ')} or ${q[q.length - 1]}`;
+}
+
+/**
+ * Refuses an options-like object (`arg`) with a key outside `allowed`: a typo must not silently fall
+ * back to a default. The caller has checked that `value` is a non-null object.
+ */
+export function refuseUnknownKeys(value: object, arg: string, allowed: readonly string[]): void {
+  for (const key of Object.keys(value)) {
+    if (!allowed.includes(key)) throw typeError(`${arg} to have only the keys ${quoteList(allowed)}`, `unknown key '${key}'`);
+  }
+}
+
 /** A RangeError: `Expected ${what} but received ${received}`. */
 export function rangeError(what: string, received: string): RangeError {
   return new RangeError(`Expected ${what} but received ${received}`);

@@ -26,7 +26,7 @@
  * and counts them in {@link memory}.
  * @packageDocumentation
  */
-import { describeValue, formatShape, rangeError, typeError } from './errors';
+import { describeValue, formatShape, rangeError, refuseUnknownKeys, typeError } from './errors';
 import type { DType } from './half';
 import { binding, DEVICE_CODE, DTYPE_CODE, NativeBuffer } from './native';
 
@@ -147,9 +147,7 @@ function checkRange(range: unknown, numel: number): { offset: number; length: nu
   if (range === null || typeof range !== 'object' || Array.isArray(range)) {
     throw typeError('range to be an object { offset, length }', describeValue(range));
   }
-  for (const key of Object.keys(range)) {
-    if (key !== 'offset' && key !== 'length') throw typeError("range to have only the keys 'offset', 'length'", `unknown key '${key}'`);
-  }
+  refuseUnknownKeys(range, 'range', ['offset', 'length']);
   const r = range as ReadRange;
   const offset = r.offset ?? 0;
   if (typeof offset !== 'number' || !Number.isSafeInteger(offset) || offset < 0 || offset >= numel) {
@@ -168,11 +166,7 @@ function resolveOptions(
   if (options !== undefined && (options === null || typeof options !== 'object' || Array.isArray(options))) {
     throw typeError('options to be an object or undefined', describeValue(options));
   }
-  for (const key of Object.keys(options ?? {})) {
-    if (key !== 'dtype' && key !== 'device') {
-      throw typeError("options to have only the keys 'dtype', 'device'", `unknown key '${key}'`);
-    }
-  }
+  refuseUnknownKeys(options ?? {}, 'options', ['dtype', 'device']);
   const o = (options ?? {}) as TensorOptions;
   const dtype = o.dtype === undefined ? allowed[0] : checkDType(o.dtype, 'options.dtype', allowed);
   const device = o.device === undefined ? defaultDevice() : checkDevice(o.device, 'options.device');

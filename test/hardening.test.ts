@@ -72,7 +72,7 @@ describe('options objects refuse unknown keys and wrong types', () => {
     await refused(() => Tensor.fromFloat32Array(data, [4], [] as never), 'TypeError',
       /^Expected options to be an object or undefined but received an Array/);
     await refused(() => Tensor.fromFloat32Array(data, [4], { dtyp: 'float16' } as never), 'TypeError',
-      /^Expected options to have only the keys 'dtype', 'device' but received unknown key 'dtyp'$/);
+      /^Expected options to have only the keys 'dtype' or 'device' but received unknown key 'dtyp'$/);
     await refused(() => Tensor.empty([4], { device: 'cpu', size: 4 } as never), 'TypeError', /unknown key 'size'/);
     await refused(() => Tensor.fromInt32Array(new Int32Array(4), [4], { devices: 'cpu' } as never), 'TypeError',
       /unknown key 'devices'/);
@@ -85,7 +85,7 @@ describe('options objects refuse unknown keys and wrong types', () => {
         (r) => t.readInto(new Float32Array(4), r as never)];
       for (const read of reads) {
         await expect(Promise.resolve().then(() => read({ offst: 1 }))).rejects.toThrow(
-          /^Expected range to have only the keys 'offset', 'length' but received unknown key 'offst'$/);
+          /^Expected range to have only the keys 'offset' or 'length' but received unknown key 'offst'$/);
         await expect(Promise.resolve().then(() => read([0, 1]))).rejects.toThrow(/^Expected range to be an object/);
       }
       expect(Array.from(await t.toFloat32Array({ offset: 1, length: 2 }))).toEqual([0, 0]);

@@ -4,7 +4,7 @@
  * embedding. The default configuration is nanoGPT's GPT-2 architecture.
  * @packageDocumentation
  */
-import { describeValue, rangeError, typeError } from '../errors';
+import { describeValue, rangeError, refuseUnknownKeys, typeError } from '../errors';
 import type { DType } from '../half';
 import { crossEntropy } from '../ops/loss';
 import { linear, linearBackward } from '../ops/linear';
@@ -58,11 +58,7 @@ const CONFIG_KEYS = ['vocabSize', 'blockSize', 'layers', 'heads', 'dModel', 'nor
 /** Fills in a config's defaults and checks it. Unknown keys are refused. */
 export function resolveConfig(c: GPTConfig): ResolvedGPTConfig {
   if (c === null || typeof c !== 'object' || Array.isArray(c)) throw typeError('config to be an object', describeValue(c));
-  for (const key of Object.keys(c)) {
-    if (!(CONFIG_KEYS as readonly string[]).includes(key)) {
-      throw typeError(`config to have only the keys ${CONFIG_KEYS.map((k) => `'${k}'`).join(', ')}`, `unknown key '${key}'`);
-    }
-  }
+  refuseUnknownKeys(c, 'config', CONFIG_KEYS);
   for (const k of ['vocabSize', 'blockSize', 'layers', 'heads', 'dModel'] as const) {
     if (!Number.isSafeInteger(c[k]) || c[k] < 1) throw rangeError(`config.${k} to be a positive integer`, describeValue(c[k]));
   }

@@ -4,7 +4,7 @@
  * received <value>") and name the argument. Internal.
  * @packageDocumentation
  */
-import { describeValue, formatShape, rangeError, typeError } from '../errors';
+import { describeValue, formatShape, quoteList, rangeError, refuseUnknownKeys, typeError } from '../errors';
 import type { DType } from '../half';
 import type { NativeBuffer } from '../native';
 import { Device, handleOf, storageOf, Tensor, TensorDType } from '../tensor';
@@ -27,10 +27,6 @@ export interface TensorSpec {
 
 const FLOATS: readonly DType[] = ['float32', 'float16', 'bfloat16'];
 
-function quoteList(list: readonly string[]): string {
-  const q = list.map((d) => `'${d}'`);
-  return q.length === 1 ? q[0] : `${q.slice(0, -1).join(', ')} or ${q[q.length - 1]}`;
-}
 
 /**
  * Checks a tensor argument: a live Tensor with the dtype, device, rank, shape and layout of `spec`.
@@ -92,11 +88,7 @@ export function checkOptions<T extends object>(options: unknown, arg: string, al
   if (options === null || typeof options !== 'object' || Array.isArray(options)) {
     throw typeError(`${arg} to be an object or undefined`, describeValue(options));
   }
-  for (const key of Object.keys(options)) {
-    if (!(allowed as readonly string[]).includes(key)) {
-      throw typeError(`${arg} to have only the keys ${quoteList(allowed)}`, `unknown key '${key}'`);
-    }
-  }
+  refuseUnknownKeys(options, arg, allowed);
   return options as Partial<T>;
 }
 
