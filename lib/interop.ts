@@ -27,7 +27,7 @@
  */
 import { describeValue, formatShape, rangeError, typeError } from './errors';
 import { binding, DEVICE_CODE, DTYPE_CODE, NativeBuffer } from './native';
-import { contiguousStrides, Device, DEVICES, DTYPES, dtypeSize, handleOf, Tensor, TensorDType } from './tensor';
+import { contiguousStrides, Device, DEVICES, DTYPES, dtypeSize, handleOf, Tensor, TENSOR_TOKEN, TensorDType } from './tensor';
 
 /** A tensor's memory as a raw pointer, from {@link exportTensor}. */
 export interface ExportedTensor {
@@ -124,5 +124,5 @@ export function importTensor(ptr: bigint, shape: readonly number[], options: Imp
     span += (shape[i] - 1) * strides[i];
   }
   const buf = binding().importPointer(DEVICE_CODE[device], DTYPE_CODE[dtype], ptr, extent, stream);
-  return new Tensor(buf, Object.freeze([...shape]), dtype, device, { offset: 0, strides: Object.freeze([...strides]) });
+  return new Tensor(buf, Object.freeze([...shape]), dtype, device, { offset: 0, strides: Object.freeze([...strides]) }, TENSOR_TOKEN);
 }

@@ -86,6 +86,9 @@ const registry = new FinalizationRegistry<NativeBuffer>((buf) => {
 
 const handles = new WeakMap<Tensor, NativeBuffer>();
 
+/** @internal What lib/ passes to the Tensor constructor, which refuses every other caller. */
+export const TENSOR_TOKEN: unique symbol = Symbol('flash-attn-node Tensor construction');
+
 function checkDType(dtype: unknown, arg: string, allowed: readonly TensorDType[] = DTYPES): TensorDType {
   if (typeof dtype !== 'string' || !(allowed as readonly string[]).includes(dtype)) {
     throw typeError(`${arg} to be one of ${allowed.map((d) => `'${d}'`).join(', ')}`, describeValue(dtype));
@@ -286,13 +289,14 @@ export class Tensor implements Disposable {
 
   /**
    * @internal Use the static factories; this wraps an existing native buffer. Without `view`, the
-   * tensor is the whole buffer, contiguous.
+   * tensor is the whole buffer, contiguous. `token` is {@link TENSOR_TOKEN}: only lib/ constructs
+   * tensors (a hand-made buffer would be called into by the finalizer), at no per-tensor native call.
    */
   constructor(
     buf: NativeBuffer, shape: readonly number[], dtype: TensorDType, device: Device,
-    view?: { offset: number; strides: readonly number[] },
+    view: { offset: number; strides: readonly number[] } | undefined, token: symbol,
   ) {
-    if (!binding().isNativeBuffer(buf)) {
+    if (token !== TENSOR_TOKEN) {
       throw new TypeError('Tensor has no public constructor: create tensors with Tensor.fromFloat32Array, '
         + 'Tensor.fromInt32Array, Tensor.empty, Tensor.full or an operation');
     }
@@ -342,7 +346,7 @@ export class Tensor implements Disposable {
       throw rangeError(`data to have ${s.numel} elements for shape ${formatShape(s.shape)}`, `${trueLength(data)}`);
     }
     const buf = binding().createFromBits(DEVICE_CODE[device], DTYPE_CODE[dtype], data);
-    return new Tensor(buf, s.shape, dtype, device);
+    return new Tensor(buf, s.shape, dtype, device, undefined, TENSOR_TOKEN);
   }
 
   /**
@@ -358,7 +362,7 @@ export class Tensor implements Disposable {
       throw rangeError(`data to have ${s.numel} elements for shape ${formatShape(s.shape)}`, `${trueLength(data)}`);
     }
     const buf = binding().createFromFloat32(DEVICE_CODE[device], DTYPE_CODE[dtype], data);
-    return new Tensor(buf, s.shape, dtype, device);
+    return new Tensor(buf, s.shape, dtype, device, undefined, TENSOR_TOKEN);
   }
 
   /**
@@ -378,7 +382,7 @@ export class Tensor implements Disposable {
       throw rangeError(`bits to have ${s.numel} elements for shape ${formatShape(s.shape)}`, `${trueLength(bits)}`);
     }
     const buf = binding().createFromBits(DEVICE_CODE[device], DTYPE_CODE[dtype], bits);
-    return new Tensor(buf, s.shape, dtype, device);
+    return new Tensor(buf, s.shape, dtype, device, undefined, TENSOR_TOKEN);
   }
 
   /**
@@ -390,7 +394,7 @@ export class Tensor implements Disposable {
     const s = checkShape(shape);
     const { dtype, device } = resolveOptions(options);
     const buf = binding().createZeros(DEVICE_CODE[device], DTYPE_CODE[dtype], s.numel);
-    return new Tensor(buf, s.shape, dtype, device);
+    return new Tensor(buf, s.shape, dtype, device, undefined, TENSOR_TOKEN);
   }
 
   /**
@@ -401,7 +405,7 @@ export class Tensor implements Disposable {
     const s = checkShape(shape);
     const { dtype, device } = resolveOptions(options);
     const buf = binding().createEmpty(DEVICE_CODE[device], DTYPE_CODE[dtype], s.numel);
-    return new Tensor(buf, s.shape, dtype, device);
+    return new Tensor(buf, s.shape, dtype, device, undefined, TENSOR_TOKEN);
   }
 
   /**
@@ -487,7 +491,7 @@ export class Tensor implements Disposable {
   /** A new Tensor on this one's storage: the same memory, its own handle. */
   #alias(shape: readonly number[], strides: readonly number[], offset: number): Tensor {
     const h = handleOf(this, 'tensor');
-    return new Tensor(h.share(), Object.freeze([...shape]), this.dtype, this.device, { offset, strides });
+    return new Tensor(h.share(), Object.freeze([...shape]), this.dtype, this.device, { offset, strides }, TENSOR_TOKEN);
   }
 
   /**
@@ -645,7 +649,7 @@ export class Tensor implements Disposable {
     const c = this.contiguous();
     try {
       const buf = binding().transfer([handleOf(c, 'tensor'), c.offset], c.numel, DEVICE_CODE[d]);
-      return new Tensor(buf, this.shape, this.dtype, d);
+      return new Tensor(buf, this.shape, this.dtype, d, undefined, TENSOR_TOKEN);
     } finally {
       c.dispose();
     }
@@ -729,7 +733,7 @@ export function handleOf(t: unknown, arg: string): NativeBuffer {
 
 /** @internal Wraps a native buffer that an operation returned. */
 export function wrapNative(buf: NativeBuffer, shape: readonly number[], dtype: TensorDType, device: Device): Tensor {
-  return new Tensor(buf, Object.freeze([...shape]), dtype, device);
+  return new Tensor(buf, Object.freeze([...shape]), dtype, device, undefined, TENSOR_TOKEN);
 }
 
 /**

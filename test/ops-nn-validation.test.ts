@@ -14,7 +14,7 @@ import { add, addInPlace } from '../lib/ops/elementwise';
 import { layerNorm, layerNormBackward, rmsNorm, rmsNormBackward } from '../lib/ops/norm';
 import { applyRope } from '../lib/ops/rope';
 import { binding, NativeBuffer } from '../lib/native';
-import { handleOf, Tensor } from '../lib/tensor';
+import { handleOf, Tensor, TENSOR_TOKEN } from '../lib/tensor';
 import { cudaSkipReason, HAS_CUDA, liveMemory, synchronizeAll, trackMemory } from './helpers/backend';
 import { randn, rngFor } from './helpers/random';
 
@@ -60,7 +60,7 @@ function make(name: string, shape: number[], dtype: FloatDType = 'float32'): voi
 /** A view of fixture `base` that the public view API cannot make (a second handle on its storage). */
 function viewOf(name: string, base: string, shape: number[], offset: number, strides: number[]): void {
   const b = fx[base];
-  fx[name] = new Tensor(handleOf(b, base).share(), shape, b.dtype, b.device, { offset, strides });
+  fx[name] = new Tensor(handleOf(b, base).share(), shape, b.dtype, b.device, { offset, strides }, TENSOR_TOKEN);
 }
 
 /** Creates the fixtures inside trackMemory's window (nested hooks run inside the file's). */
