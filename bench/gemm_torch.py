@@ -12,13 +12,15 @@ gelu(linear(x, W, b), tanh) (bias_gelu: what our fused epilogue replaces), and w
 tensor kept (gelu_pre: the same ops; torch keeps `pre` anyway).
 
 Timing (same as check_timing.h): 3 warm-up calls, then 20 calls each between its own pair of CUDA
-events (median) and 20 calls queued between one pair (mean); TFLOP/s from the queued mean. Inputs are
-torch.randn, reused across calls as in the native check (the fwd operands fit the 50 MiB L2 on both
-sides).
+events (median) and 5 rounds of 20 calls queued between one pair (the median round's mean); TFLOP/s
+from the queued time. One disturbed round (seen: torch's 384 x 384 products at 1.5x their usual
+time in one run of three) stays out of the median. Inputs are torch.randn, reused across calls as
+in the native check (the fwd operands fit the 50 MiB L2 on both sides).
 
-Usage: python3 bench/gemm_torch.py [--ours gemm.log]
+Usage: python3 bench/gemm_torch.py [--ours gemm.log] [--layers 6]
 With --ours, the BENCH lines of scripts/gemm-check.sh's output are put beside torch's, with the
-ratio torch_ms / ours_ms (> 1: ours faster) for the queued mean and the median.
+ratio torch_ms / ours_ms (> 1: ours faster) for the queued time and the median, their geometric
+mean per dtype, and the GEMM time of one training step of a `--layers`-layer GPT on each side.
 """
 import argparse
 import re
@@ -30,6 +32,7 @@ import torch.nn.functional as F
 
 WARMUP = 3
 TIMED = 20
+ROUNDS = 5
 TOKENS, C, VOCAB = 16384, 384, 65
 LAYERS = [("qkv", 3 * C, C), ("proj", C, C), ("fc", 4 * C, C), ("fc2", C, 4 * C), ("lm_head", VOCAB, C)]
 DTYPES = [("bf16", torch.bfloat16), ("f16", torch.float16), ("f32", torch.float32)]
@@ -47,13 +50,16 @@ def time_fn(fn):
         e.record()
         e.synchronize()
         ms.append(s.elapsed_time(e))
-    s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    s.record()
-    for _ in range(TIMED):
-        fn()
-    e.record()
-    e.synchronize()
-    return statistics.median(ms), s.elapsed_time(e) / TIMED
+    rounds = []
+    for _ in range(ROUNDS):
+        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        s.record()
+        for _ in range(TIMED):
+            fn()
+        e.record()
+        e.synchronize()
+        rounds.append(s.elapsed_time(e) / TIMED)
+    return statistics.median(ms), statistics.median(rounds)
 
 
 def products():
@@ -113,10 +119,11 @@ def read_ours(path):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--ours", help="output of scripts/gemm-check.sh with its BENCH lines")
+    ap.add_argument("--layers", type=int, default=6, help="transformer layers of the per-step sum (default 6)")
     args = ap.parse_args()
     props = torch.cuda.get_device_properties(0)
     print(f"torch {torch.__version__}, CUDA {torch.version.cuda}, {props.name} (sm_{props.major}{props.minor}), "
-          f"warm-up {WARMUP}, median of {TIMED}, queued mean of {TIMED}; TF32 on for f32")
+          f"warm-up {WARMUP}, median of {TIMED}, queued: median of {ROUNDS} rounds of {TIMED}; TF32 on for f32")
     rows = run_torch()
     ours = read_ours(args.ours) if args.ours else {}
     hdr = f"{'product':<12} {'dtype':<5} {'variant':<9} {'M':>6} {'N':>5} {'K':>6} | {'torch ms':>9} {'TFLOP/s':>7}"
@@ -140,7 +147,29 @@ def main():
             gm *= r
         gm **= 1.0 / len(rs)
         print(f"{dname}: geometric mean of torch/ours (queued) over {len(rs)} rows: {gm:.3f}; min {min(rs):.2f}")
+        step = step_ms(rows, ours, dname, args.layers)
+        if step:
+            t, o = step
+            print(f"{dname}: GEMM time of one training step ({args.layers} layers; fwd fc with bias, GELU and the "
+                  f"pre-GELU output): torch {t:.3f} ms, ours {o:.3f} ms, ratio {t / o:.3f}")
     return 0
+
+
+def step_ms(rows, ours, dname, layers):
+    """Queued-mean sums over the products of one GPT training step: per layer the fwd, dx and dW
+    products of qkv, proj, fc (its fwd as gelu_pre, what the model runs) and fc2; the lm head's once.
+    None when a row is missing on either side."""
+    t = o = 0.0
+    for kind in ("fwd", "dx", "dw"):
+        for name, _, _ in LAYERS:
+            variant = "gelu_pre" if (kind, name) == ("fwd", "fc") else "plain"
+            key = (f"{kind}_{name}", dname, variant)
+            if key not in rows or key not in ours:
+                return None
+            times = 1 if name == "lm_head" else layers
+            t += times * rows[key][4]
+            o += times * ours[key][3]
+    return t, o
 
 
 if __name__ == "__main__":

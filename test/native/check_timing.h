@@ -2,8 +2,9 @@
 // untimed calls, then
 //   median_ms: the median of kTimedCalls calls, each started on an idle stream between its own pair of
 //              CUDA events (so the host's per-call work is counted), and min_ms their minimum;
-//   queued_ms: the mean of kTimedCalls calls queued back to back between one pair of events (host work
-//              overlaps the GPU's, as in the bench and in PyTorch's usual timing).
+//   queued_ms: the median over kQueuedRounds rounds of the mean of kTimedCalls calls queued back to
+//              back between one pair of events (host work overlaps the GPU's, as in the bench and in
+//              PyTorch's usual timing); the median of rounds keeps one disturbed round out of it.
 #pragma once
 #include <cuda_runtime.h>
 
@@ -18,6 +19,7 @@ struct LaunchTimes {
 
 inline constexpr int kWarmupCalls = 3;
 inline constexpr int kTimedCalls = 20;
+inline constexpr int kQueuedRounds = 5;
 
 // launch() enqueues one call on the stream and returns its cudaError_t.
 template <typename Launch>
@@ -35,15 +37,18 @@ LaunchTimes time_launches(Launch&& launch, cudaStream_t stream) {
     CHECK_CUDA(cudaEventElapsedTime(&ms[it], start, stop));
   }
   std::sort(ms.begin(), ms.end());
-  float queued = 0.0f;
-  CHECK_CUDA(cudaEventRecord(start, stream));
-  for (int it = 0; it < kTimedCalls; ++it) CHECK_CUDA(launch());
-  CHECK_CUDA(cudaEventRecord(stop, stream));
-  CHECK_CUDA(cudaEventSynchronize(stop));
-  CHECK_CUDA(cudaEventElapsedTime(&queued, start, stop));
+  std::vector<float> rounds(kQueuedRounds);
+  for (float& round : rounds) {
+    CHECK_CUDA(cudaEventRecord(start, stream));
+    for (int it = 0; it < kTimedCalls; ++it) CHECK_CUDA(launch());
+    CHECK_CUDA(cudaEventRecord(stop, stream));
+    CHECK_CUDA(cudaEventSynchronize(stop));
+    CHECK_CUDA(cudaEventElapsedTime(&round, start, stop));
+  }
+  std::sort(rounds.begin(), rounds.end());
   CHECK_CUDA(cudaEventDestroy(start));
   CHECK_CUDA(cudaEventDestroy(stop));
-  return {ms[kTimedCalls / 2], ms[0], queued / kTimedCalls};
+  return {ms[kTimedCalls / 2], ms[0], rounds[kQueuedRounds / 2] / kTimedCalls};
 }
 
 // TFLOP/s of `flops` in `ms` milliseconds.

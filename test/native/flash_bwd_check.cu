@@ -55,8 +55,8 @@
 // bwd_nonfinite.cuh), so the poison sits next to the hidden pairs of tiles that cross the diagonal (see
 // main). A failing case prints its first violations (element, expected class, value, clean value).
 // Then (unless --no-bench) bf16 timing on the FA2 grid (B*S = 16k, H*D = 2048, S 512 / 1k / 2k / 8k,
-// D 64 / 128, causal and not): median of 20 cudaEvent-timed single calls after warm-up, and the mean of
-// 20 calls queued back to back; TFLOP/s = 2.5 * 4 B H S^2 D / t (halved when causal), FA2's count for
+// D 64 / 128, causal and not): median of 20 cudaEvent-timed single calls after warm-up, and the median
+// of 5 rounds of 20 calls queued back to back (check_timing.h); TFLOP/s = 2.5 * 4 B H S^2 D / t (halved when causal), FA2's count for
 // the backward. The naive backward (N^2 workspace) is timed at S 512 and 1k only.
 #include <cuda_runtime.h>
 

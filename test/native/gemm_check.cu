@@ -7,6 +7,9 @@
 // one "BENCH" line per product that bench/gemm_torch.py puts beside torch.matmul.
 //
 // Usage: gemm_check [seed] [--no-bench] [--bench-only]. Exit code 0 iff every check passed.
+// Environment: GEMM_BENCH_ONLY=fwd_qkv,dw_fc and GEMM_BENCH_DTYPES=bf16 narrow the timing;
+// GEMM_PROFILE=1 launches each timed plan once, untimed, for ncu; GEMM_SPLIT_SWEEP=1 adds the dW
+// products' K-split sweep.
 // Built and run by scripts/gemm-check.sh.
 #include <cuda_runtime.h>
 
@@ -31,8 +34,9 @@ namespace {
 
 int g_failures = 0;
 int g_cases = 0;
-// The sm90 tile configurations built (gemm_sm90.cu): 128 x 128, 64 x 128, 128 x 192.
-constexpr int kSm90Configs[] = {0, 3, 4, 5, 6};
+// The sm90 tile configurations built (gemm_sm90.cu): 128 x 128, 64 x 128, 128 x 192, and the
+// warp-specialized 128 x 192 and 128 x 128.
+constexpr int kSm90Configs[] = {0, 3, 4, 7, 9};
 
 // Device copy of a host tensor, at a byte offset from a 256-byte aligned allocation (offset 2 makes a
 // 16-bit tensor unaligned for 16-byte loads).
@@ -56,8 +60,9 @@ struct DeviceTensor {
 
 const char* path_name(const fg::GemmPlan& plan) {
   if (plan.path == fg::GemmPath::kSm90) {
-    static const char* const kNames[] = {"sm90/0", "sm90/1", "sm90/2", "sm90/3", "sm90/4", "sm90/5", "sm90/6"};
-    return plan.sm90_config >= 0 && plan.sm90_config <= 6 ? kNames[plan.sm90_config] : "sm90/?";
+    static const char* const kNames[] = {"sm90/0", "sm90/1", "sm90/2", "sm90/3", "sm90/4",
+                                         "sm90/5", "sm90/6", "sm90/7", "sm90/8", "sm90/9"};
+    return plan.sm90_config >= 0 && plan.sm90_config <= 9 ? kNames[plan.sm90_config] : "sm90/?";
   }
   if (!plan.vec) return "sm80/scalar";
   return plan.tile == fg::Sm80Tile::kLarge ? "sm80/large" : "sm80/small";
@@ -213,6 +218,15 @@ void bench(const fa::GemmParams& p, const Product& pr, const char* dtype_name, c
   if (plan.workspace_bytes) CHECK_CUDA(cudaMalloc(&ws, plan.workspace_bytes));
   cudaStream_t stream;
   CHECK_CUDA(cudaStreamCreate(&stream));
+  if (std::getenv("GEMM_PROFILE") != nullptr) {  // one launch for a profiler (ncu) to replay, no timing
+    CHECK_CUDA(fg::run_plan(p, plan, ws, stream));
+    CHECK_CUDA(cudaStreamSynchronize(stream));
+    std::printf("PROFILED %-12s %-5s %-9s %-11s splits %2d\n", pr.name.c_str(), dtype_name, variant, path_name(plan),
+                plan.splits);
+    CHECK_CUDA(cudaStreamDestroy(stream));
+    if (ws) CHECK_CUDA(cudaFree(ws));
+    return;
+  }
   const LaunchTimes t = time_launches([&] { return fg::run_plan(p, plan, ws, stream); }, stream);
   const double flops = 2.0 * pr.m * pr.n * pr.k;
   std::printf("BENCH %-12s %-5s %-9s m %6lld n %5lld k %6lld  %-11s splits %2d  median %8.4f ms  queued %8.4f ms  %7.1f TFLOP/s\n",
@@ -223,12 +237,23 @@ void bench(const fa::GemmParams& p, const Product& pr, const char* dtype_name, c
   if (ws) CHECK_CUDA(cudaFree(ws));
 }
 
+// GEMM_BENCH_ONLY / GEMM_BENCH_DTYPES: comma-separated product names (fwd_qkv, ...) and dtype names
+// (bf16, f16, f32) to time; unset: all of them.
+bool selected(const char* env, const std::string& name) {
+  const char* list = std::getenv(env);
+  if (list == nullptr || *list == '\0') return true;
+  const std::string s = std::string(",") + list + ",";
+  return s.find("," + name + ",") != std::string::npos;
+}
+
 void run_bench(std::mt19937_64& rng) {
-  std::printf("timing: %d warm-up calls, then the median of %d calls (own events each) and the mean of %d queued; "
-              "TFLOP/s from the queued mean\n",
-              kWarmupCalls, kTimedCalls, kTimedCalls);
+  std::printf("timing: %d warm-up calls, then the median of %d calls (own events each) and the median of %d rounds "
+              "of %d queued (each round's mean); TFLOP/s from the queued time\n",
+              kWarmupCalls, kTimedCalls, kQueuedRounds, kTimedCalls);
   for (DType dt : {DType::kBFloat16, DType::kFloat16, DType::kFloat32}) {
+    if (!selected("GEMM_BENCH_DTYPES", short_name(dt))) continue;
     for (const Product& pr : model_products()) {
+      if (!selected("GEMM_BENCH_ONLY", pr.name)) continue;
       Case cs = make(pr.m, pr.n, pr.k, dt, pr.dw ? DType::kFloat32 : dt, pr.ak, pr.bk);
       if (pr.dw) cs.beta = 1.0f;
       HostTensor a = random_tensor(dt, cs.a_count(), rng), b = random_tensor(dt, cs.b_count(), rng);
@@ -263,6 +288,7 @@ void run_bench(std::mt19937_64& rng) {
         DeviceTensor dbias(bias), dpre(pre);
         fa::GemmParams q = params(cs, da.ptr, db.ptr, dbias.ptr, dc.ptr, nullptr);
         q.bias = dbias.ptr;
+        bench(q, pr, short_name(dt), "bias");
         q.activation = fa::GemmActivation::kGeluTanh;
         bench(q, pr, short_name(dt), "bias_gelu");
         q.pre_out = dpre.ptr;

@@ -34,11 +34,15 @@ constexpr int kMaxSplits = 32;
 // sm90: 128-row tiles once 128 x 128 tiles fill this fraction of the SMs (H100, bf16: the lm head's
 // forward, 128 such tiles on 132 SMs, 9.9 us with them vs 11.3 us with 64 x 128 tiles); below,
 // 64 x 128 tiles (dW of qkv: 44.8 us vs 53.4 us with 128 x 128 and 2 blocks per SM, of fc: 55.8 vs
-// 70.8), or, when K is split, the warp-specialized persistent 128 x 128 kernel (configuration 6)
-// with one wave of work items: H100, bf16, K = 16384, us (configuration 3 and its split choice ->
-// 6): dW of qkv 44.8 -> 41.0, proj 23.0 -> 20.7, fc 54.9 -> 48.8, fc2 61.4 -> 49.3.
+// 70.8), or, when K is split, the warp-specialized persistent 128 x 128 kernel with six stages
+// (configuration 9) and one wave of work items: H100, bf16, K = 16384, us (configuration 3 and its
+// split choice -> 9): dW of qkv 44.8 -> 36.3, proj 23.0 -> 19.8, fc 54.9 -> 43.6, fc2 61.4 -> 46.2.
 constexpr double kSm90BigTileWaves = 0.75;
-constexpr int kSm90SplitConfig = 6;
+constexpr int kSm90SplitConfig = 9;
+// Large products with at least this many K tiles take the warp-specialized 128 x 192 kernel
+// (configuration 7) instead of 4: H100, bf16, us (4 -> 7): fwd fc2 and dx fc (24 K tiles) 44.2 ->
+// 39.4 and 40.0 -> 39.5; dx qkv (18) 32.9 -> 33.6, fwd qkv (6) 39.0 -> 51.3.
+constexpr int64_t kSm90WsMinKTiles = 24;
 
 bool is_16bit(DType d) { return d == DType::kFloat16 || d == DType::kBFloat16; }
 
@@ -70,24 +74,25 @@ GemmPlan make_plan(const GemmParams& p, bool allow_split, const PlanOverride& fo
                     plan.vec;
   if (sm90) {
     plan.path = GemmPath::kSm90;
-    // Large products: 128 x 192 tiles (configuration 4, gemm_sm90.cu), or 128 x 128 (0) where
-    // 192-wide tiles would pad N more (the lm head, N = 65); products whose 128 x 128 tiles do not
-    // fill kSm90BigTileWaves of the SMs: the persistent 128 x 128 kernel (6) with split-K when K is
-    // long and a workspace is given, else 64 x 128 tiles (3).
-    int bm = 0, bn = 0, bk = 0;
-    gemm_sm90_tile(0, &bm, &bn, &bk);
-    const int64_t big_tiles = ceil_div<int64_t>(p.m, bm) * ceil_div<int64_t>(p.n, bn);
-    int wide_m = 0, wide_n = 0;
-    gemm_sm90_tile(4, &wide_m, &wide_n, &bk);
-    const bool wide_pads_less = ceil_div<int64_t>(p.n, wide_n) * wide_n <= ceil_div<int64_t>(p.n, bn) * bn;
+    // Large products: 128 x 192 tiles (configuration 4, gemm_sm90.cu; warp-specialized, 7, when K
+    // is long), or 128 x 128 (0) where 192-wide tiles would pad N more (the lm head, N = 65);
+    // products whose 128 x 128 tiles do not fill kSm90BigTileWaves of the SMs: the persistent
+    // 128 x 128 kernel (9) with split-K when K is long and a workspace is given, else 64 x 128
+    // tiles (3).
+    const Sm90Tile big = gemm_sm90_tile(0), wide = gemm_sm90_tile(4);
+    const int64_t bn = big.block_n, bk = big.block_k;
+    const int64_t big_tiles = ceil_div<int64_t>(p.m, big.block_m) * ceil_div<int64_t>(p.n, bn);
+    const bool wide_pads_less = ceil_div<int64_t>(p.n, wide.block_n) * wide.block_n <= ceil_div<int64_t>(p.n, bn) * bn;
     const bool small = big_tiles < kSm90BigTileWaves * sms;
     // K long enough for at least two splits of 128 x 128 tiles (the split rule below decides).
     const bool split_k = allow_split && ceil_div<int64_t>(p.k, bk) >= 2 * kMinKTilesPerSplit;
     plan.sm90_config = force.tile >= 0 ? force.tile
                        : small         ? (split_k ? kSm90SplitConfig : 3)
-                       : wide_pads_less ? 4
+                       : wide_pads_less ? (ceil_div<int64_t>(p.k, bk) >= kSm90WsMinKTiles ? 7 : 4)
                                         : 0;
-    gemm_sm90_tile(plan.sm90_config, &plan.block_m, &plan.block_n, &plan.block_k, &blocks_per_sm);
+    const Sm90Tile t = gemm_sm90_tile(plan.sm90_config);
+    plan.block_m = t.block_m, plan.block_n = t.block_n, plan.block_k = t.block_k;
+    blocks_per_sm = t.blocks_per_sm;
   } else {
     plan.path = GemmPath::kSm80;
     const int64_t large_tiles = ceil_div<int64_t>(p.m, 128) * ceil_div<int64_t>(p.n, 128);
@@ -118,23 +123,33 @@ GemmPlan make_plan(const GemmParams& p, bool allow_split, const PlanOverride& fo
 
 namespace {
 
-// One thread per pair of columns of C: the splits' sums in split order, then the epilogue.
+// One thread per pair of columns of a row of C: the splits' sums in split order (8-byte loads when
+// the slices' rows allow them), then the epilogue (gemm_common.cuh). Wider chunks leave too few
+// threads where the output is small and the splits many: H100, bf16, us per dW call (2 columns,
+// scalar loads / 8 columns, 16-byte loads): proj with 14 splits 19.9 / 22.4, lm head with 22 splits
+// 40.2 / 43.4, qkv with 4 splits 37.1 / 36.6.
+constexpr int kReduceCols = 2;
 template <typename Elem>
 __global__ void splitk_reduce_kernel(const GemmParams p, const float* __restrict partial, int splits) {
-  const int64_t pairs_per_row = (p.n + 1) / 2;
-  const int64_t total = p.m * pairs_per_row;
+  const int64_t chunks_per_row = ceil_div<int64_t>(p.n, kReduceCols);
+  const int64_t total = p.m * chunks_per_row;
   const int64_t slice = p.m * p.n;
+  const bool slice_vec = p.n % 4 == 0 && (reinterpret_cast<uintptr_t>(partial) & 15u) == 0;
+  const EpilogueVec ev = epilogue_vec(p);
   for (int64_t idx = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; idx < total;
        idx += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const int64_t row = idx / pairs_per_row, col = (idx % pairs_per_row) * 2;
-    const bool two = col + 1 < p.n;
-    float s0 = 0.0f, s1 = 0.0f;
+    const int64_t row = idx / chunks_per_row, col = (idx % chunks_per_row) * kReduceCols;
+    const int count = p.n - col < kReduceCols ? static_cast<int>(p.n - col) : kReduceCols;
     const float* src = partial + row * p.n + col;
+    float t[kReduceCols] = {};
+#pragma unroll 4
     for (int s = 0; s < splits; ++s) {
-      s0 += src[s * slice];
-      if (two) s1 += src[s * slice + 1];
+      float v[kReduceCols];
+      load_n<float, kReduceCols>(src + s * slice, 0, v, count, slice_vec && count == kReduceCols, true);
+#pragma unroll
+      for (int e = 0; e < kReduceCols; ++e) t[e] += v[e];
     }
-    epilogue_pair<Elem>(p, row, col, s0, s1);
+    epilogue_n<Elem, kReduceCols>(p, row, col, t, count, ev);
   }
 }
 
@@ -144,8 +159,8 @@ constexpr int64_t kReduceMaxBlocks = 65536;
 }  // namespace
 
 cudaError_t gemm_splitk_reduce(const GemmParams& p, const float* partial, int splits, cudaStream_t stream) {
-  const int64_t pairs = p.m * ((p.n + 1) / 2);
-  const unsigned blocks = static_cast<unsigned>(std::min<int64_t>(ceil_div<int64_t>(pairs, kReduceThreads), kReduceMaxBlocks));
+  const int64_t chunks = p.m * ceil_div<int64_t>(p.n, kReduceCols);
+  const unsigned blocks = static_cast<unsigned>(std::min<int64_t>(ceil_div<int64_t>(chunks, kReduceThreads), kReduceMaxBlocks));
   return dispatch_dtype(p.ab_dtype, [&](auto tag) {
     using Elem = typename decltype(tag)::type;
     splitk_reduce_kernel<Elem><<<blocks, kReduceThreads, 0, stream>>>(p, partial, splits);

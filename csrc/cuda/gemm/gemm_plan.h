@@ -43,9 +43,12 @@ cudaError_t gemm_sm80_16bit(const GemmParams& p, const GemmPlan& plan, float* pa
 cudaError_t gemm_sm80_fp32(const GemmParams& p, const GemmPlan& plan, float* partial, cudaStream_t stream);
 cudaError_t gemm_sm90(const GemmParams& p, const GemmPlan& plan, float* partial, cudaStream_t stream);
 bool gemm_sm90_built();
-// The sm90 path's tile (block_m, block_n, block_k) of configuration `config` (0, 3, 4, 5 or 6;
-// others: 0), and the blocks it keeps on one SM (5 and 6, persistent: 1).
-void gemm_sm90_tile(int config, int* block_m, int* block_n, int* block_k, int* blocks_per_sm = nullptr);
+// The sm90 path's tile of configuration `config` (gemm_sm90.cu; unknown ones: 0): its shape (K tiles
+// of 64) and the blocks it keeps on one SM (persistent: 1).
+struct Sm90Tile {
+  int block_m = 128, block_n = 128, block_k = 64, blocks_per_sm = 1;
+};
+Sm90Tile gemm_sm90_tile(int config);
 // Split-K reduction: C = epilogue(sum over splits of the partial slices), in split order.
 cudaError_t gemm_splitk_reduce(const GemmParams& p, const float* partial, int splits, cudaStream_t stream);
 

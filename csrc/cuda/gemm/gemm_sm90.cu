@@ -14,58 +14,70 @@
 namespace fa::cuda::gemm_kernels {
 namespace {
 
-// Configurations: (kBlockM, kBlockN, kStages, blocks per SM). Two or three blocks per SM let one
-// block's prologue and epilogue overlap another's main loop: the model's K of 384 is only 6 K tiles.
-// H100, bf16, M = 16384 products (us, queued mean of 20) for 0 / 3 / 4 and three configurations no
-// longer built (128 x 64 with 4 stages, 128 x 256 with 3 stages and 1 block per SM, 64 x 192 with 2
-// stages and 3 blocks per SM): fwd qkv 43.3 / 48.7 / 38.4 (51.9, 53.2, 45.3); fwd fc 51.6 / 64.6 /
-// 49.1 (67.2, 60.5, 62.5); dx fc 44.2 / 41.8 / 40.4 (49.2, 51.0, 57.8); dW (split-K) qkv 53.4 /
-// 44.8 / 59.0 (51.4, 58.3, 55.9), fc 70.8 / 55.8 / 66.2 (61.5, 69.1, 65.6): more blocks per SM beat
-// deeper pipelines. The planner (gemm.cu) takes 4 for large products, 0 where 192-wide tiles would
-// pad N more (the lm head), 6 (below) for small ones split over a long K, 3 for small ones unsplit.
-// Other values of a plan's sm90_config run 0.
+// Configurations: (kBlockM, kBlockN, kStages, blocks per SM; warp-specialized ones: epilogue
+// passes). Two or three blocks per SM let one block's prologue and epilogue overlap another's main
+// loop: the model's K of 384 is only 6 K tiles. H100, bf16, M = 16384 products (us, queued mean of
+// 20) for 0 / 3 / 4 and three configurations no longer built (128 x 64 with 4 stages, 128 x 256
+// with 3 stages and 1 block per SM, 64 x 192 with 2 stages and 3 blocks per SM): fwd qkv 43.3 / 48.7
+// / 38.4 (51.9, 53.2, 45.3); fwd fc 51.6 / 64.6 / 49.1 (67.2, 60.5, 62.5); dx fc 44.2 / 41.8 / 40.4
+// (49.2, 51.0, 57.8): more blocks per SM beat deeper pipelines at K = 384. The planner (gemm.cu)
+// takes 4 for large products, 7 for large ones with a long K, 0 where 192-wide tiles would pad N
+// more (the lm head), 9 for small ones split over a long K, 3 for small ones unsplit. Other values
+// of a plan's sm90_config run 0.
 struct Sm90Config0 {  // 128 x 128, 3 stages of 32 KiB
   static constexpr int kBlockM = 128, kBlockN = 128, kStages = 3, kBlocksPerSm = 2;
   static constexpr bool kWarpSpecialized = false;
+  static constexpr int kEpiloguePasses = 1;
 };
-
-
 struct Sm90Config3 {  // 64 x 128 (one warpgroup), 3 stages of 24 KiB, three blocks per SM
   static constexpr int kBlockM = 64, kBlockN = 128, kStages = 3, kBlocksPerSm = 3;
   static constexpr bool kWarpSpecialized = false;
+  static constexpr int kEpiloguePasses = 1;
 };
 struct Sm90Config4 {  // 128 x 192, 2 stages of 40 KiB, two blocks per SM
   static constexpr int kBlockM = 128, kBlockN = 192, kStages = 2, kBlocksPerSm = 2;
   static constexpr bool kWarpSpecialized = false;
+  static constexpr int kEpiloguePasses = 1;
 };
 // Warp-specialized and persistent (gemm_sm90_ws_kernel): one block per SM, a producer warpgroup and
-// two consumer warpgroups, the epilogue staged in a buffer of its own while the producer loads ahead.
-// H100, bf16, us (5 / 6 against the best of 0, 3, 4 unsplit): fwd qkv 48.7 / 50.7 vs 38.8, fwd fc2
-// (K = 1536) 43.6 / 42.5 vs 43.9, dx fc 42.8 / 42.8 vs 40.1: at K = 384 the epilogue, which no other
-// block overlaps here, costs more than the deeper pipeline gains. Split over K (dW, K = 16384) with
-// one wave of work items 6 wins: qkv 41.0 (4 splits), fc 48.8 (3), fc2 49.3 (3), against 43.4, 50.7
-// and 54.1 with the best split of 0 or 3; the planner takes it there (gemm.cu).
-struct Sm90Config5 {  // 128 x 192, 3 stages of 40 KiB + 100 KiB staging
-  static constexpr int kBlockM = 128, kBlockN = 192, kStages = 3, kBlocksPerSm = 1;
+// two consumer warpgroups. The epilogue is staged in a buffer of its own, kBlockN / passes columns
+// at a time, so that the pipeline keeps more stages. H100, bf16, us, queued means, 2026-11-26:
+//   configuration (stages, passes):  7 (4, 2)  9 (6, 4) | 128 x 192 (3, 1)  128 x 128 (4, 1) (5, 2) | 4
+//   fwd fc2 (K = 1536)                 39.4      41.4   |   43.5              43.7            41.7   | 44.2
+//   dx fc (K = 1536)                   39.5      41.7   |   43.2              43.6            41.7   | 40.0
+//   dx qkv (K = 1152)                  33.6      35.7   |   36.3              36.5            35.4   | 32.9
+//   fwd qkv (K = 384)                  51.3      63.0   |   51.1              54.5            58.0   | 39.0
+//   dW qkv / fc / fc2 (K = 16384,      41.1      36.3   |   45.5              39.6            37.8   |
+//     split at one wave)               47.9      43.6   |   52.8              47.8            45.1   |
+//                                      47.8      46.2   |   53.1              48.2            46.3   |
+// Deeper pipelines win where the main loop is long; at K = 384 the epilogue, which no other block
+// overlaps here, costs more than they gain. (Pairs of blocks in a cluster, each loading half of the
+// tile both share and multicasting it, ran slower still: fwd qkv 68 us with 7's tiles.)
+struct Sm90Config7 {  // 128 x 192, 4 stages of 40 KiB + 52 KiB staging (two passes of 96 columns)
+  static constexpr int kBlockM = 128, kBlockN = 192, kStages = 4, kBlocksPerSm = 1;
   static constexpr bool kWarpSpecialized = true;
+  static constexpr int kEpiloguePasses = 2;
 };
-struct Sm90Config6 {  // 128 x 128, 4 stages of 32 KiB + 68 KiB staging
-  static constexpr int kBlockM = 128, kBlockN = 128, kStages = 4, kBlocksPerSm = 1;
+struct Sm90Config9 {  // 128 x 128, 6 stages of 32 KiB + 20 KiB staging (four passes of 32 columns)
+  static constexpr int kBlockM = 128, kBlockN = 128, kStages = 6, kBlocksPerSm = 1;
   static constexpr bool kWarpSpecialized = true;
+  static constexpr int kEpiloguePasses = 4;
 };
-
 
 template <typename Config>
-void tile_of(int* block_m, int* block_n, int* blocks_per_sm) {
-  *block_m = Config::kBlockM;
-  *block_n = Config::kBlockN;
-  if (blocks_per_sm != nullptr) *blocks_per_sm = Config::kBlocksPerSm;
+Sm90Tile tile_of() {
+  Sm90Tile t;
+  t.block_m = Config::kBlockM;
+  t.block_n = Config::kBlockN;
+  t.blocks_per_sm = Config::kBlocksPerSm;
+  return t;
 }
 
 template <typename Elem, typename Config, bool kAK, bool kBK>
 cudaError_t launch(const GemmParams& p, const GemmPlan& plan, float* partial, cudaStream_t stream) {
   constexpr bool kWs = Config::kWarpSpecialized;
-  using Traits = Sm90Traits<Elem, Config::kBlockM, Config::kBlockN, Config::kStages, Config::kBlocksPerSm, kAK, kBK, kWs>;
+  using Traits = Sm90Traits<Elem, Config::kBlockM, Config::kBlockN, Config::kStages, Config::kBlocksPerSm, kAK, kBK, kWs,
+                            Config::kEpiloguePasses>;
   const CUtensorMapDataType type =
       p.ab_dtype == DType::kFloat16 ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16;
   GemmTensorMaps maps;
@@ -109,8 +121,8 @@ template <typename Elem>
 cudaError_t by_config(const GemmParams& p, const GemmPlan& plan, float* partial, cudaStream_t stream) {
   if (plan.sm90_config == 3) return by_layout<Elem, Sm90Config3>(p, plan, partial, stream);
   if (plan.sm90_config == 4) return by_layout<Elem, Sm90Config4>(p, plan, partial, stream);
-  if (plan.sm90_config == 5) return by_layout<Elem, Sm90Config5>(p, plan, partial, stream);
-  if (plan.sm90_config == 6) return by_layout<Elem, Sm90Config6>(p, plan, partial, stream);
+  if (plan.sm90_config == 7) return by_layout<Elem, Sm90Config7>(p, plan, partial, stream);
+  if (plan.sm90_config == 9) return by_layout<Elem, Sm90Config9>(p, plan, partial, stream);
   return by_layout<Elem, Sm90Config0>(p, plan, partial, stream);
 }
 
@@ -124,15 +136,14 @@ bool gemm_sm90_built() {
 #endif
 }
 
-void gemm_sm90_tile(int config, int* block_m, int* block_n, int* block_k, int* blocks_per_sm) {
+Sm90Tile gemm_sm90_tile(int config) {
   switch (config) {
-    case 3: tile_of<Sm90Config3>(block_m, block_n, blocks_per_sm); break;
-    case 4: tile_of<Sm90Config4>(block_m, block_n, blocks_per_sm); break;
-    case 5: tile_of<Sm90Config5>(block_m, block_n, blocks_per_sm); break;
-    case 6: tile_of<Sm90Config6>(block_m, block_n, blocks_per_sm); break;
-    default: tile_of<Sm90Config0>(block_m, block_n, blocks_per_sm); break;
+    case 3: return tile_of<Sm90Config3>();
+    case 4: return tile_of<Sm90Config4>();
+    case 7: return tile_of<Sm90Config7>();
+    case 9: return tile_of<Sm90Config9>();
+    default: return tile_of<Sm90Config0>();
   }
-  *block_k = 64;
 }
 
 cudaError_t gemm_sm90(const GemmParams& p, const GemmPlan& plan, float* partial, cudaStream_t stream) {

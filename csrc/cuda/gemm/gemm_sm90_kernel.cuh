@@ -22,7 +22,7 @@
 // thread issues every TMA load), warpgroups 1.. the consumers (64 rows each). One block per SM walks
 // the work items (tile, K split) blockIdx.x, + gridDim.x, ...; a K tile's stage cycles through a
 // full barrier (the producer's expect_tx, completed by TMA) and an empty barrier (every consumer
-// thread arrives once its wgmma reading the stage are done), so no block-wide barrier sits in the
+// warp arrives once its wgmma reading the stage are done), so no block-wide barrier sits in the
 // main loop and the producer runs up to kStages tiles ahead, into the next work item while the
 // consumers finish the last one. The epilogue stages through a buffer of its own (the pipeline keeps
 // loading meanwhile) and is ordered among the consumers by a named barrier.
@@ -42,13 +42,17 @@
 namespace fa::cuda::gemm_kernels {
 
 template <typename Elem_, int kBlockM_, int kBlockN_, int kStages_, int kMinBlocksPerSm_, bool kAKMajor_, bool kBKMajor_,
-          bool kWarpSpecialized_ = false>
+          bool kWarpSpecialized_ = false, int kEpiloguePasses_ = 1>
 struct Sm90Traits {
   using Elem = Elem_;
   static constexpr int kBlockM = kBlockM_, kBlockN = kBlockN_, kBlockK = 64, kStages = kStages_;
   static constexpr int kMinBlocksPerSm = kMinBlocksPerSm_;
   static constexpr bool kAKMajor = kAKMajor_, kBKMajor = kBKMajor_;
   static constexpr bool kWarpSpecialized = kWarpSpecialized_;
+  // The epilogue stages kBlockN / kEpiloguePasses columns at a time (a smaller staging buffer
+  // leaves room for more pipeline stages).
+  static constexpr int kEpiloguePasses = kEpiloguePasses_;
+  static constexpr int kPassCols = kBlockN / kEpiloguePasses;
   static constexpr int kWarpGroups = kBlockM / 64;  // the ones that multiply
   static constexpr int kMmaThreads = kWarpGroups * 128;
   static constexpr int kNThreads = kMmaThreads + (kWarpSpecialized ? 128 : 0);  // + the producer warpgroup
@@ -61,12 +65,14 @@ struct Sm90Traits {
   // more); the warp-specialized one in a buffer of its own after them. The mbarriers come last:
   // full (and, warp-specialized, empty) per stage.
   static constexpr int kPipeBytes = kStages * kStageBytes;
-  static constexpr int kStagingBytes = kStagedTileBytes<kBlockM, kBlockN>;
+  static constexpr int kStagingBytes = kStagedTileBytes<kBlockM, kPassCols>;
   static constexpr int kDataBytes = kWarpSpecialized             ? kPipeBytes + kStagingBytes
                                     : kPipeBytes > kStagingBytes ? kPipeBytes
                                                                  : kStagingBytes;
   static constexpr int kSmemBytes = kDataBytes + flash::sm90::kSw128AtomBytes + 16 * kStages;
   static_assert(kBlockM % 64 == 0 && kBlockN % 64 == 0 && kBlockN <= 256, "tiles of whole 64-wide column blocks");
+  static_assert(kPassCols % 8 == 0 && kPassCols * kEpiloguePasses == kBlockN, "passes of whole n8 fragments");
+  static_assert(kWarpSpecialized || kEpiloguePasses == 1, "the plain kernel stages the whole tile at once");
   static_assert(kSmemBytes <= 227 * 1024, "an sm_90 block has at most 227 KiB of shared memory");
 };
 
@@ -87,14 +93,28 @@ __device__ __forceinline__ Sm90Work sm90_work(const GemmParams& p, int64_t item,
   const int64_t n_tiles = ceil_div<int64_t>(p.n, Traits::kBlockN), m_tiles = ceil_div<int64_t>(p.m, Traits::kBlockM);
   const int64_t tn = item % n_tiles, tm = (item / n_tiles) % m_tiles;
   Sm90Work w;
+  w.split = item / (n_tiles * m_tiles);
   w.i0 = static_cast<int>(tm * Traits::kBlockM);
   w.j0 = static_cast<int>(tn * Traits::kBlockN);
-  w.split = item / (n_tiles * m_tiles);
   const int64_t k_tiles = ceil_div<int64_t>(p.k, Traits::kBlockK);
   w.kt_begin = w.split * k_tiles_per_split;
   const int64_t kt_end = w.kt_begin + k_tiles_per_split < k_tiles ? w.kt_begin + k_tiles_per_split : k_tiles;
   w.n_kt = static_cast<int>(kt_end > w.kt_begin ? kt_end - w.kt_begin : 0);
   return w;
+}
+
+// kRows rows (of A or B) x 64 k of one K tile into dst, completing on `bar`:
+//   k-major: box (64 k, kRows rows) -> [kRows][64 k];
+//   m/n-major: kRows / 64 boxes (64 rows, 64 k) -> column blocks [64 k][64 rows].
+template <bool kKMajor, int kRows>
+__device__ __forceinline__ void sm90_load_operand(uint32_t dst, const CUtensorMap* map, uint32_t bar, int row0, int k0) {
+  using namespace flash::sm90;
+  if constexpr (kKMajor) {
+    tma_load_4d(dst, map, bar, k0, row0, 0, 0);
+  } else {
+#pragma unroll
+    for (int cb = 0; cb < kRows / 64; ++cb) tma_load_4d(dst + cb * 64 * kSw128RowBytes, map, bar, row0 + 64 * cb, k0, 0, 0);
+  }
 }
 
 // K tile `kt` of work item w into the stage at s_a / s_b (B's after A's), completing on `bar`. One
@@ -103,22 +123,11 @@ template <typename Traits>
 __device__ __forceinline__ void sm90_load_k_tile(const GemmTensorMaps& maps, uint32_t s_a, uint32_t bar, const Sm90Work& w,
                                                  int64_t kt) {
   using namespace flash::sm90;
-  constexpr int kBM = Traits::kBlockM, kBN = Traits::kBlockN;
   const uint32_t s_b = s_a + static_cast<uint32_t>(Traits::kATileBytes);
   const int k0 = static_cast<int>(kt * Traits::kBlockK);
   mbarrier_arrive_expect_tx(bar, static_cast<uint32_t>(Traits::kStageBytes));
-  if constexpr (Traits::kAKMajor) {
-    tma_load_4d(s_a, &maps.a, bar, k0, w.i0, 0, 0);
-  } else {
-#pragma unroll
-    for (int cb = 0; cb < kBM / 64; ++cb) tma_load_4d(s_a + cb * Traits::kBlockBytes, &maps.a, bar, w.i0 + 64 * cb, k0, 0, 0);
-  }
-  if constexpr (Traits::kBKMajor) {
-    tma_load_4d(s_b, &maps.b, bar, k0, w.j0, 0, 0);
-  } else {
-#pragma unroll
-    for (int cb = 0; cb < kBN / 64; ++cb) tma_load_4d(s_b + cb * Traits::kBlockBytes, &maps.b, bar, w.j0 + 64 * cb, k0, 0, 0);
-  }
+  sm90_load_operand<Traits::kAKMajor, Traits::kBlockM>(s_a, &maps.a, bar, w.i0, k0);
+  sm90_load_operand<Traits::kBKMajor, Traits::kBlockN>(s_b, &maps.b, bar, w.j0, k0);
 }
 
 // The four k16 wgmma steps of one K tile for warpgroup `wg` (its 64 rows of A) into acc.
@@ -138,17 +147,33 @@ __device__ __forceinline__ void sm90_mma_k_tile(float (&acc)[Traits::kNTiles][4]
   }
 }
 
-// Warpgroup wg's accumulators into the fp32 staging tile; `t` is the thread's index in its warpgroup.
-template <typename Traits>
+// Columns [kPass * kPassCols, (kPass + 1) * kPassCols) of warpgroup wg's accumulators into the
+// fp32 staging tile; `t` is the thread's index in its warpgroup.
+template <typename Traits, int kPass = 0>
 __device__ __forceinline__ void sm90_stage_acc(float* stage, const float (&acc)[Traits::kNTiles][4], int wg, int t) {
+  constexpr int kCols = Traits::kPassCols, kJ0 = kPass * kCols / 8;
   const int warp = t / 32, lane = t % 32;
   const int row = wg * 64 + warp * 16 + lane / 4;
 #pragma unroll
-  for (int j = 0; j < Traits::kNTiles; ++j) {
+  for (int j = 0; j < kCols / 8; ++j) {
     const int col = 8 * j + 2 * (lane % 4);
-    stage_pair<Traits::kBlockN>(stage, row, col, acc[j][0], acc[j][1]);
-    stage_pair<Traits::kBlockN>(stage, row + 8, col, acc[j][2], acc[j][3]);
+    stage_pair<kCols>(stage, row, col, acc[kJ0 + j][0], acc[kJ0 + j][1]);
+    stage_pair<kCols>(stage, row + 8, col, acc[kJ0 + j][2], acc[kJ0 + j][3]);
   }
+}
+
+// The epilogue of the warp-specialized kernel: kEpiloguePasses rounds of staging and finishing,
+// ordered among the kMmaThreads consumers by named barrier 1 (the first sync of a pass waits until
+// every consumer has finished reading the previous pass, or the previous tile).
+template <typename Traits, int kPass = 0>
+__device__ __forceinline__ void sm90_ws_epilogue(const GemmParams& p, float* staging, const float (&acc)[Traits::kNTiles][4],
+                                                 const Sm90Work& w, float* slice, int cw, int t) {
+  flash::named_barrier_sync(1, Traits::kMmaThreads);
+  sm90_stage_acc<Traits, kPass>(staging, acc, cw, t % 128);
+  flash::named_barrier_sync(1, Traits::kMmaThreads);
+  finish_staged_tile<typename Traits::Elem, Traits::kBlockM, Traits::kPassCols, Traits::kMmaThreads>(
+      p, staging, w.i0, w.j0 + kPass * Traits::kPassCols, slice, t);
+  if constexpr (kPass + 1 < Traits::kEpiloguePasses) sm90_ws_epilogue<Traits, kPass + 1>(p, staging, acc, w, slice, cw, t);
 }
 
 template <typename Traits>
@@ -224,8 +249,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   static_assert(Traits::kWarpSpecialized, "the warp-specialized traits");
   using namespace flash::sm90;
-  using Elem = typename Traits::Elem;
-  constexpr int kBM = Traits::kBlockM, kBN = Traits::kBlockN, kStages = Traits::kStages;
+  constexpr int kStages = Traits::kStages;
   constexpr int kMma = Traits::kMmaThreads;
 
   extern __shared__ unsigned char smem_raw[];
@@ -240,8 +264,8 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
     prefetch_tensor_map(&maps.b);
 #pragma unroll
     for (int st = 0; st < kStages; ++st) {
-      mbarrier_init(full(st), 1);       // the producer's expect_tx
-      mbarrier_init(empty(st), kMma);  // every consumer thread
+      mbarrier_init(full(st), 1);           // the producer's expect_tx
+      mbarrier_init(empty(st), kMma / 32);  // every consumer warp
     }
     fence_mbarrier_init();
   }
@@ -267,8 +291,13 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
   }
 
   // Consumers: warpgroup cw multiplies rows [64 cw, 64 cw + 64) of each tile.
-  const int cw = wg - 1, t = static_cast<int>(threadIdx.x) - 128;
+  const int cw = wg - 1, t = static_cast<int>(threadIdx.x) - 128, lane = t % 32;
   int64_t g = 0;
+  // A warp's release of a stage, once every lane's wgmma reading it are done.
+  const auto release = [&](int st) {
+    __syncwarp();
+    if (lane == 0) mbarrier_arrive(empty(st));
+  };
   for (int64_t item = blockIdx.x; item < items; item += gridDim.x) {
     const Sm90Work w = sm90_work<Traits>(p, item, k_tiles_per_split);
     float acc[Traits::kNTiles][4];
@@ -282,20 +311,15 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
       wgmma_fence();
       sm90_mma_k_tile<Traits>(acc, s_a(st), cw);
       wgmma_commit();
-      wgmma_wait<1>();  // this thread's wgmma of the previous K tile are done: release its stage
-      if (it > 0) mbarrier_arrive(empty(static_cast<int>((g - 1) % kStages)));
+      wgmma_wait<1>();  // this thread's wgmma of the previous K tile are done
+      if (it > 0) release(static_cast<int>((g - 1) % kStages));
     }
     wgmma_wait<0>();
     fence_operands(acc);
-    if (w.n_kt > 0) mbarrier_arrive(empty(static_cast<int>((g - 1) % kStages)));
+    if (w.n_kt > 0) release(static_cast<int>((g - 1) % kStages));
 
-    // Epilogue through the staging buffer: the first barrier waits until every consumer has
-    // finished reading the previous item's tile, the second until this tile is staged.
-    flash::named_barrier_sync(1, kMma);
-    sm90_stage_acc<Traits>(staging, acc, cw, t % 128);
-    flash::named_barrier_sync(1, kMma);
     float* slice = partial != nullptr ? partial + w.split * p.m * p.n : nullptr;
-    finish_staged_tile<Elem, kBM, kBN, kMma>(p, staging, w.i0, w.j0, slice, t);
+    sm90_ws_epilogue<Traits>(p, staging, acc, w, slice, cw, t);
   }
 #else
   __trap();  // only the sm_90a build has this kernel; the planner never selects it elsewhere
