@@ -25,7 +25,8 @@
 // warp arrives once its wgmma reading the stage are done), so no block-wide barrier sits in the
 // main loop and the producer runs up to kStages tiles ahead, into the next work item while the
 // consumers finish the last one. The epilogue stages through a buffer of its own (the pipeline keeps
-// loading meanwhile) and is ordered among the consumers by a named barrier.
+// loading meanwhile), kBlockN / kEpiloguePasses columns at a time, ordered among the consumers by a
+// named barrier.
 #pragma once
 #include <cuda.h>
 #include <cuda_runtime.h>
