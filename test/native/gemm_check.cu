@@ -161,31 +161,39 @@ void check_path(std::mt19937_64& rng, const char* name, fg::PlanOverride force, 
       check_case(cs, rng, force);
     }
   }
-  // Forced split-K (deterministic reduction with the epilogue) on a dW-like product.
-  for (DType ab : dts) {
-    fg::PlanOverride f = force;
-    f.splits = 5;
-    Case cs = make(130, 70, 3000, ab, DType::kFloat32, false, false);
-    cs.beta = 1.0f;
-    check_case(cs, rng, f);
-    Case g = make(65, 96, 1000, ab, ab, true, true);
-    g.bias = 1, g.gelu = true, g.pre_out = true;
-    check_case(g, rng, f);
-  }
+  // Forced split-K (deterministic reduction with the epilogue) on a dW-like product: 3 splits are
+  // reduced inside the warp-specialized kernels, 5 by the reduction kernel.
+  for (int splits : {3, 5})
+    for (DType ab : dts) {
+      fg::PlanOverride f = force;
+      f.splits = splits;
+      Case cs = make(130, 70, 3000, ab, DType::kFloat32, false, false);
+      cs.beta = 1.0f;
+      check_case(cs, rng, f);
+      Case g = make(65, 96, 1000, ab, ab, true, true);
+      g.bias = 1, g.gelu = true, g.pre_out = true;
+      check_case(g, rng, f);
+    }
   std::printf("  %d cases, %d failed\n", g_cases - cases_before, g_failures - before);
 }
 
 void check_unaligned(std::mt19937_64& rng) {
   const int before = g_failures, cases_before = g_cases;
-  std::printf("unaligned operands (element-by-element loads)\n");
-  for (DType ab : {DType::kFloat16, DType::kBFloat16, DType::kFloat32})
-    for (int lay = 0; lay < 4; ++lay) {
-      Case cs = make(77, 65, 45, ab, ab, lay & 1, lay & 2);  // odd leading dimensions
-      cs.bias = 1, cs.gelu = lay == 3;
-      check_case(cs, rng, {}, false);
-      Case u = make(64, 64, 64, ab, DType::kFloat32, lay & 1, lay & 2);  // aligned ld, base off by one element
-      check_case(u, rng, {}, true);
-    }
+  std::printf("unaligned operands (packed into the workspace, and element-by-element loads)\n");
+  fg::PlanOverride elementwise;
+  elementwise.vec = 0;
+  for (const fg::PlanOverride& force : {fg::PlanOverride{}, elementwise})
+    for (DType ab : {DType::kFloat16, DType::kBFloat16, DType::kFloat32})
+      for (int lay = 0; lay < 4; ++lay) {
+        Case cs = make(77, 65, 45, ab, ab, lay & 1, lay & 2);  // odd leading dimensions
+        cs.bias = 1, cs.gelu = lay == 3;
+        check_case(cs, rng, force, false);
+        Case u = make(64, 64, 64, ab, DType::kFloat32, lay & 1, lay & 2);  // aligned ld, base off by one element
+        check_case(u, rng, force, true);
+        Case split = make(65, 384, 4100, ab, DType::kFloat32, lay & 1, lay & 2);  // packed and split over K
+        split.beta = 1.0f;
+        check_case(split, rng, force, false);
+      }
   std::printf("  %d cases, %d failed\n", g_cases - cases_before, g_failures - before);
 }
 

@@ -11,7 +11,9 @@ namespace fa::cuda {
 
 // Why no CUDA GEMM exists for `p` on the current device (a static string), or nullptr.
 const char* gemm_unsupported_reason(const GemmParams& p);
-// Workspace the chosen kernel needs (split-K partials, say); the caller allocates it.
+// Workspace the chosen plan needs (split-K partials, packed copies of operands that 16-byte loads
+// cannot read); the caller allocates it. gemm() without it runs unsplit, reading such operands
+// element by element.
 size_t gemm_workspace_bytes(const GemmParams& p);
 cudaError_t gemm(const GemmParams& p, void* workspace, cudaStream_t stream);
 

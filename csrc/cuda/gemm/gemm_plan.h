@@ -21,6 +21,11 @@ struct GemmPlan {
   int splits = 1;                    // K splits (> 1: partial sums in the workspace, then a reduction)
   int k_tiles_per_split = 0;
   int64_t blocks = 0;                // thread blocks of the main kernel
+  // Operands packed into the workspace before the kernels run (rows rounded up to 16 bytes, for
+  // operands 16-byte loads cannot read): their leading dimension there (0: read in place) and
+  // where they start; the split-K slices follow them.
+  int64_t packed_lda = 0, packed_ldb = 0;
+  size_t a_pack_offset = 0, b_pack_offset = 0, partial_offset = 0;
   size_t workspace_bytes = 0;
 };
 
@@ -29,12 +34,12 @@ struct GemmPlan {
 // override can, and then the launch fails.
 struct PlanOverride {
   int path = -1;   // GemmPath
-  int vec = -1;    // 0: element-by-element loads on the sm80 path
+  int vec = -1;    // 0: element-by-element loads on the sm80 path, and no packing of operands
   int tile = -1;   // Sm80Tile, or the sm90 configuration
   int splits = 0;  // K splits (clamped to the K tiles)
 };
-GemmPlan make_plan(const GemmParams& p, bool allow_split, const PlanOverride& force = {});
-// Runs a plan (the workspace must hold plan.workspace_bytes).
+GemmPlan make_plan(const GemmParams& p, bool allow_workspace, const PlanOverride& force = {});
+// Runs a plan (the workspace must hold plan.workspace_bytes; `p` is the call the plan was made for).
 cudaError_t run_plan(const GemmParams& p, const GemmPlan& plan, void* workspace, cudaStream_t stream);
 
 // Kernel launches of each path (gemm_sm80*.cu, gemm_sm90.cu). `partial` is the split-K workspace
