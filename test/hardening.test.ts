@@ -1,13 +1,17 @@
 /**
  * Regression tests of the hardening classes of issue 16 that lib/ closes: options objects refuse
- * unknown keys and wrong types (a typo must not run with a default), a Tensor's identity cannot be
- * reassigned, detached or hand-made calls get an error that says what to do instead of a silent
- * no-op or a misleading message, and the float64 reference refuses arrays of non-float values.
- * Every refused call leaves memory() as it was. The raw binding refuses handles of the wrong kind
- * (type tags) instead of crashing. CPU tensors (the checks are device-independent).
+ * unknown keys and wrong types (a typo must not run with a default; the layer constructors' too), a
+ * Tensor's identity cannot be reassigned, detached or hand-made calls get an error that says what to
+ * do instead of a silent no-op or a misleading message, and the float64 reference refuses arrays of
+ * non-float values. Every refused call leaves memory() as it was. The raw binding refuses handles of
+ * the wrong kind (type tags) instead of crashing. CPU tensors (the checks are device-independent).
  */
 
-import { flashAttention, flashAttentionWithGrad, GPT, referenceAttention, Tensor } from '../lib';
+import {
+  Block, CausalSelfAttention, Embedding, flashAttention, flashAttentionWithGrad, GPT, LayerNorm, Linear, MLP,
+  referenceAttention, RMSNorm, Tensor,
+} from '../lib';
+import type { TransformerOptions } from '../lib';
 import { binding } from '../lib/native';
 import { handleOf } from '../lib/tensor';
 import { liveMemory, synchronizeAll, trackMemory } from './helpers/backend';
@@ -92,6 +96,41 @@ describe('options objects refuse unknown keys and wrong types', () => {
     } finally {
       t.dispose();
     }
+  });
+
+  test('the layer constructors refuse unknown keys, wrong types and bad sizes, and allocate nothing', async () => {
+    const normal = (n: number): Float32Array => new Float32Array(n);
+    const ok = { device: 'cpu' as const, normal };
+    await refused(() => new Linear(4, 3, { ...ok, baias: false } as never),
+      'TypeError', /^Expected Linear options to have only the keys 'dtype', .* but received unknown key 'baias'$/);
+    await refused(() => new Linear(4, 3, [] as never), 'TypeError', /^Expected Linear options to be an object but received an Array/);
+    await refused(() => new Linear(0, 3, ok), 'RangeError', /^Expected Linear inFeatures to be an integer >= 1 but received 0$/);
+    await refused(() => new Linear(4, 2.5, ok), 'RangeError', /^Expected Linear outFeatures to be an integer >= 1 but received 2.5$/);
+    await refused(() => new Linear(4, 3, { ...ok, device: 'gpu' } as never), 'TypeError', /^Expected Linear options.device to be 'cpu' or 'cuda'/);
+    await refused(() => new Linear(4, 3, { device: 'cpu' } as never), 'TypeError', /^Expected Linear options.normal to be a function/);
+    await refused(() => new Linear(4, 3, { ...ok, activation: 'relu' } as never), 'TypeError', /^Expected Linear options.activation/);
+    await refused(() => new Embedding(8, 4, { ...ok, bias: true } as never), 'TypeError', /unknown key 'bias'$/);
+    await refused(() => new LayerNorm(4, { device: 'cpu', eps: -1 }), 'RangeError', /^Expected LayerNorm options.eps to be a finite number > 0/);
+    await refused(() => new RMSNorm(4, { device: 'cpu', bias: false } as never), 'TypeError', /^Expected RMSNorm options to have only .* unknown key 'bias'$/);
+    const t: TransformerOptions = {
+      device: 'cpu', normal, dModel: 8, heads: 2, layers: 1, norm: 'layernorm', mlp: 'gelu', mlpHidden: 32, bias: true, rope: false,
+    };
+    await refused(() => new CausalSelfAttention({ ...t, heads: 3 }), 'RangeError', /^Expected CausalSelfAttention options.dModel \(8\) to be a multiple/);
+    await refused(() => new MLP({ ...t, mlp: 'relu' } as never), 'TypeError', /^Expected MLP options.mlp to be 'gelu' or 'swiglu'/);
+    await refused(() => new Block({ ...t, dropout: 0.1 } as never), 'TypeError', /^Expected Block options to have only .* unknown key 'dropout'$/);
+    new Block(t).dispose();
+  });
+
+  test('a layer reads each option once (a getter cannot answer the check and the use differently)', () => {
+    let reads = 0;
+    const options = {
+      device: 'cpu' as const, normal: (n: number): Float32Array => new Float32Array(n),
+      get bias(): boolean { reads += 1; return reads > 1; },
+    };
+    const layer = new Linear(4, 3, options);
+    expect(reads).toBe(1);
+    expect(layer.bias).toBeNull();
+    layer.dispose();
   });
 
   test('a GPT config refuses unknown keys', async () => {

@@ -324,7 +324,8 @@ describe('AdamW', () => {
     const p = new Parameter(new Float32Array(2), [2], { device });
     try {
       expect(() => new AdamW([p], { lr: -1 })).toThrow('Expected options.lr to be a finite number in [0, Infinity] but received -1');
-      expect(() => new AdamW([p], { momentum: 0.9 } as never)).toThrow(/options to have only the keys/);
+      expect(() => new AdamW([p], { momentum: 0.9 } as never)).toThrow(/^Expected options to have only the keys 'lr', .* unknown key 'momentum'$/);
+      expect(() => new AdamW([p], [] as never)).toThrow(/^Expected options to be an object or undefined but received an Array/);
       expect(() => new AdamW([], {})).toThrow('Expected parameters to be a non-empty Array of Parameters');
     } finally {
       p.dispose();

@@ -116,8 +116,9 @@ export class GPT extends Module {
       mlp: c.mlp, mlpHidden: c.mlpHidden, bias: c.bias, rope: c.positions === 'rope',
       float32Precision: c.float32Precision,
     };
-    this.wte = this.addModule('transformer.wte', new Embedding(c.vocabSize, c.dModel, o));
-    this.wpe = c.positions === 'learned' ? this.addModule('transformer.wpe', new Embedding(c.blockSize, c.dModel, o)) : null;
+    const e = { dtype: c.dtype, device: c.device, normal };
+    this.wte = this.addModule('transformer.wte', new Embedding(c.vocabSize, c.dModel, e));
+    this.wpe = c.positions === 'learned' ? this.addModule('transformer.wpe', new Embedding(c.blockSize, c.dModel, e)) : null;
     this.h = [];
     for (let i = 0; i < c.layers; i += 1) this.h.push(this.addModule(`transformer.h.${i}`, new Block(o)));
     this.ln_f = this.addModule('transformer.ln_f', makeNorm(o));

@@ -15,6 +15,7 @@ import { layerNorm, layerNormBackward, rmsNorm, rmsNormBackward } from '../ops/n
 import { applyRope } from '../ops/rope';
 import { Device, Tensor } from '../tensor';
 import { Module, Parameter } from './module';
+import { checkDim, innerLinear, layerOptions, linearLayerOptions, normOptions, transformerOptions } from './options';
 
 /** `n` samples of a normal distribution with mean 0 and standard deviation `std` (float32). */
 export type NormalSampler = (n: number, std: number) => Float32Array;
@@ -52,7 +53,10 @@ export class Embedding extends Module {
 
   constructor(readonly vocab: number, readonly dim: number, options: LayerOptions) {
     super();
-    this.weight = this.addParameter('weight', param(options.normal(vocab * dim, INIT_STD), [vocab, dim], options));
+    checkDim(vocab, 'Embedding vocab');
+    checkDim(dim, 'Embedding dim');
+    const o = layerOptions(options, 'Embedding options');
+    this.weight = this.addParameter('weight', param(o.normal(vocab * dim, INIT_STD), [vocab, dim], o));
   }
 
   /**
@@ -104,11 +108,14 @@ export class Linear extends Module {
 
   constructor(readonly inFeatures: number, readonly outFeatures: number, options: LinearLayerOptions) {
     super();
-    const std = options.std ?? INIT_STD;
-    this.weight = this.addParameter('weight', param(options.normal(outFeatures * inFeatures, std), [outFeatures, inFeatures], options));
-    this.bias = options.bias ?? true ? this.addParameter('bias', param(filled(outFeatures, 0), [outFeatures], options)) : null;
-    this.activation = options.activation ?? 'none';
-    this.#options = { float32Precision: options.float32Precision ?? 'highest' };
+    checkDim(inFeatures, 'Linear inFeatures');
+    checkDim(outFeatures, 'Linear outFeatures');
+    const o = linearLayerOptions(options, 'Linear options');
+    const std = o.std ?? INIT_STD;
+    this.weight = this.addParameter('weight', param(o.normal(outFeatures * inFeatures, std), [outFeatures, inFeatures], o));
+    this.bias = o.bias ?? true ? this.addParameter('bias', param(filled(outFeatures, 0), [outFeatures], o)) : null;
+    this.activation = o.activation ?? 'none';
+    this.#options = { float32Precision: o.float32Precision ?? 'highest' };
   }
 
   /**
@@ -167,11 +174,13 @@ export class LayerNorm extends Module {
 
   constructor(readonly dim: number, options: NormOptions & { bias?: boolean }) {
     super();
-    this.weight = this.addParameter('weight', new Parameter(filled(dim, 1), [dim], { dtype: options.dtype, device: options.device }));
-    this.bias = options.bias ?? true
-      ? this.addParameter('bias', new Parameter(filled(dim, 0), [dim], { dtype: options.dtype, device: options.device }))
+    checkDim(dim, 'LayerNorm dim');
+    const o = normOptions(options, 'LayerNorm options', true);
+    this.weight = this.addParameter('weight', new Parameter(filled(dim, 1), [dim], { dtype: o.dtype, device: o.device }));
+    this.bias = o.bias ?? true
+      ? this.addParameter('bias', new Parameter(filled(dim, 0), [dim], { dtype: o.dtype, device: o.device }))
       : null;
-    this.eps = options.eps ?? 1e-5;
+    this.eps = o.eps ?? 1e-5;
   }
 
   /** @param x [...lead, dim]; referenced until backward. @returns normalised x (caller owns) */
@@ -216,8 +225,10 @@ export class RMSNorm extends Module {
 
   constructor(readonly dim: number, options: NormOptions) {
     super();
-    this.weight = this.addParameter('weight', new Parameter(filled(dim, 1), [dim], { dtype: options.dtype, device: options.device }));
-    this.eps = options.eps ?? 1e-5;
+    checkDim(dim, 'RMSNorm dim');
+    const o = normOptions(options, 'RMSNorm options', false);
+    this.weight = this.addParameter('weight', new Parameter(filled(dim, 1), [dim], { dtype: o.dtype, device: o.device }));
+    this.eps = o.eps ?? 1e-5;
   }
 
   /** @param x [...lead, dim]; referenced until backward. @returns normalised x (caller owns) */
@@ -301,13 +312,13 @@ export class CausalSelfAttention extends Module {
   readonly #precision: 'tf32' | 'highest';
   #saved: { qkv: Tensor; out: Tensor; lse: Tensor; y: Tensor } | null = null;
 
-  constructor(o: TransformerOptions) {
+  constructor(options: TransformerOptions) {
     super();
-    if (o.dModel % o.heads !== 0) throw new RangeError(`Expected dModel (${o.dModel}) to be a multiple of heads (${o.heads})`);
+    const o = transformerOptions(options, 'CausalSelfAttention options');
     this.heads = o.heads;
     this.headDim = o.dModel / o.heads;
-    this.c_attn = this.addModule('c_attn', new Linear(o.dModel, 3 * o.dModel, { ...o, bias: o.bias }));
-    this.c_proj = this.addModule('c_proj', new Linear(o.dModel, o.dModel, { ...o, bias: o.bias, std: residualStd(o.layers) }));
+    this.c_attn = this.addModule('c_attn', new Linear(o.dModel, 3 * o.dModel, innerLinear(o)));
+    this.c_proj = this.addModule('c_proj', new Linear(o.dModel, o.dModel, innerLinear(o, { std: residualStd(o.layers) })));
     this.#rope = o.rope;
     this.#ropeBase = o.ropeBase ?? 10000;
     this.#precision = o.float32Precision ?? 'highest';
@@ -391,12 +402,13 @@ export class MLP extends Module {
   readonly kind: 'gelu' | 'swiglu';
   #saved: { u: Tensor | null; h: Tensor } | null = null;
 
-  constructor(o: TransformerOptions) {
+  constructor(options: TransformerOptions) {
     super();
+    const o = transformerOptions(options, 'MLP options');
     this.kind = o.mlp;
     const width = o.mlp === 'swiglu' ? 2 * o.mlpHidden : o.mlpHidden;
-    this.c_fc = this.addModule('c_fc', new Linear(o.dModel, width, { ...o, activation: o.mlp === 'gelu' ? 'gelu' : 'none' }));
-    this.c_proj = this.addModule('c_proj', new Linear(o.mlpHidden, o.dModel, { ...o, std: residualStd(o.layers) }));
+    this.c_fc = this.addModule('c_fc', new Linear(o.dModel, width, innerLinear(o, { activation: o.mlp === 'gelu' ? 'gelu' : 'none' })));
+    this.c_proj = this.addModule('c_proj', new Linear(o.mlpHidden, o.dModel, innerLinear(o, { std: residualStd(o.layers) })));
   }
 
   /** @param x [B, S, dModel]; referenced until backward. @returns [B, S, dModel] (caller owns) */
@@ -455,8 +467,9 @@ export class Block extends Module {
   readonly mlp: MLP;
   #saved: { h1: Tensor; r: Tensor; h2: Tensor } | null = null;
 
-  constructor(o: TransformerOptions) {
+  constructor(options: TransformerOptions) {
     super();
+    const o = transformerOptions(options, 'Block options');
     this.ln_1 = this.addModule('ln_1', makeNorm(o));
     this.attn = this.addModule('attn', new CausalSelfAttention(o));
     this.ln_2 = this.addModule('ln_2', makeNorm(o));

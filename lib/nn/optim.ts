@@ -5,6 +5,7 @@
  * @packageDocumentation
  */
 import { describeValue, rangeError, typeError } from '../errors';
+import { checkOptions } from '../ops/common';
 import { adamwStep, gradNorm } from '../ops/optim';
 import { Tensor } from '../tensor';
 import { Parameter, ParameterGroup } from './module';
@@ -34,7 +35,7 @@ export interface AdamWOptions {
   maxGradNorm?: number;
 }
 
-const OPTION_KEYS = ['lr', 'beta1', 'beta2', 'eps', 'weightDecay', 'maxGradNorm'];
+const OPTION_KEYS = ['lr', 'beta1', 'beta2', 'eps', 'weightDecay', 'maxGradNorm'] as const;
 
 function checkRate(value: unknown, arg: string, lo: number, hi: number): number {
   if (typeof value !== 'number' || !Number.isFinite(value) || value < lo || value > hi) {
@@ -92,21 +93,18 @@ export class AdamW implements Disposable {
     if (!Array.isArray(parameters) || parameters.length === 0 || !parameters.every((p) => p instanceof Parameter)) {
       throw typeError('parameters to be a non-empty Array of Parameters', describeValue(parameters));
     }
-    if (options === null || typeof options !== 'object') throw typeError('options to be an object', describeValue(options));
-    for (const k of Object.keys(options)) {
-      if (!OPTION_KEYS.includes(k)) throw typeError(`options to have only the keys ${OPTION_KEYS.join(', ')}`, `'${k}'`);
-    }
-    const lr = options.lr ?? 1e-3;
+    const o = checkOptions<AdamWOptions>(options, 'options', OPTION_KEYS);
+    const lr = o.lr ?? 1e-3;
     if (typeof lr === 'function') this.#lr = lr;
     else {
       checkRate(lr, 'options.lr', 0, Infinity);
       this.#lr = () => lr;
     }
-    this.beta1 = checkRate(options.beta1 ?? 0.9, 'options.beta1', 0, 0.999999);
-    this.beta2 = checkRate(options.beta2 ?? 0.999, 'options.beta2', 0, 0.999999);
-    this.eps = checkRate(options.eps ?? 1e-8, 'options.eps', 0, 1);
-    this.weightDecay = checkRate(options.weightDecay ?? 0.01, 'options.weightDecay', 0, Infinity);
-    this.maxGradNorm = checkRate(options.maxGradNorm ?? 0, 'options.maxGradNorm', 0, Infinity);
+    this.beta1 = checkRate(o.beta1 ?? 0.9, 'options.beta1', 0, 0.999999);
+    this.beta2 = checkRate(o.beta2 ?? 0.999, 'options.beta2', 0, 0.999999);
+    this.eps = checkRate(o.eps ?? 1e-8, 'options.eps', 0, 1);
+    this.weightDecay = checkRate(o.weightDecay ?? 0.01, 'options.weightDecay', 0, Infinity);
+    this.maxGradNorm = checkRate(o.maxGradNorm ?? 0, 'options.maxGradNorm', 0, Infinity);
     const unique = [...new Set(parameters)];
     const groups = wholeGroups(unique);
     const zeros = (like: Tensor): Tensor => Tensor.zeros(like.shape, { dtype: 'float32', device: like.device });
