@@ -13,7 +13,7 @@
  * @packageDocumentation
  */
 export {
-  Tensor, DTYPES, FLOAT_DTYPES, DEVICES, dtypeSize, contiguousStrides, defaultDevice, memory, resetPeakMemory, synchronize, emptyCache, debug,
+  Tensor, DTYPES, FLOAT_DTYPES, DEVICES, dtypeSize, contiguousStrides, defaultDevice, memory, resetPeakMemory, synchronize, emptyCache,
 } from './tensor';
 export type { Device, DType, TensorDType, TensorOptions, DeviceMemory, MemoryReport, ReadRange } from './tensor';
 export {

@@ -25,6 +25,7 @@
 'use strict';
 
 const fa = require('../dist/lib');
+const { debug } = require('../dist/lib/testing');
 
 // [batch, seqlenQ, seqlenK, headsQ, headsKV, headDim, causal, dtype]
 const FULL = [
@@ -286,7 +287,7 @@ async function main() {
   const cuda = fa.backends().cuda;
   if (!cuda.available) throw new Error(`CUDA is not usable: ${cuda.reason}`);
   console.log(`sanitize-cases: set ${opts.set}, poison ${opts.poison ? 'on' : 'off'}, ${cuda.device.name} (sm_${cuda.device.computeCapability.replace('.', '')})`);
-  fa.debug.poisonOutputs(opts.poison);
+  debug.poisonOutputs(opts.poison);
   let n = 0;
   for (const [i, c] of cases.entries()) {
     const t0 = Date.now();

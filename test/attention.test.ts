@@ -14,7 +14,6 @@
 import {
   AttentionGradients,
   AttentionOutput,
-  debug,
   Device,
   DType,
   flashAttention,
@@ -25,6 +24,7 @@ import {
   ReferenceShape,
   Tensor,
 } from '../lib';
+import { debug } from '../lib/testing';
 import { describeEachDevice, trackMemory, usePoisonedOutputs } from './helpers/backend';
 import { outDifferenceSlack } from './helpers/backward';
 import { randn, rngFor } from './helpers/random';

@@ -12,10 +12,11 @@
  *   released (memory() unchanged) and the next call works.
  *   (Filling the whole device with live tensors would starve the other Jest workers that share the
  *   GPU: that case is scripts/gpu-faults.js, run on the GPU machine.)
- * - A sticky error (debug.injectCudaFault: a store to an unmapped address), in a child process so
- *   that only that process's CUDA context dies: the next synchronisation rejects with CUDA's
- *   cudaErrorIllegalAddress and says that the context is lost; every later CUDA call (a new tensor,
- *   an attention call, a read, synchronize) fails at once with that message instead of hanging;
+ * - A sticky error (debug.injectCudaFault of flash-attn-node/testing: a store to an unmapped address),
+ *   in a child process so that only that process's CUDA context dies: the next synchronisation
+ *   rejects with CUDA's cudaErrorIllegalAddress and says that the context is lost; every later CUDA
+ *   call (a new tensor, an attention call, a read, synchronize) fails at once with that message
+ *   instead of hanging;
  *   the CPU backend still computes correctly; the process exits normally.
  * - No usable GPU: in a child process with CUDA_VISIBLE_DEVICES="" (and, on a machine without an
  *   NVIDIA driver, in this process), backends().cuda says why, the default device is the CPU, a
@@ -32,7 +33,7 @@ import * as path from 'path';
 
 import { backends, flashAttention, memory, referenceAttention, synchronize, Tensor } from '../lib';
 import { describeCuda, HAS_CUDA, liveMemory, synchronizeAll, trackMemory } from './helpers/backend';
-import { LIB_ENTRY, runNodeChild } from './helpers/child';
+import { LIB_ENTRY, runNodeChild, TESTING_ENTRY } from './helpers/child';
 import { randn, rngFor } from './helpers/random';
 
 trackMemory();
@@ -169,7 +170,7 @@ describeCuda('faults', () => {
         const q = fa.Tensor.fromFloat32Array(new Float32Array(64).fill(0.5), [1, 2, 2, 16], { device: 'cuda' });
         const r = fa.flashAttention(q, q, q);
         out.before = Array.from(await r.out.toFloat32Array()).slice(0, 2);
-        fa.debug.injectCudaFault('illegal-address');
+        require(${JSON.stringify(TESTING_ENTRY)}).debug.injectCudaFault('illegal-address');
         out.sync = await timed(() => fa.synchronize('cuda'));
         out.create = await timed(() => fa.Tensor.fromFloat32Array(new Float32Array(64), [1, 2, 2, 16], { device: 'cuda' }));
         out.attention = await timed(() => fa.flashAttention(q, q, q));

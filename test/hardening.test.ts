@@ -7,6 +7,8 @@
  * the wrong kind (type tags) instead of crashing. CPU tensors (the checks are device-independent).
  */
 
+import * as path from 'path';
+
 import {
   Block, CausalSelfAttention, Embedding, flashAttention, flashAttentionWithGrad, GPT, LayerNorm, Linear, MLP,
   referenceAttention, RMSNorm, Tensor,
@@ -325,6 +327,19 @@ describe('a refused call changes nothing', () => {
       for (const t of [ctx.out, ctx.lse, q, dout]) t.dispose();
       ctx.dispose();
     }
+  });
+});
+
+describe('the package entry points', () => {
+  test('the test hooks are at flash-attn-node/testing, not on the main entry; deep imports are closed', () => {
+    // The package refers to itself by name (its "exports"), as an installed copy would be required.
+    const child = runNodeChild(`
+      const out = { mainDebug: typeof require('flash-attn-node').debug };
+      out.testing = typeof require('flash-attn-node/testing').debug.poisonOutputs;
+      try { require('flash-attn-node/dist/lib/tensor'); out.deep = 'loaded'; } catch (e) { out.deep = e.code; }
+      process.stdout.write(JSON.stringify(out));
+    `, { cwd: path.resolve(__dirname, '..') });
+    expect(JSON.parse(child.stdout)).toEqual({ mainDebug: 'undefined', testing: 'function', deep: 'ERR_PACKAGE_PATH_NOT_EXPORTED' });
   });
 });
 

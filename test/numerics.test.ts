@@ -53,7 +53,8 @@
  * HUGE_SCORES_BUG (bug C, scores beyond ~1e9 on the CPU) is fixed and now empty.
  */
 
-import { AttentionBackwardOptions, debug, Device, DType, flashAttention, flashAttentionBackward, referenceAttention, referenceAttentionBackward, Tensor } from '../lib';
+import { AttentionBackwardOptions, Device, DType, flashAttention, flashAttentionBackward, referenceAttention, referenceAttentionBackward, Tensor } from '../lib';
+import { debug } from '../lib/testing';
 import { describeEachDevice, trackMemory } from './helpers/backend';
 import { GRAD_ATOL, gradientSlack, visibleKeys } from './helpers/backward';
 import {

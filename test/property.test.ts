@@ -24,9 +24,10 @@
 import * as fc from 'fast-check';
 
 import {
-  AttentionBackwardOptions, AttentionContext, debug, DType, flashAttention, flashAttentionBackward, flashAttentionWithGrad,
+  AttentionBackwardOptions, AttentionContext, DType, flashAttention, flashAttentionBackward, flashAttentionWithGrad,
   referenceAttentionBackward, resetPeakMemory, synchronize, Tensor,
 } from '../lib';
+import { debug } from '../lib/testing';
 import { liveMemory, trackMemory } from './helpers/backend';
 import { addSlack, GRAD_ATOL, gradientSlack, outDifferenceSlack } from './helpers/backward';
 import { ForwardShape, kShapeOf, LSE_DIMS, lseShapeOf, maxFiniteAbs, Q_DIMS, qShapeOf, shapeOf } from './helpers/forward';

@@ -8,7 +8,6 @@ import { runNodeChild } from './helpers/child';
 import * as path from 'path';
 
 import {
-  debug,
   Device,
   DType,
   DTYPES,
@@ -24,6 +23,7 @@ import {
   synchronize,
   Tensor,
 } from '../lib';
+import { debug } from '../lib/testing';
 import type { HalfDType } from '../lib/half';
 import { binding } from '../lib/native';
 import { storageOf } from '../lib/tensor';

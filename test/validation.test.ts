@@ -8,7 +8,6 @@
  */
 
 import {
-  debug,
   flashAttention,
   flashAttentionBackward,
   flashAttentionWithGrad,
@@ -16,6 +15,7 @@ import {
   synchronize,
   Tensor,
 } from '../lib';
+import { debug } from '../lib/testing';
 import { binding, NativeBuffer } from '../lib/native';
 import { cudaSkipReason, HAS_CUDA, liveMemory, synchronizeAll, trackMemory } from './helpers/backend';
 import { randn, rngFor } from './helpers/random';

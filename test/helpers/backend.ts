@@ -12,7 +12,8 @@
  *   every device and asserts that the live tensor count and bytes are back to that snapshot.
  */
 
-import { backends, cudaDeviceCount, debug, Device, memory, synchronize } from '../../lib';
+import { backends, cudaDeviceCount, Device, memory, synchronize } from '../../lib';
+import { debug } from '../../lib/testing';
 
 /** Number of usable CUDA devices (0 when the addon has no CUDA, no driver or no device). */
 export const CUDA_DEVICE_COUNT: number = cudaDeviceCount();

@@ -9,6 +9,8 @@ import * as path from 'path';
 
 /** The TypeScript entry point of lib/, for `require` in a child process or a worker (through the hook below). */
 export const LIB_ENTRY = path.resolve(__dirname, '..', '..', 'lib', 'index.ts');
+/** The TypeScript entry point of the test hooks (`flash-attn-node/testing`), as {@link LIB_ENTRY}. */
+export const TESTING_ENTRY = path.resolve(__dirname, '..', '..', 'lib', 'testing.ts');
 
 /** JS source that installs the .ts require hook in the child. */
 export function tsRequireHook(): string {
