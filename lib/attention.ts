@@ -427,10 +427,14 @@ function backwardNative(
   };
 }
 
+/** Marks the constructor calls of {@link AttentionContext} that lib/ makes. */
+const CONTEXT_TOKEN: unique symbol = Symbol('flash-attn-node AttentionContext construction');
+
 /**
  * The result of {@link flashAttentionWithGrad}: the forward's outputs plus what the backward
  * needs, saved as extra references (so the caller may dispose q, k, v or out before the backward).
  */
+
 export class AttentionContext implements Disposable {
   /** The forward output (the caller owns it and disposes it). */
   readonly out: Tensor;
@@ -441,8 +445,11 @@ export class AttentionContext implements Disposable {
   #saved: NativeView[] | null; // q, k, v, out, lse
   readonly #problem: BackwardProblem;
 
-  /** @internal */
-  constructor(out: AttentionOutput, saved: NativeView[], problem: BackwardProblem) {
+  /** @internal Made by {@link flashAttentionWithGrad} only (`token` is its module's). */
+  constructor(out: AttentionOutput, saved: NativeView[], problem: BackwardProblem, token?: symbol) {
+    if (token !== CONTEXT_TOKEN) {
+      throw new TypeError('Expected an AttentionContext made by flashAttentionWithGrad(q, k, v, options) but received a direct constructor call');
+    }
     this.out = out.out;
     this.lse = out.lse;
     this.kernel = out.kernel;
@@ -529,5 +536,5 @@ export function flashAttentionWithGrad(q: Tensor, k: Tensor, v: Tensor, options?
   // Each saved view holds its own handle on its storage (views of a packed qkv share one storage).
   const saved = [...views, nativeView(result.out, 'out'), { ...nativeView(result.lse as Tensor, 'lse'), strides: [0, 0, 0] }]
     .map((sv) => ({ ...sv, buf: sv.buf.share() })) as NativeView[];
-  return new AttentionContext(result, saved, p);
+  return new AttentionContext(result, saved, p, CONTEXT_TOKEN);
 }

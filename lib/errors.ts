@@ -33,7 +33,8 @@ export function describeValue(value: unknown): string {
 
 /** Formats a shape as `[2, 128, 64]`. */
 export function formatShape(shape: readonly number[]): string {
-  return `[${shape.join(', ')}]`;
+  // Element by element: a shape passed in may hold anything (a Symbol would make join() throw).
+  return `[${Array.from(shape, (d) => (typeof d === 'number' ? String(d) : describeValue(d))).join(', ')}]`;
 }
 
 /** A TypeError: `Expected ${what} but received ${received}`. */

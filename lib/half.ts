@@ -20,6 +20,7 @@
  *
  * @module half
  */
+import { describeValue, typeError } from './errors';
 
 /**
  * Element types of the tensors that the attention kernels read and write. The 16-bit types are
@@ -94,6 +95,7 @@ function f16ToF32Bits(h: number): number {
  * @returns the bfloat16 bit pattern, an integer in [0, 65535]. NaN gives a quiet NaN pattern.
  */
 export function f32ToBf16Bits(x: number): number {
+  checkNumberArg(x, 'x');
   scratchF32[0] = x;
   return bf16FromF32Bits(scratchU32[0]);
 }
@@ -104,6 +106,7 @@ export function f32ToBf16Bits(x: number): number {
  * @returns the value as a JS number (NaN patterns give NaN).
  */
 export function bf16BitsToF32(h: number): number {
+  checkNumberArg(h, 'h');
   scratchU32[0] = bf16ToF32Bits(h);
   return scratchF32[0];
 }
@@ -115,6 +118,7 @@ export function bf16BitsToF32(h: number): number {
  * @returns the float16 bit pattern, an integer in [0, 65535]. NaN gives a quiet NaN pattern.
  */
 export function f32ToF16Bits(x: number): number {
+  checkNumberArg(x, 'x');
   scratchF32[0] = x;
   return f16FromF32Bits(scratchU32[0]);
 }
@@ -125,8 +129,19 @@ export function f32ToF16Bits(x: number): number {
  * @returns the value as a JS number (NaN patterns give NaN).
  */
 export function f16BitsToF32(h: number): number {
+  checkNumberArg(h, 'h');
   scratchU32[0] = f16ToF32Bits(h & 0xffff);
   return scratchF32[0];
+}
+
+/** @internal A JS number (a TypeError naming `arg` otherwise: no coercion of strings, objects, BigInts). */
+export function checkNumberArg(x: unknown, arg: string): asserts x is number {
+  if (typeof x !== 'number') throw typeError(`${arg} to be a number`, describeValue(x));
+}
+
+/** A typed array of the named kind, from any realm (ArrayBuffer.isView cannot be imitated). */
+function isView(value: unknown, kind: string): boolean {
+  return ArrayBuffer.isView(value) && Object.prototype.toString.call(value) === `[object ${kind}]`;
 }
 
 function checkHalfDType(dtype: string): asserts dtype is HalfDType {
@@ -144,6 +159,7 @@ function checkHalfDType(dtype: string): asserts dtype is HalfDType {
  * @returns a new `Uint16Array` of `src.length` bit patterns, same element order.
  */
 export function float32ToHalfBits(src: Float32Array, dtype: HalfDType): Uint16Array {
+  if (!isView(src, 'Float32Array')) throw typeError('src to be a Float32Array', describeValue(src));
   checkHalfDType(dtype);
   const n = src.length;
   const bits = new Uint32Array(src.buffer, src.byteOffset, n);
@@ -165,6 +181,7 @@ export function float32ToHalfBits(src: Float32Array, dtype: HalfDType): Uint16Ar
  * @returns a new `Float32Array` of `src.length` values, same element order.
  */
 export function halfBitsToFloat32(src: Uint16Array, dtype: HalfDType): Float32Array {
+  if (!isView(src, 'Uint16Array')) throw typeError('src to be a Uint16Array', describeValue(src));
   checkHalfDType(dtype);
   const n = src.length;
   const dst = new Float32Array(n);
@@ -199,6 +216,7 @@ function roundF16(x: number): number {
  * @returns a number exactly representable in `dtype` (or NaN, ±Inf).
  */
 export function roundToDtype(x: number, dtype: DType): number {
+  checkNumberArg(x, 'x');
   switch (dtype) {
     case 'float32':
       return fround(x);

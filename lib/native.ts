@@ -10,6 +10,7 @@
  */
 import * as fs from 'fs';
 import * as path from 'path';
+import { describeValue } from './errors';
 
 /** A handle on one native allocation (csrc/napi/addon.h `NativeBuffer`). */
 export interface NativeBuffer {
@@ -157,7 +158,8 @@ export const BACKWARD_ALGORITHM_CODE = { auto: 0, 'single-kernel': 1, 'two-kerne
 export class NativeLoadError extends Error {
   override readonly name = 'NativeLoadError';
   constructor(message: string, cause: unknown) {
-    super(message, { cause });
+    // The loader passes a string; anything else is described rather than coerced (a Symbol throws).
+    super(typeof message === 'string' ? message : `NativeLoadError with a non-string message: ${describeValue(message)}`, { cause });
   }
 }
 

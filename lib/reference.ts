@@ -26,7 +26,7 @@
  * @module reference
  */
 
-import { DType, dtypeRounder } from './half';
+import { checkNumberArg, DType, dtypeRounder } from './half';
 
 // Module-level aliases of the Math functions used in the hot loops: a global lookup per call is
 // slow inside vm contexts (Jest runs tests in one: ~0.3 µs per `Math.x` access).
@@ -118,6 +118,7 @@ const F32_EXP_MASK = 0x7f800000;
  * @example roundToTf32(1 + 2 ** -11) === 1 + 2 ** -10 // a tie, away from zero
  */
 export function roundToTf32(x: number): number {
+  checkNumberArg(x, 'x');
   tf32Scratch[0] = x;
   const u = tf32Bits[0];
   // Adding half of the dropped range to the bit pattern rounds the magnitude (ties up, i.e. away from

@@ -178,6 +178,12 @@ function resolveOptions(
 
 /** Row-major strides (in elements) of a contiguous tensor of `shape`. */
 export function contiguousStrides(shape: readonly number[]): number[] {
+  if (!Array.isArray(shape)) throw typeError('shape to be an Array of dims', describeValue(shape));
+  const dims = [...shape] as unknown[];
+  if (!dims.every((d) => typeof d === 'number' && Number.isSafeInteger(d) && d >= 0)) {
+    throw rangeError('every dim of shape to be an integer >= 0', formatShape(dims as number[]));
+  }
+  shape = dims as number[];
   const strides = new Array<number>(shape.length);
   let s = 1;
   for (let i = shape.length - 1; i >= 0; i -= 1) {
@@ -713,8 +719,9 @@ export class Tensor implements Disposable {
     this.dispose();
   }
 
-  /** `Tensor(bfloat16 [2, 128, 8, 64] on cuda)`. */
+  /** `Tensor(bfloat16 [2, 128, 8, 64] on cuda)`; `Tensor(not made by this library)` for an imitation. */
   toString(): string {
+    if (!handles.has(this)) return 'Tensor(not made by this library)';
     return `Tensor(${this.dtype} ${formatShape(this.shape)} on ${this.device}${this.disposed ? ', disposed' : ''})`;
   }
 }

@@ -285,7 +285,8 @@ export interface TransformerOptions extends LayerOptions {
 }
 
 /** A norm layer of the configured kind. */
-export function makeNorm(o: TransformerOptions): Norm {
+export function makeNorm(options: TransformerOptions): Norm {
+  const o = transformerOptions(options, 'options');
   return o.norm === 'rmsnorm'
     ? new RMSNorm(o.dModel, { dtype: o.dtype, device: o.device })
     : new LayerNorm(o.dModel, { dtype: o.dtype, device: o.device, bias: o.bias });

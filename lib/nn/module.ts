@@ -20,6 +20,7 @@
 import { describeValue, formatShape, rangeError, typeError } from '../errors';
 import type { DType } from '../half';
 import { Device, Tensor } from '../tensor';
+import { checkShape, parameterOptions } from './options';
 
 /** Options of a new {@link Parameter}. */
 export interface ParameterOptions {
@@ -55,12 +56,15 @@ export class Parameter implements Disposable {
 
   /** A parameter holding `data` (float32 values, rounded to `dtype` for the value), gradient zero. */
   constructor(data: Float32Array, shape: readonly number[], options: ParameterOptions) {
-    this.dtype = options.dtype ?? 'float32';
-    this.device = options.device;
-    this.shape = Object.freeze([...shape]);
-    this.decay = options.decay ?? shape.length >= 2;
-    const n = shape.reduce((a, b) => a * b, 1);
-    if (data.length !== n) throw rangeError(`data to have ${n} elements for shape ${formatShape(shape)}`, `${data.length}`);
+    if (!(data instanceof Float32Array)) throw typeError('data to be a Float32Array', describeValue(data));
+    const dims = checkShape(shape, 'shape');
+    const o = parameterOptions(options, 'options');
+    this.dtype = o.dtype ?? 'float32';
+    this.device = o.device;
+    this.shape = Object.freeze(dims);
+    this.decay = o.decay ?? dims.length >= 2;
+    const n = dims.reduce((a, b) => a * b, 1);
+    if (data.length !== n) throw rangeError(`data to have ${n} elements for shape ${formatShape(dims)}`, `${data.length}`);
     this.#value = Tensor.fromFloat32Array(data, shape, { dtype: this.dtype, device: this.device });
     this.#grad = Tensor.zeros(shape, { dtype: 'float32', device: this.device });
     this.#master = this.dtype === 'float32' ? null : Tensor.fromFloat32Array(data, shape, { dtype: 'float32', device: this.device });
@@ -148,6 +152,16 @@ export class Parameter implements Disposable {
   }
 }
 
+/** An Array of Parameters, copied once (a TypeError naming `arg` for anything else). */
+export function checkParameterList(value: unknown, arg: string): Parameter[] {
+  if (!Array.isArray(value)) throw typeError(`${arg} to be an Array of Parameters`, describeValue(value));
+  const list = [...value] as unknown[];
+  list.forEach((p, i) => {
+    if (!(p instanceof Parameter)) throw typeError(`${arg}[${i}] to be a Parameter`, describeValue(p));
+  });
+  return list as Parameter[];
+}
+
 /**
  * Parameters of one dtype, device and weight-decay setting packed into flat storages: `value`
  * [numel] (the model's dtype), `grad` [numel] float32 and `master` [numel] float32 (float16 and
@@ -166,6 +180,7 @@ export class ParameterGroup implements Disposable {
 
   /** Packs `parameters` (one dtype, device and decay setting; each at most in one group). */
   constructor(parameters: readonly Parameter[]) {
+    parameters = checkParameterList(parameters, 'parameters');
     if (parameters.length === 0) throw rangeError('at least one parameter in a group', 'none');
     const [first] = parameters;
     for (const p of parameters) {
@@ -226,7 +241,7 @@ export class ParameterGroup implements Disposable {
  */
 export function packParameters(parameters: readonly Parameter[]): ParameterGroup[] {
   const byKey = new Map<string, Parameter[]>();
-  for (const p of new Set(parameters)) {
+  for (const p of new Set(checkParameterList(parameters, 'parameters'))) {
     const key = `${p.dtype}/${p.device}/${p.decay}`;
     const list = byKey.get(key) ?? [];
     list.push(p);

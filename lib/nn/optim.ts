@@ -8,7 +8,7 @@ import { describeValue, rangeError, typeError } from '../errors';
 import { checkOptions } from '../ops/common';
 import { adamwStep, gradNorm } from '../ops/optim';
 import { Tensor } from '../tensor';
-import { Parameter, ParameterGroup } from './module';
+import { checkParameterList, Parameter, ParameterGroup } from './module';
 
 /** Options of {@link AdamW}. */
 export interface AdamWOptions {
@@ -90,9 +90,8 @@ export class AdamW implements Disposable {
   #norm: Tensor | null = null;
 
   constructor(parameters: readonly Parameter[], options: AdamWOptions = {}) {
-    if (!Array.isArray(parameters) || parameters.length === 0 || !parameters.every((p) => p instanceof Parameter)) {
-      throw typeError('parameters to be a non-empty Array of Parameters', describeValue(parameters));
-    }
+    parameters = checkParameterList(parameters, 'parameters');
+    if (parameters.length === 0) throw typeError('parameters to be a non-empty Array of Parameters', 'an empty Array');
     const o = checkOptions<AdamWOptions>(options, 'options', OPTION_KEYS);
     const lr = o.lr ?? 1e-3;
     if (typeof lr === 'function') this.#lr = lr;

@@ -2,7 +2,7 @@
  * Validation of the layer constructors' arguments (./layers.ts): every options object must be a plain
  * object with only its interface's keys, each of the right type, read once into a snapshot that the
  * constructor uses afterwards (a getter that changes its answer cannot slip a second value past the
- * check). A refused constructor allocates nothing.
+ * check). A refused constructor allocates nothing. Parameter's options and shape are checked here too.
  * @packageDocumentation
  */
 import { refuseUnknownKeys, typeError, describeValue } from '../errors';
@@ -10,6 +10,7 @@ import type { DType } from '../half';
 import { checkBoolean, checkChoice, checkNumber } from '../ops/common';
 import { DEVICES, FLOAT_DTYPES, type Device } from '../tensor';
 import type { LayerOptions, LinearLayerOptions, NormalSampler, NormOptions, TransformerOptions } from './layers';
+import type { ParameterOptions } from './module';
 
 /** A layer width or count: a safe integer >= 1. */
 export function checkDim(value: unknown, arg: string): number {
@@ -103,4 +104,17 @@ export function transformerOptions(options: unknown, arg: string): TransformerOp
 /** The options of a Linear inside a transformer layer: the shared keys, plus `extra`. */
 export function innerLinear(o: TransformerOptions, extra: Partial<LinearLayerOptions> = {}): LinearLayerOptions {
   return { dtype: o.dtype, device: o.device, normal: o.normal, bias: o.bias, float32Precision: o.float32Precision, ...extra };
+}
+
+/** {@link ParameterOptions}. */
+export function parameterOptions(options: unknown, arg: string): ParameterOptions {
+  const o = plainObject(options, arg, ['dtype', 'device', 'decay']);
+  return { ...common(o, arg), decay: optional(o.decay, (v) => checkBoolean(v, `${arg}.decay`)) };
+}
+
+/** A shape: an Array of dims (safe integers >= 1), copied once. */
+export function checkShape(shape: unknown, arg: string): number[] {
+  if (!Array.isArray(shape)) throw typeError(`${arg} to be an Array of dims`, describeValue(shape));
+  const dims = [...shape] as unknown[];
+  return dims.map((d, i) => checkDim(d, `${arg}[${i}]`));
 }

@@ -13,6 +13,7 @@
 import * as fc from 'fast-check';
 
 import { binding } from '../../lib/native';
+import { FuzzReport, judgeThrown } from './fuzz-common';
 
 const SKIPPED = new Set(['importPointer', 'injectCudaFault', 'NativeBuffer']);
 // The buffer class is called as a constructor (it takes only the addon's own tagged handle).
@@ -57,20 +58,6 @@ const argSpec: fc.Arbitrary<Spec> = fc.oneof(
   { weight: 6, arbitrary: leafSpec },
   { weight: 1, arbitrary: fc.array(leafSpec, { maxLength: 16 }).map((items) => ({ k: 'array', items }) as Spec) },
 );
-
-interface Finding {
-  fn: string;
-  args: string;
-  problem: string;
-}
-
-export interface FuzzReport {
-  seed: number;
-  cases: number;
-  threw: number;
-  returned: number;
-  findings: Finding[];
-}
 
 function describeSpec(s: Spec): string {
   if (s.k === 'value') return typeof s.v === 'bigint' ? `${s.v}n` : typeof s.v === 'symbol' ? 'Symbol' : typeof s.v === 'function' ? 'function' : JSON.stringify(s.v) ?? String(s.v);
@@ -128,18 +115,8 @@ export async function fuzzBinding(seed: number, cases: number): Promise<FuzzRepo
     };
     const args = specs.map(materialise);
     const shown = `${fn}(${specs.map(describeSpec).join(', ')})`;
-    const check = (e: unknown): void => {
-      report.threw += 1;
-      if (!(e instanceof Error) && !(e !== null && typeof e === 'object' && 'message' in e)) {
-        report.findings.push({ fn, args: shown, problem: `threw a non-Error: ${String(e)}` });
-        return;
-      }
-      const msg = (e as Error).message;
-      if (typeof msg !== 'string' || msg.length === 0) report.findings.push({ fn, args: shown, problem: 'an Error without a message' });
-      else if (/^internal/i.test(msg) || msg === 'Invalid argument') {
-        report.findings.push({ fn, args: shown, problem: `a bare message: ${msg}` });
-      }
-    };
+    const check = (e: unknown): void =>
+      judgeThrown(report, e, fn, shown, (msg) => /^internal/i.test(msg) || msg === 'Invalid argument');
     let result: unknown;
     try {
       result = fn === CONSTRUCT ? new (b.NativeBuffer as unknown as new (...a: unknown[]) => unknown)(...args) : b[fn](...args);

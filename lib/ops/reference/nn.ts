@@ -18,6 +18,8 @@
  * @packageDocumentation
  */
 import { DType, dtypeRounder } from '../../half';
+import { checkBoolean, checkNumber } from '../common';
+import { refDims, refLength, refOptions, refValues } from './check';
 
 /** The arithmetic of a reference call: exact float64, or a plain implementation in a dtype (see the module notes). */
 export type NnPrecision = 'float64' | DType;
@@ -109,13 +111,18 @@ function arithOf(precision: NnPrecision | undefined): Arith {
 }
 
 function checkLength(name: string, a: NnInput, n: number): void {
-  if (a.length !== n) throw new RangeError(`Expected ${name} to have ${n} elements but received ${a.length}`);
+  refValues(a, name, n);
 }
 
-function checkSizes(sizes: Record<string, number>): void {
-  for (const [k, v] of Object.entries(sizes)) {
-    if (!Number.isSafeInteger(v) || v < 1) throw new RangeError(`Expected ${k} to be a positive integer but received ${v}`);
-  }
+/** Checks an options object of these references: its keys, precision, and the numbers it holds. */
+function nnOptions<T extends NnReferenceOptions>(options: unknown, keys: readonly (keyof T & string)[]): Partial<T> {
+  const o = refOptions<T>(options, 'options', keys) as Record<string, unknown>;
+  if (o.eps !== undefined) checkNumber(o.eps, 'options.eps', { min: 0 });
+  if (o.base !== undefined) checkNumber(o.base, 'options.base', { above: 1 });
+  if (o.positionOffset !== undefined) checkNumber(o.positionOffset, 'options.positionOffset', { integer: true, min: 0 });
+  if (o.inverse !== undefined) checkBoolean(o.inverse, 'options.inverse');
+  if (o.alpha !== undefined) checkNumber(o.alpha, 'options.alpha');
+  return o as Partial<T>;
 }
 
 // ---- norms -------------------------------------------------------------------------------------------
@@ -145,11 +152,11 @@ function normForward(
   x: NnInput, weight: NnInput, bias: NnInput | null, dims: RowsCols, layerNorm: boolean,
   options: NormReferenceOptions | undefined,
 ): NormReferenceResult {
-  const { rows, cols } = dims;
-  checkSizes({ rows, cols });
+  const { rows, cols } = refDims(dims, 'dims', ['rows', 'cols']);
   checkLength('x', x, rows * cols);
   checkLength('weight', weight, cols);
   if (bias !== null) checkLength('bias', bias, cols);
+  options = nnOptions<NormReferenceOptions>(options, ['precision', 'eps']);
   const a = arithOf(options?.precision);
   const { f, rd } = a;
   const eps = options?.eps ?? 1e-5;
@@ -173,11 +180,11 @@ function normBackward(
   dout: NnInput, x: NnInput, weight: NnInput, dims: RowsCols, layerNorm: boolean,
   options: NormReferenceOptions | undefined,
 ): NormBackwardReferenceResult {
-  const { rows, cols } = dims;
-  checkSizes({ rows, cols });
+  const { rows, cols } = refDims(dims, 'dims', ['rows', 'cols']);
   checkLength('dout', dout, rows * cols);
   checkLength('x', x, rows * cols);
   checkLength('weight', weight, cols);
+  options = nnOptions<NormReferenceOptions>(options, ['precision', 'eps']);
   const a = arithOf(options?.precision);
   const { f, rd } = a;
   const eps = options?.eps ?? 1e-5;
@@ -285,10 +292,10 @@ export function referenceLayerNormBackward(
  * @throws RangeError on sizes that do not match the array, or an odd headDim.
  */
 export function referenceRope(x: NnInput, dims: RopeDims, options?: RopeReferenceOptions): Float64Array {
-  const { batch, seqlen, heads, headDim } = dims;
-  checkSizes({ batch, seqlen, heads, headDim });
+  const { batch, seqlen, heads, headDim } = refDims(dims, 'dims', ['batch', 'seqlen', 'heads', 'headDim']);
   if (headDim % 2 !== 0) throw new RangeError(`Expected headDim to be even but received ${headDim}`);
   checkLength('x', x, batch * seqlen * heads * headDim);
+  options = nnOptions<RopeReferenceOptions>(options, ['precision', 'base', 'positionOffset', 'inverse']);
   const { f, rd } = arithOf(options?.precision);
   const base = options?.base ?? 10000;
   const offset = options?.positionOffset ?? 0;
@@ -333,6 +340,8 @@ const GELU_CUBIC = 0.044715;
  * @returns gelu(x).
  */
 export function referenceGelu(x: NnInput, options?: NnReferenceOptions): Float64Array {
+  refValues(x, 'x');
+  options = nnOptions<NnReferenceOptions>(options, ['precision']);
   const { f, rd } = arithOf(options?.precision);
   const k = f(SQRT_2_OVER_PI);
   const c3 = f(GELU_CUBIC);
@@ -355,7 +364,8 @@ export function referenceGelu(x: NnInput, options?: NnReferenceOptions): Float64
  * @throws RangeError when the lengths differ.
  */
 export function referenceGeluBackward(dout: NnInput, x: NnInput, options?: NnReferenceOptions): Float64Array {
-  checkLength('dout', dout, x.length);
+  checkLength('dout', dout, refLength(x, 'x'));
+  options = nnOptions<NnReferenceOptions>(options, ['precision']);
   const { f, rd } = arithOf(options?.precision);
   const k = f(SQRT_2_OVER_PI);
   const c3 = f(GELU_CUBIC);
@@ -385,9 +395,9 @@ function sigmoidOf(a: number, f: (x: number) => number): number {
  * @throws RangeError on sizes that do not match the array.
  */
 export function referenceSwiglu(x: NnInput, dims: RowsCols, options?: NnReferenceOptions): Float64Array {
-  const { rows, cols } = dims;
-  checkSizes({ rows, cols });
+  const { rows, cols } = refDims(dims, 'dims', ['rows', 'cols']);
   checkLength('x', x, rows * 2 * cols);
+  options = nnOptions<NnReferenceOptions>(options, ['precision']);
   const { f, rd } = arithOf(options?.precision);
   const out = new Float64Array(rows * cols);
   for (let r = 0; r < rows; r++) {
@@ -413,10 +423,10 @@ export function referenceSwiglu(x: NnInput, dims: RowsCols, options?: NnReferenc
 export function referenceSwigluBackward(
   dout: NnInput, x: NnInput, dims: RowsCols, options?: NnReferenceOptions,
 ): Float64Array {
-  const { rows, cols } = dims;
-  checkSizes({ rows, cols });
+  const { rows, cols } = refDims(dims, 'dims', ['rows', 'cols']);
   checkLength('x', x, rows * 2 * cols);
   checkLength('dout', dout, rows * cols);
+  options = nnOptions<NnReferenceOptions>(options, ['precision']);
   const { f, rd } = arithOf(options?.precision);
   const dx = new Float64Array(rows * 2 * cols);
   for (let r = 0; r < rows; r++) {
@@ -444,7 +454,8 @@ export function referenceSwigluBackward(
  * @throws RangeError when the lengths differ.
  */
 export function referenceAdd(a: NnInput, b: NnInput, options?: AddReferenceOptions): Float64Array {
-  checkLength('b', b, a.length);
+  checkLength('b', b, refLength(a, 'a'));
+  options = nnOptions<AddReferenceOptions>(options, ['precision', 'alpha']);
   const { f, rd } = arithOf(options?.precision);
   const alpha = f(options?.alpha ?? 1);
   const out = new Float64Array(a.length);

@@ -9,11 +9,14 @@
  * default for float32.
  *
  * Arrays are flat, row-major and contiguous; values, not half bits. Inputs are taken as given (round
- * them to the tested dtype first). Results are new Float64Arrays (NaN where the op gives NaN).
+ * them to the tested dtype first). Results are new Float64Arrays (NaN where the op gives NaN). Bad
+ * arguments (sizes, lengths, array kinds, options) are refused before any work (./check.ts).
  * @packageDocumentation
  */
 import { DType, dtypeRounder } from '../../half';
 import { roundToTf32 } from '../../reference';
+import { checkNumber } from '../common';
+import { refFlag, refLength, refOptions, refPrecisions, refSize, refValues } from './check';
 
 /** Any flat array of numbers. */
 export type TrainReferenceInput = ArrayLike<number>;
@@ -56,6 +59,10 @@ function arith(precision: TrainReferencePrecision = 'float64', outDtype?: DType)
  * Exact in every precision (a copy). Returns `[ids.length, dim]`.
  */
 export function referenceEmbedding(ids: TrainReferenceInput, table: TrainReferenceInput, vocab: number, dim: number): Float64Array {
+  refSize(vocab, 'vocab');
+  refSize(dim, 'dim');
+  refValues(ids, 'ids', undefined, true);
+  refValues(table, 'table', vocab * dim);
   const out = new Float64Array(ids.length * dim);
   for (let i = 0; i < ids.length; i++) {
     const id = ids[i];
@@ -73,6 +80,11 @@ export function referenceEmbeddingBackward(
   ids: TrainReferenceInput, dout: TrainReferenceInput, dtable: TrainReferenceInput, vocab: number, dim: number,
   options: TrainPrecisionOption = {},
 ): Float64Array {
+  refSize(vocab, 'vocab');
+  refSize(dim, 'dim');
+  refValues(dout, 'dout', refLength(ids, 'ids', true) * dim);
+  refValues(dtable, 'dtable', vocab * dim);
+  options = refOptions<TrainPrecisionOption>(options, 'options', ['precision']);
   const { r } = arith(options.precision, 'float32');
   const out = Float64Array.from(dtable);
   for (let i = 0; i < ids.length; i++) {
@@ -106,6 +118,12 @@ export function referenceLinear(
   x: TrainReferenceInput, w: TrainReferenceInput, bias: TrainReferenceInput | null, rows: number, inF: number, outF: number,
   options: ReferenceLinearOptions = {},
 ): { out: Float64Array; pre: Float64Array } {
+  for (const [v, name] of [[rows, 'rows'], [inF, 'inF'], [outF, 'outF']] as const) refSize(v, name);
+  refValues(x, 'x', rows * inF);
+  refValues(w, 'w', outF * inF);
+  if (bias !== null) refValues(bias, 'bias', outF);
+  options = refOptions<ReferenceLinearOptions>(options, 'options', ['precision', 'gelu', 'dtype'], refPrecisions(true));
+  refFlag(options.gelu, 'options.gelu');
   const a = arith(options.precision, options.dtype);
   const out = new Float64Array(rows * outF);
   const pre = new Float64Array(rows * outF);
@@ -141,6 +159,13 @@ export function referenceLinearBackward(
   dy: TrainReferenceInput, x: TrainReferenceInput, w: TrainReferenceInput, rows: number, inF: number, outF: number,
   options: ReferenceLinearBackwardOptions = {},
 ): { dx: Float64Array; dweight: Float64Array; dbias: Float64Array } {
+  for (const [v, name] of [[rows, 'rows'], [inF, 'inF'], [outF, 'outF']] as const) refSize(v, name);
+  refValues(dy, 'dy', rows * outF);
+  refValues(x, 'x', rows * inF);
+  refValues(w, 'w', outF * inF);
+  options = refOptions<ReferenceLinearBackwardOptions>(options, 'options', ['precision', 'dweight', 'dbias', 'dtype'], refPrecisions(true));
+  if (options.dweight !== undefined) refValues(options.dweight, 'options.dweight', outF * inF);
+  if (options.dbias !== undefined) refValues(options.dbias, 'options.dbias', outF);
   const a = arith(options.precision, options.dtype);
   const a32 = arith(options.precision, 'float32');
   const dyo = Float64Array.from(dy, a.operand);
@@ -190,6 +215,16 @@ export function referenceCrossEntropy(
   logits: TrainReferenceInput, targets: TrainReferenceInput, rows: number, vocab: number,
   options: ReferenceCrossEntropyOptions = {},
 ): { loss: Float64Array; dlogits: Float64Array } {
+  refSize(rows, 'rows');
+  refSize(vocab, 'vocab');
+  refValues(logits, 'logits', rows * vocab);
+  refValues(targets, 'targets', rows, true);
+  options = refOptions<ReferenceCrossEntropyOptions>(options, 'options', ['precision', 'ignoreIndex', 'reduction', 'gradScale', 'dtype']);
+  if (options.ignoreIndex !== undefined) checkNumber(options.ignoreIndex, 'options.ignoreIndex', { integer: true });
+  if (options.reduction !== undefined && !['mean', 'sum', 'none'].includes(options.reduction)) {
+    throw new TypeError(`Expected options.reduction to be 'mean', 'sum' or 'none' but received ${String(options.reduction)}`);
+  }
+  if (options.gradScale !== undefined) checkNumber(options.gradScale, 'options.gradScale');
   const a = arith(options.precision, options.dtype);
   const ignore = options.ignoreIndex ?? -100;
   const reduction = options.reduction ?? 'mean';
@@ -274,6 +309,24 @@ export interface ReferenceAdamWOptions extends TrainPrecisionOption {
 export function referenceAdamW(
   state: ReferenceAdamWState, options: ReferenceAdamWOptions,
 ): { param: Float64Array; master: Float64Array; m: Float64Array; v: Float64Array } {
+  const st = refOptions<ReferenceAdamWState>(state, 'state', ['param', 'grad', 'm', 'v', 'master'], []);
+  if (state === undefined) throw new TypeError('Expected state to be an object with param, grad, m and v but received undefined');
+  const count = refLength(st.param, 'state.param');
+  for (const k of ['grad', 'm', 'v'] as const) refValues(st[k], `state.${k}`, count);
+  if (st.master !== undefined) refValues(st.master, 'state.master', count);
+  if (options === undefined) throw new TypeError('Expected options to be an object with lr and step but received undefined');
+  options = refOptions<ReferenceAdamWOptions>(options, 'options',
+    ['precision', 'lr', 'beta1', 'beta2', 'eps', 'weightDecay', 'step', 'gradScale', 'clip', 'dtype']) as ReferenceAdamWOptions;
+  checkNumber(options.lr, 'options.lr');
+  checkNumber(options.step, 'options.step', { integer: true, min: 1 });
+  for (const k of ['beta1', 'beta2', 'eps', 'weightDecay', 'gradScale'] as const) {
+    if (options[k] !== undefined) checkNumber(options[k], `options.${k}`);
+  }
+  if (options.clip !== undefined) {
+    const c = refOptions<{ norm: number; maxNorm: number }>(options.clip, 'options.clip', ['norm', 'maxNorm'], []);
+    checkNumber(c.norm, 'options.clip.norm');
+    checkNumber(c.maxNorm, 'options.clip.maxNorm');
+  }
   const precision = options.precision ?? 'float64';
   const a = arith(precision === 'float64' ? 'float64' : 'float32');
   const toParam = precision === 'float64' ? identity : dtypeRounder(options.dtype ?? 'float32');
@@ -310,6 +363,9 @@ export function referenceAdamW(
 
 /** `sqrt(Σ x²)` over every element of every array (float32 sums in order for a dtype precision). */
 export function referenceGradNorm(arrays: readonly TrainReferenceInput[], options: TrainPrecisionOption = {}): number {
+  if (!Array.isArray(arrays)) throw new TypeError(`Expected arrays to be an Array of arrays of values but received ${typeof arrays}`);
+  arrays.forEach((a, i) => refValues(a, `arrays[${i}]`));
+  options = refOptions<TrainPrecisionOption>(options, 'options', ['precision']);
   const { r } = arith(options.precision === 'float64' || options.precision === undefined ? 'float64' : 'float32');
   let s = 0;
   for (const x of arrays) for (let i = 0; i < x.length; i++) s = r(s + r(x[i] * x[i]));
@@ -318,6 +374,8 @@ export function referenceGradNorm(arrays: readonly TrainReferenceInput[], option
 
 /** `Σ x` (float32 sum in order for a dtype precision). */
 export function referenceSum(x: TrainReferenceInput, options: TrainPrecisionOption = {}): number {
+  refValues(x, 'x');
+  options = refOptions<TrainPrecisionOption>(options, 'options', ['precision']);
   const { r } = arith(options.precision === 'float64' || options.precision === undefined ? 'float64' : 'float32');
   let s = 0;
   for (let i = 0; i < x.length; i++) s = r(s + x[i]);
@@ -334,6 +392,11 @@ export interface ReferenceColumnSumOptions extends TrainPrecisionOption {
 export function referenceColumnSum(
   x: TrainReferenceInput, rows: number, cols: number, options: ReferenceColumnSumOptions = {},
 ): Float64Array {
+  refSize(rows, 'rows');
+  refSize(cols, 'cols');
+  refValues(x, 'x', rows * cols);
+  options = refOptions<ReferenceColumnSumOptions>(options, 'options', ['precision', 'out']);
+  if (options.out !== undefined) refValues(options.out, 'options.out', cols);
   const { r } = arith(options.precision === 'float64' || options.precision === undefined ? 'float64' : 'float32');
   const out = new Float64Array(cols);
   for (let c = 0; c < cols; c++) {
