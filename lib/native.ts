@@ -143,16 +143,10 @@ export interface NativeBinding {
 /** A tensor argument of the ops: its storage and the element offset of its first element. */
 export type NativeView = [NativeBuffer, number];
 
-/** Numeric codes shared with csrc/common/dtype.h and csrc/runtime/runtime.h. */
-export const DTYPE_CODE = { float32: 0, float16: 1, bfloat16: 2, int32: 3 } as const;
-export const DEVICE_CODE = { cpu: 0, cuda: 1 } as const;
-export const KERNEL_CODE = { auto: 0, flash: 1, naive: 2 } as const;
-/** `Fp32Precision` of csrc/common/attention_params.h. */
-export const FLOAT32_PRECISION_CODE = { tf32: 0, highest: 1 } as const;
-/** `Reduction` of csrc/common/op_params.h (cross-entropy). */
-export const REDUCTION_CODE = { none: 0, sum: 1, mean: 2 } as const;
-/** The backward's algorithm (csrc/napi/attention_ops.cc BwdAlgorithm). */
-export const BACKWARD_ALGORITHM_CODE = { auto: 0, 'single-kernel': 1, 'two-kernel': 2 } as const;
+/** Numeric codes shared with the C++ enums, generated from csrc/enums.json (scripts/gen-enums.js). */
+export {
+  DTYPE_CODE, DEVICE_CODE, KERNEL_CODE, FLOAT32_PRECISION_CODE, REDUCTION_CODE, BACKWARD_ALGORITHM_CODE,
+} from './enum-codes';
 
 /** Thrown by every native call when the addon could not be loaded; the message says what to do. */
 export class NativeLoadError extends Error {

@@ -3,7 +3,8 @@
  * fallback and prebuildify) and CMakeLists.txt (cmake-js: the developer build) both take the list
  * from csrc/sources.json through scripts/build-config.js. These tests catch drift: a source file
  * that is on disk but not listed, a list entry that does not exist, a build file that names
- * sources itself, and a generated build that compiles something else than the list.
+ * sources itself, and a generated build that compiles something else than the list. Likewise the
+ * numeric codes shared by lib/ and csrc/ come from one file (csrc/enums.json).
  */
 import { execFileSync, spawnSync } from 'child_process';
 import * as fs from 'fs';
@@ -47,6 +48,30 @@ describe('the source list (csrc/sources.json)', () => {
   test('build-config.js prints it for gyp, per group', () => {
     expect(config.main(['sources', 'cpp']).split(' ')).toEqual(sources.cpp);
     expect(() => config.main(['sources', 'nope'])).toThrow('expected cpp, cuda_host or cuda but received "nope"');
+  });
+});
+
+describe('the numeric codes of the JS <-> C++ contract (csrc/enums.json)', () => {
+  test('csrc/common/enum_codes.h and lib/enum-codes.ts are what scripts/gen-enums.js writes from it', () => {
+    const run = spawnSync(process.execPath, [path.join(root, 'scripts', 'gen-enums.js'), '--check'], { encoding: 'utf8' });
+    expect({ status: run.status, stderr: run.stderr }).toEqual({ status: 0, stderr: '' });
+  });
+
+  test('the check names a file that drifted', () => {
+    const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'fa-enums-'));
+    try {
+      for (const rel of ['scripts/gen-enums.js', 'csrc/enums.json', 'csrc/common/enum_codes.h', 'lib/enum-codes.ts']) {
+        fs.mkdirSync(path.dirname(path.join(dir, rel)), { recursive: true });
+        fs.copyFileSync(path.join(root, rel), path.join(dir, rel));
+      }
+      const ts = path.join(dir, 'lib', 'enum-codes.ts');
+      fs.writeFileSync(ts, fs.readFileSync(ts, 'utf8').replace('cuda: 1', 'cuda: 2'));
+      const run = spawnSync(process.execPath, [path.join(dir, 'scripts', 'gen-enums.js'), '--check'], { encoding: 'utf8' });
+      expect(run.status).toBe(1);
+      expect(run.stderr).toContain('lib/enum-codes.ts differs from csrc/enums.json');
+    } finally {
+      fs.rmSync(dir, { recursive: true, force: true });
+    }
   });
 });
 

@@ -28,14 +28,14 @@ inline constexpr float kLn2 = 0.6931471805599453f;
 // How the CUDA FlashAttention-2 forward runs float32 inputs on the tensor cores. Read only for
 // dtype float32 by that kernel (csrc/cuda/flash/flash_fwd_fp32.cu); the CPU backend and the naive
 // CUDA kernel always compute in full fp32 FMA. The numbers are part of the JS contract
-// (lib/native.ts FLOAT32_PRECISION_CODE).
+// (csrc/enums.json).
 enum class Fp32Precision : int32_t {
   // q, k, v and P rounded to TF32 (10-bit mantissa, round to nearest, ties away) before the two
   // matrix products, fp32 accumulation: each product is off by up to ~2^-10 relative.
-  kTf32 = 0,
+  kTf32 = codes::kFp32PrecisionTf32,
   // 3xTF32: each operand x = big + small (big = tf32(x), small = tf32(x - big)), products as
   // big*big + big*small + small*big, fp32 accumulation: ~3 * 2^-22 per product, fp32-level results.
-  kHighest = 1,
+  kHighest = codes::kFp32PrecisionHighest,
 };
 
 struct AttentionFwdParams {

@@ -1,16 +1,18 @@
-// Element types shared by every layer. The numeric values are part of the JS <-> C++ contract
-// (lib/native.ts mirrors them); do not renumber.
+// Element types shared by every layer. The numeric values are part of the JS <-> C++ contract:
+// they come from csrc/enums.json (enum_codes.h, generated; lib/enum-codes.ts holds the same).
 #pragma once
 #include <cstddef>
 #include <cstdint>
 
+#include "common/enum_codes.h"
+
 namespace fa {
 
 enum class DType : int32_t {
-  kFloat32 = 0,
-  kFloat16 = 1,
-  kBFloat16 = 2,
-  kInt32 = 3,  // token ids and class targets; no arithmetic op takes it as a floating operand
+  kFloat32 = codes::kDTypeFloat32,
+  kFloat16 = codes::kDTypeFloat16,
+  kBFloat16 = codes::kDTypeBfloat16,
+  kInt32 = codes::kDTypeInt32,  // token ids and class targets; no arithmetic op takes it as a floating operand
 };
 
 inline constexpr size_t dtype_size(DType t) { return t == DType::kFloat32 || t == DType::kInt32 ? 4 : 2; }

@@ -139,7 +139,11 @@ struct AddParams {
 // With dlogits: dlogits[r, j] = grad_scale * w * (softmax_j - [j == t]), w = 1 / count for kMean
 // and 1 otherwise (the gradient of the reduced loss for an upstream gradient of grad_scale).
 // kMean needs the count before the gradient: backends compute it on the device.
-enum class Reduction : int32_t { kNone = 0, kSum = 1, kMean = 2 };  // lib/native.ts mirrors these
+enum class Reduction : int32_t {  // csrc/enums.json
+  kNone = codes::kReductionNone,
+  kSum = codes::kReductionSum,
+  kMean = codes::kReductionMean,
+};
 struct CrossEntropyParams {
   int64_t rows = 0;
   int64_t vocab = 0;

@@ -22,18 +22,18 @@ namespace fa::napi {
 
 namespace {
 
-// Which implementation runs. The numbers are part of the JS contract (lib/native.ts).
+// Which implementation runs. The numbers are part of the JS contract (csrc/enums.json).
 enum class Kernel : int32_t {
-  kAuto = 0,   // the fastest available on the device
-  kFlash = 1,  // FlashAttention-2 (CPU: csrc/cpu; CUDA: csrc/cuda/flash)
-  kNaive = 2,  // CUDA only: fp32 reference that materialises S (csrc/cuda/naive_attention.cu)
+  kAuto = codes::kKernelAuto,    // the fastest available on the device
+  kFlash = codes::kKernelFlash,  // FlashAttention-2 (CPU: csrc/cpu; CUDA: csrc/cuda/flash)
+  kNaive = codes::kKernelNaive,  // CUDA only: fp32 reference that materialises S (csrc/cuda/naive_attention.cu)
 };
 
-// How the CUDA FA2 backward computes dq. The numbers are part of the JS contract (lib/native.ts).
+// How the CUDA FA2 backward computes dq. The numbers are part of the JS contract (csrc/enums.json).
 enum class BwdAlgorithm : int32_t {
-  kAuto = 0,          // the single kernel, for now (bench/RESULTS.md, session 3: two kernels measured 0.97x its time)
-  kSingleKernel = 1,  // dK, dV and dQ in one kernel, dQ through atomic (or ordered) adds
-  kTwoKernel = 2,     // a dK/dV kernel, then a dQ kernel (Hopper, head dims 32 / 64 / 128)
+  kAuto = codes::kBwdAlgorithmAuto,                  // the planner's choice (attention_ops.cc below)
+  kSingleKernel = codes::kBwdAlgorithmSingleKernel,  // dK, dV and dQ in one kernel, dQ through atomic (or ordered) adds
+  kTwoKernel = codes::kBwdAlgorithmTwoKernel,        // a dK/dV kernel, then a dQ kernel (Hopper, head dims 32 / 64 / 128)
 };
 
 constexpr int64_t kMaxDim = std::numeric_limits<int32_t>::max();

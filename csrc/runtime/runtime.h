@@ -24,7 +24,7 @@ namespace cpu {
 class ThreadPool;
 }
 
-enum class Device : int32_t { kCpu = 0, kCuda = 1 };
+enum class Device : int32_t { kCpu = codes::kDeviceCpu, kCuda = codes::kDeviceCuda };  // csrc/enums.json
 inline constexpr int kNumDevices = 2;
 inline const char* device_name(Device d) {
   return d == Device::kCpu ? "cpu" : "cuda";

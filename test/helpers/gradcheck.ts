@@ -15,7 +15,7 @@ const DIRECTION_NORM = 4;
  * projection near zero (a random direction alone gave |derivative| < 1e-3 on about 1 seed in 40 for
  * the small GPT), while a wrong gradient still differs from the numeric derivative along it.
  */
-const GRADIENT_SHARE = 2;
+const GRADIENT_SHARE = 0.5;
 
 /** Fraction of the summed |terms| below which a derivative counts as cancelled (see GradCheckResult). */
 const CANCELLATION_FLOOR = 0.1;
