@@ -7,4 +7,4 @@ set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/native-check-build.sh"
 native_check_main "$NATIVE_CHECK_ROOT/build/gemm-check" gemm_check \
   test/native/gemm_check.cu csrc/cuda/gemm/gemm.cu csrc/cuda/gemm/gemm_sm80.cu csrc/cuda/gemm/gemm_sm80_fp32.cu \
-  csrc/cuda/gemm/gemm_sm90.cu -- "$@"
+  csrc/cuda/gemm/gemm_sm90.cu csrc/cuda/copy.cu -- "$@"

@@ -15,6 +15,8 @@
 #include <algorithm>
 #include <cstdint>
 
+#include "common/copy_params.h"
+#include "cuda/copy.h"
 #include "cuda/cuda_utils.cuh"
 #include "cuda/flash/launch_checks.h"
 #include "cuda/gemm/gemm.h"
@@ -189,30 +191,21 @@ __global__ void splitk_reduce_kernel(const GemmParams p, const float* __restrict
 constexpr int kReduceThreads = 256;
 constexpr int64_t kReduceMaxBlocks = 65536;
 
-// dst[o * dst_ld + i] = src[o * src_ld + i] for the operand's rows; the padding of dst's rows is
-// left unwritten (the kernels' bounds stop at `inner`).
-template <typename Word>
-__global__ void pack_operand_kernel(const Word* __restrict src, int64_t src_ld, Word* __restrict dst, int64_t dst_ld,
-                                    int64_t inner, int64_t outer) {
-  const int64_t total = inner * outer;
-  for (int64_t idx = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; idx < total;
-       idx += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const int64_t o = idx / inner, i = idx % inner;
-    dst[o * dst_ld + i] = src[o * src_ld + i];
-  }
-}
-
-cudaError_t pack_operand(const void* src, int64_t src_ld, OperandShape shape, size_t elem_bytes, void* dst,
-                         int64_t dst_ld, cudaStream_t stream) {
-  const int64_t total = shape.inner * shape.outer;
-  const unsigned blocks = static_cast<unsigned>(std::min<int64_t>(ceil_div<int64_t>(total, kReduceThreads), kReduceMaxBlocks));
-  if (elem_bytes == 4)
-    pack_operand_kernel<uint32_t><<<blocks, kReduceThreads, 0, stream>>>(
-        static_cast<const uint32_t*>(src), src_ld, static_cast<uint32_t*>(dst), dst_ld, shape.inner, shape.outer);
-  else
-    pack_operand_kernel<uint16_t><<<blocks, kReduceThreads, 0, stream>>>(
-        static_cast<const uint16_t*>(src), src_ld, static_cast<uint16_t*>(dst), dst_ld, shape.inner, shape.outer);
-  return cudaGetLastError();
+// dst[o * dst_ld + i] = src[o * src_ld + i] for the operand's rows, by the strided copy engine
+// (cuda/copy.h); the padding of dst's rows is left unwritten (the kernels' bounds stop at `inner`).
+cudaError_t pack_operand(const void* src, int64_t src_ld, OperandShape shape, DType dtype, void* dst, int64_t dst_ld,
+                         cudaStream_t stream) {
+  CopyParams c;
+  c.rank = 2;
+  c.sizes[0] = shape.outer, c.sizes[1] = shape.inner;
+  c.src_strides[0] = src_ld, c.src_strides[1] = 1;
+  c.dst_strides[0] = dst_ld, c.dst_strides[1] = 1;
+  c.numel = shape.outer * shape.inner;
+  c.src_dtype = c.dst_dtype = dtype;
+  c.src = src;
+  c.dst = dst;
+  coalesce_copy_dims(c);
+  return fa::cuda::copy(c, stream);
 }
 
 }  // namespace
@@ -233,12 +226,12 @@ cudaError_t run_plan(const GemmParams& call, const GemmPlan& plan, void* workspa
   GemmParams p = call;
   if (plan.packed_lda > 0) {
     void* dst = ws + plan.a_pack_offset;
-    FA_CUDA_TRY(pack_operand(p.a, p.lda, a_shape(p), dtype_size(p.ab_dtype), dst, plan.packed_lda, stream));
+    FA_CUDA_TRY(pack_operand(p.a, p.lda, a_shape(p), p.ab_dtype, dst, plan.packed_lda, stream));
     p.a = dst, p.lda = plan.packed_lda;
   }
   if (plan.packed_ldb > 0) {
     void* dst = ws + plan.b_pack_offset;
-    FA_CUDA_TRY(pack_operand(p.b, p.ldb, b_shape(p), dtype_size(p.ab_dtype), dst, plan.packed_ldb, stream));
+    FA_CUDA_TRY(pack_operand(p.b, p.ldb, b_shape(p), p.ab_dtype, dst, plan.packed_ldb, stream));
     p.b = dst, p.ldb = plan.packed_ldb;
   }
   float* partial = plan.splits > 1 ? reinterpret_cast<float*>(ws + plan.partial_offset) : nullptr;

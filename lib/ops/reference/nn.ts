@@ -110,10 +110,6 @@ function arithOf(precision: NnPrecision | undefined): Arith {
   return { f: fround, rd: dtypeRounder(precision) };
 }
 
-function checkLength(name: string, a: NnInput, n: number): void {
-  refValues(a, name, n);
-}
-
 /** Checks an options object of these references: its keys, precision, and the numbers it holds. */
 function nnOptions<T extends NnReferenceOptions>(options: unknown, keys: readonly (keyof T & string)[]): Partial<T> {
   const o = refOptions<T>(options, 'options', keys) as Record<string, unknown>;
@@ -153,9 +149,9 @@ function normForward(
   options: NormReferenceOptions | undefined,
 ): NormReferenceResult {
   const { rows, cols } = refDims(dims, 'dims', ['rows', 'cols']);
-  checkLength('x', x, rows * cols);
-  checkLength('weight', weight, cols);
-  if (bias !== null) checkLength('bias', bias, cols);
+  refValues(x, 'x', rows * cols);
+  refValues(weight, 'weight', cols);
+  if (bias !== null) refValues(bias, 'bias', cols);
   options = nnOptions<NormReferenceOptions>(options, ['precision', 'eps']);
   const a = arithOf(options?.precision);
   const { f, rd } = a;
@@ -181,9 +177,9 @@ function normBackward(
   options: NormReferenceOptions | undefined,
 ): NormBackwardReferenceResult {
   const { rows, cols } = refDims(dims, 'dims', ['rows', 'cols']);
-  checkLength('dout', dout, rows * cols);
-  checkLength('x', x, rows * cols);
-  checkLength('weight', weight, cols);
+  refValues(dout, 'dout', rows * cols);
+  refValues(x, 'x', rows * cols);
+  refValues(weight, 'weight', cols);
   options = nnOptions<NormReferenceOptions>(options, ['precision', 'eps']);
   const a = arithOf(options?.precision);
   const { f, rd } = a;
@@ -294,7 +290,7 @@ export function referenceLayerNormBackward(
 export function referenceRope(x: NnInput, dims: RopeDims, options?: RopeReferenceOptions): Float64Array {
   const { batch, seqlen, heads, headDim } = refDims(dims, 'dims', ['batch', 'seqlen', 'heads', 'headDim']);
   if (headDim % 2 !== 0) throw new RangeError(`Expected headDim to be even but received ${headDim}`);
-  checkLength('x', x, batch * seqlen * heads * headDim);
+  refValues(x, 'x', batch * seqlen * heads * headDim);
   options = nnOptions<RopeReferenceOptions>(options, ['precision', 'base', 'positionOffset', 'inverse']);
   const { f, rd } = arithOf(options?.precision);
   const base = options?.base ?? 10000;
@@ -364,7 +360,7 @@ export function referenceGelu(x: NnInput, options?: NnReferenceOptions): Float64
  * @throws RangeError when the lengths differ.
  */
 export function referenceGeluBackward(dout: NnInput, x: NnInput, options?: NnReferenceOptions): Float64Array {
-  checkLength('dout', dout, refLength(x, 'x'));
+  refValues(dout, 'dout', refLength(x, 'x'));
   options = nnOptions<NnReferenceOptions>(options, ['precision']);
   const { f, rd } = arithOf(options?.precision);
   const k = f(SQRT_2_OVER_PI);
@@ -396,7 +392,7 @@ function sigmoidOf(a: number, f: (x: number) => number): number {
  */
 export function referenceSwiglu(x: NnInput, dims: RowsCols, options?: NnReferenceOptions): Float64Array {
   const { rows, cols } = refDims(dims, 'dims', ['rows', 'cols']);
-  checkLength('x', x, rows * 2 * cols);
+  refValues(x, 'x', rows * 2 * cols);
   options = nnOptions<NnReferenceOptions>(options, ['precision']);
   const { f, rd } = arithOf(options?.precision);
   const out = new Float64Array(rows * cols);
@@ -424,8 +420,8 @@ export function referenceSwigluBackward(
   dout: NnInput, x: NnInput, dims: RowsCols, options?: NnReferenceOptions,
 ): Float64Array {
   const { rows, cols } = refDims(dims, 'dims', ['rows', 'cols']);
-  checkLength('x', x, rows * 2 * cols);
-  checkLength('dout', dout, rows * cols);
+  refValues(x, 'x', rows * 2 * cols);
+  refValues(dout, 'dout', rows * cols);
   options = nnOptions<NnReferenceOptions>(options, ['precision']);
   const { f, rd } = arithOf(options?.precision);
   const dx = new Float64Array(rows * 2 * cols);
@@ -454,7 +450,7 @@ export function referenceSwigluBackward(
  * @throws RangeError when the lengths differ.
  */
 export function referenceAdd(a: NnInput, b: NnInput, options?: AddReferenceOptions): Float64Array {
-  checkLength('b', b, refLength(a, 'a'));
+  refValues(b, 'b', refLength(a, 'a'));
   options = nnOptions<AddReferenceOptions>(options, ['precision', 'alpha']);
   const { f, rd } = arithOf(options?.precision);
   const alpha = f(options?.alpha ?? 1);

@@ -15,7 +15,8 @@
  */
 import { DType, dtypeRounder } from '../../half';
 import { roundToTf32 } from '../../reference';
-import { checkNumber } from '../common';
+import { describeValue, typeError } from '../../errors';
+import { checkChoice, checkNumber } from '../common';
 import { refFlag, refLength, refOptions, refPrecisions, refSize, refValues } from './check';
 
 /** Any flat array of numbers. */
@@ -221,9 +222,7 @@ export function referenceCrossEntropy(
   refValues(targets, 'targets', rows, true);
   options = refOptions<ReferenceCrossEntropyOptions>(options, 'options', ['precision', 'ignoreIndex', 'reduction', 'gradScale', 'dtype']);
   if (options.ignoreIndex !== undefined) checkNumber(options.ignoreIndex, 'options.ignoreIndex', { integer: true });
-  if (options.reduction !== undefined && !['mean', 'sum', 'none'].includes(options.reduction)) {
-    throw new TypeError(`Expected options.reduction to be 'mean', 'sum' or 'none' but received ${String(options.reduction)}`);
-  }
+  if (options.reduction !== undefined) checkChoice(options.reduction, 'options.reduction', ['mean', 'sum', 'none'] as const);
   if (options.gradScale !== undefined) checkNumber(options.gradScale, 'options.gradScale');
   const a = arith(options.precision, options.dtype);
   const ignore = options.ignoreIndex ?? -100;
@@ -310,11 +309,11 @@ export function referenceAdamW(
   state: ReferenceAdamWState, options: ReferenceAdamWOptions,
 ): { param: Float64Array; master: Float64Array; m: Float64Array; v: Float64Array } {
   const st = refOptions<ReferenceAdamWState>(state, 'state', ['param', 'grad', 'm', 'v', 'master'], []);
-  if (state === undefined) throw new TypeError('Expected state to be an object with param, grad, m and v but received undefined');
+  if (state === undefined) throw typeError('state to be an object with param, grad, m and v', 'undefined');
   const count = refLength(st.param, 'state.param');
   for (const k of ['grad', 'm', 'v'] as const) refValues(st[k], `state.${k}`, count);
   if (st.master !== undefined) refValues(st.master, 'state.master', count);
-  if (options === undefined) throw new TypeError('Expected options to be an object with lr and step but received undefined');
+  if (options === undefined) throw typeError('options to be an object with lr and step', 'undefined');
   options = refOptions<ReferenceAdamWOptions>(options, 'options',
     ['precision', 'lr', 'beta1', 'beta2', 'eps', 'weightDecay', 'step', 'gradScale', 'clip', 'dtype']) as ReferenceAdamWOptions;
   checkNumber(options.lr, 'options.lr');
@@ -363,7 +362,7 @@ export function referenceAdamW(
 
 /** `sqrt(Σ x²)` over every element of every array (float32 sums in order for a dtype precision). */
 export function referenceGradNorm(arrays: readonly TrainReferenceInput[], options: TrainPrecisionOption = {}): number {
-  if (!Array.isArray(arrays)) throw new TypeError(`Expected arrays to be an Array of arrays of values but received ${typeof arrays}`);
+  if (!Array.isArray(arrays)) throw typeError('arrays to be an Array of arrays of values', describeValue(arrays));
   arrays.forEach((a, i) => refValues(a, `arrays[${i}]`));
   options = refOptions<TrainPrecisionOption>(options, 'options', ['precision']);
   const { r } = arith(options.precision === 'float64' || options.precision === undefined ? 'float64' : 'float32');
