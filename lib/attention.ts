@@ -305,8 +305,10 @@ function checkLse(lse: unknown, p: Problem): Tensor {
 
 function forwardNative(q: NativeView, k: NativeView, v: NativeView, p: Problem): AttentionOutput {
   const { args, strides } = nativeArgs([q, k, v]);
-  const [outBuf, lseBuf, kernel] = binding().attentionForward(args[0], args[1], args[2], p.dims, p.causal, p.scale,
-    KERNEL_CODE[p.kernel], FLOAT32_PRECISION_CODE[p.float32Precision], strides);
+  const [outBuf, lseBuf, kernel] = binding().attentionForward({
+    q: args[0], k: args[1], v: args[2], dims: p.dims, causal: p.causal, softmaxScale: p.scale,
+    kernel: KERNEL_CODE[p.kernel], float32Precision: FLOAT32_PRECISION_CODE[p.float32Precision], strides,
+  });
   const [batch, seqlenQ, , headsQ, , headDim] = p.dims;
   return {
     out: wrapNative(outBuf, [batch, seqlenQ, headsQ, headDim], p.dtype, p.device),
@@ -410,11 +412,14 @@ function backwardNative(
   const { args, strides } = nativeArgs([dout, q, k, v, out]);
   const given = targets.some((t) => t !== null);
   const grads = given ? targets.map((t, i) => (t === null ? null : nativeView(t, TARGET_KEYS[i]))) : [];
-  const [dq, dk, dv, kernel, algorithm] = binding().attentionBackward(args[0], args[1], args[2], args[3], args[4],
-    lse, p.dims, p.causal, p.scale, KERNEL_CODE[p.kernel], p.deterministic,
-    BACKWARD_ALGORITHM_CODE[p.algorithm], FLOAT32_PRECISION_CODE[p.float32Precision], strides,
-    given ? grads.map((g) => (g === null ? null : [g.buf, g.offset])) : undefined,
-    given ? grads.flatMap((g) => (g === null ? [0, 0, 0] : g.strides)) : undefined);
+  const [dq, dk, dv, kernel, algorithm] = binding().attentionBackward({
+    dout: args[0], q: args[1], k: args[2], v: args[3], out: args[4], lse, dims: p.dims, causal: p.causal,
+    softmaxScale: p.scale, kernel: KERNEL_CODE[p.kernel], deterministic: p.deterministic,
+    algorithm: BACKWARD_ALGORITHM_CODE[p.algorithm], float32Precision: FLOAT32_PRECISION_CODE[p.float32Precision],
+    strides,
+    grads: given ? grads.map((g) => (g === null ? null : [g.buf, g.offset])) : undefined,
+    gradStrides: given ? grads.flatMap((g) => (g === null ? [0, 0, 0] : g.strides)) : undefined,
+  });
   const [batch, seqlenQ, seqlenK, headsQ, headsKV, headDim] = p.dims;
   const wrap = (buf: NativeBuffer | null, i: number, shape: number[]): Tensor =>
     buf === null ? (targets[i] as Tensor) : wrapNative(buf, shape, p.dtype, p.device);

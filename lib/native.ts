@@ -81,20 +81,20 @@ export interface NativeBinding {
   cudaDeviceCount(): { count: number; reason: string | null };
   timerStart(device: number): NativeTimer;
   timerStop(timer: NativeTimer): Promise<number>;
-  /** `strides`: the [batch, row, head] strides of q, k, v (9), or undefined for contiguous ones. */
-  attentionForward(
-    q: NativeTensorArg, k: NativeTensorArg, v: NativeTensorArg, dims: number[], causal: boolean, softmaxScale: number,
-    kernel: number, float32Precision: number, strides?: number[],
-  ): [NativeBuffer, NativeBuffer, 'flash' | 'naive'];
   /**
-   * `strides`: those of dout, q, k, v, out (15) or undefined; `grads`: [dq, dk, dv] to write into (null:
-   * a new tensor, returned) and `gradStrides` their strides (9); a given gradient comes back as null.
+   * The attention forward (csrc/napi/attention_ops.cc): one plain object of named arguments, read once
+   * and checked before anything is allocated (a TypeError for an unknown key, a missing required key or
+   * a value of the wrong type; a refused call changes nothing). Returns `[out, lse, kernel]`: new
+   * contiguous tensors and the implementation that ran.
+   */
+  attentionForward(args: NativeAttentionForwardArgs): [NativeBuffer, NativeBuffer, 'flash' | 'naive'];
+  /**
+   * The attention backward (csrc/napi/attention_ops.cc), checked like {@link attentionForward}.
+   * Returns `[dq, dk, dv, kernel, algorithm]`: a gradient written into a view of `grads` comes back as
+   * null, the others as new contiguous tensors; kernel and algorithm are those that ran.
    */
   attentionBackward(
-    dout: NativeTensorArg, q: NativeTensorArg, k: NativeTensorArg, v: NativeTensorArg, out: NativeTensorArg,
-    lse: NativeTensorArg, dims: number[], causal: boolean, softmaxScale: number, kernel: number, deterministic: boolean,
-    algorithm: number, float32Precision: number, strides?: number[], grads?: (NativeTensorArg | null)[],
-    gradStrides?: number[],
+    args: NativeAttentionBackwardArgs,
   ): [NativeBuffer | null, NativeBuffer | null, NativeBuffer | null, 'flash' | 'naive', 'single-kernel' | 'two-kernel'];
   // Training ops (csrc/napi/train_ops.cc); tensors are [buffer, element offset] pairs.
   embeddingForward(ids: NativeView, table: NativeView, rows: number, vocab: number, dim: number): NativeBuffer;
@@ -138,6 +138,76 @@ export interface NativeBinding {
   swigluForward(x: NativeTensorArg, rows: number, cols: number): NativeBuffer;
   swigluBackward(dout: NativeTensorArg, x: NativeTensorArg, rows: number, cols: number): NativeBuffer;
   add(a: NativeTensorArg, b: NativeTensorArg, numel: number, alpha: number, inPlace: boolean): NativeBuffer | undefined;
+}
+
+/**
+ * The options object of {@link NativeBinding.attentionForward}. Every key but `strides` is required;
+ * any other key is refused.
+ */
+export interface NativeAttentionForwardArgs {
+  /** [batch, seqlenQ, headsQ, headDim]; float32, float16 or bfloat16. */
+  q: NativeTensorArg;
+  /** [batch, seqlenK, headsKV, headDim]; q's dtype and device. */
+  k: NativeTensorArg;
+  /** Like k. */
+  v: NativeTensorArg;
+  /** [batch, seqlenQ, seqlenK, headsQ, headsKV, headDim]: integers >= 1, headDim a multiple of 8 up to 256. */
+  dims: number[];
+  /** Whether query row i sees only the keys up to i + seqlenK - seqlenQ. */
+  causal: boolean;
+  /** The factor of q·kᵀ in the softmax: a finite number > 0 that stays finite in float32. */
+  softmaxScale: number;
+  /** Which implementation runs: a {@link KERNEL_CODE} value. */
+  kernel: number;
+  /** The float32 inputs' matmul precision on CUDA: a {@link FLOAT32_PRECISION_CODE} value. */
+  float32Precision: number;
+  /** The [batch, row, head] element strides of q, k and v (9 integers), or undefined for contiguous ones. */
+  strides?: number[];
+}
+
+/**
+ * The options object of {@link NativeBinding.attentionBackward}: the forward's keys plus the
+ * backward's. Every key but `strides`, `grads` and `gradStrides` is required; any other key is refused.
+ */
+export interface NativeAttentionBackwardArgs {
+  /** The gradient of the loss with respect to out: like q. */
+  dout: NativeTensorArg;
+  /** As in {@link NativeAttentionForwardArgs}. */
+  q: NativeTensorArg;
+  /** As in {@link NativeAttentionForwardArgs}. */
+  k: NativeTensorArg;
+  /** As in {@link NativeAttentionForwardArgs}. */
+  v: NativeTensorArg;
+  /** The forward's out: like q. */
+  out: NativeTensorArg;
+  /** The forward's lse: contiguous float32 [batch, headsQ, seqlenQ]. */
+  lse: NativeTensorArg;
+  /** As in {@link NativeAttentionForwardArgs}. */
+  dims: number[];
+  /** As in {@link NativeAttentionForwardArgs}. */
+  causal: boolean;
+  /** As in {@link NativeAttentionForwardArgs}. */
+  softmaxScale: number;
+  /** As in {@link NativeAttentionForwardArgs}. */
+  kernel: number;
+  /** Whether dq is summed in a fixed order (bitwise reproducible). */
+  deterministic: boolean;
+  /** How the CUDA FlashAttention-2 backward computes dq: a {@link BACKWARD_ALGORITHM_CODE} value. */
+  algorithm: number;
+  /** As in {@link NativeAttentionForwardArgs}. */
+  float32Precision: number;
+  /** The [batch, row, head] element strides of dout, q, k, v and out (15 integers), or undefined for contiguous ones. */
+  strides?: number[];
+  /**
+   * [dq, dk, dv]: a tensor to write each gradient into (a view, e.g. of a packed dqkv; no element shared
+   * with another target or an input), or null for a new contiguous tensor. Undefined: three new tensors.
+   */
+  grads?: (NativeTensorArg | null)[];
+  /**
+   * The [batch, row, head] strides of the grads (9 integers, each checked; a null entry's are unused), or
+   * undefined for contiguous ones. Only with grads.
+   */
+  gradStrides?: number[];
 }
 
 /** A tensor argument of the ops: its storage and the element offset of its first element. */

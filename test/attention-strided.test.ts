@@ -13,7 +13,7 @@ import {
   flashAttentionWithGrad,
 } from '../lib/attention';
 import { tidy } from '../lib/scope';
-import { binding, NativeBuffer } from '../lib/native';
+import { binding, NativeAttentionBackwardArgs, NativeAttentionForwardArgs, NativeBuffer } from '../lib/native';
 import { Device, DType, handleOf, Tensor } from '../lib/tensor';
 import { describeEachDevice, liveMemory, synchronizeAll, trackMemory, usePoisonedOutputs } from './helpers/backend';
 import { randn, rngFor, seedHint } from './helpers/random';
@@ -178,27 +178,32 @@ describeEachDevice('strided attention', (device: Device) => {
     const arg = (t: Tensor): [NativeBuffer, number] => [handleOf(t, 't'), t.offset];
     const dims = [1, 9, 9, 2, 2, 8];
     const qs = [...q.strides.slice(0, 3), ...k.strides.slice(0, 3), ...v.strides.slice(0, 3)];
-    expectThrow(() => raw.attentionForward(arg(q), arg(k), arg(v), dims, false, 0.5, 0, 0, qs.slice(0, 8)),
+    const fwdArgs = (strides: number[]): NativeAttentionForwardArgs => ({
+      q: arg(q), k: arg(k), v: arg(v), dims, causal: false, softmaxScale: 0.5, kernel: 0, float32Precision: 0, strides,
+    });
+    expectThrow(() => raw.attentionForward(fwdArgs(qs.slice(0, 8))),
       'Expected strides to be undefined or an Array of 9 [batch, row, head] strides but received an Array of length 8');
-    expectThrow(() => raw.attentionForward(arg(q), arg(k), arg(v), dims, false, 0.5, 0, 0, [...qs.slice(0, 6), 432, 50, 8]),
+    expectThrow(() => raw.attentionForward(fwdArgs([...qs.slice(0, 6), 432, 50, 8])),
       'Expected v to reach 416 elements from offset 32 inside its storage of 432 elements but it does not');
-    expectThrow(() => raw.attentionForward(arg(q), arg(k), arg(v), dims, false, 0.5, 0, 0, [...qs.slice(0, 6), 0, 0, 8]),
+    expectThrow(() => raw.attentionForward(fwdArgs([...qs.slice(0, 6), 0, 0, 8])),
       'Expected v to be a view whose elements are distinct (each stride larger than the span of the dims with ' +
       'smaller strides) but it is not');
-    expectThrow(() => raw.attentionForward(arg(q), arg(k), arg(v), dims, false, 0.5, 0, 0, [...qs.slice(0, 6), -1, 48, 8]),
+    expectThrow(() => raw.attentionForward(fwdArgs([...qs.slice(0, 6), -1, 48, 8])),
       'Expected v strides to be an integer in [0, 9007199254740991] but received -1 of type number');
-    const bwdArgs = (grads: unknown, gradStrides: unknown): unknown[] => [arg(dout), arg(q), arg(k), arg(v), arg(out),
-      arg(lse), dims, false, 0.5, 0, false, 0, 0, undefined, grads, gradStrides];
-    const callBwd = (...a: unknown[]): unknown => (raw.attentionBackward as (...x: unknown[]) => unknown)(...a);
-    expectThrow(() => callBwd(...bwdArgs([arg(o1)], undefined)),
+    const bwdArgs = (grads: NativeAttentionBackwardArgs['grads'], gradStrides?: number[]): NativeAttentionBackwardArgs => ({
+      dout: arg(dout), q: arg(q), k: arg(k), v: arg(v), out: arg(out), lse: arg(lse), dims, causal: false,
+      softmaxScale: 0.5, kernel: 0, deterministic: false, algorithm: 0, float32Precision: 0,
+      grads, gradStrides,
+    });
+    expectThrow(() => raw.attentionBackward(bwdArgs([arg(o1)], undefined)),
       'Expected grads to be undefined or an Array of 3 [dq, dk, dv] (each a tensor or null) but received an Array of length 1');
-    expectThrow(() => callBwd(...bwdArgs([arg(o1), null, null], [1, 2])),
+    expectThrow(() => raw.attentionBackward(bwdArgs([arg(o1), null, null], [1, 2])),
       'Expected gradStrides to be undefined or an Array of 9 [batch, row, head] strides but received an Array of length 2');
-    expectThrow(() => callBwd(...bwdArgs([null, arg(o1), arg(o2)], [0, 0, 0, ...o1.strides.slice(0, 3), ...o2.strides.slice(0, 3)])),
+    expectThrow(() => raw.attentionBackward(bwdArgs([null, arg(o1), arg(o2)], [0, 0, 0, ...o1.strides.slice(0, 3), ...o2.strides.slice(0, 3)])),
       'Expected dv not to share elements with dk but it does');
-    expectThrow(() => callBwd(...bwdArgs([arg(qOverlap), null, null], [...qOverlap.strides.slice(0, 3), 0, 0, 0, 0, 0, 0])),
+    expectThrow(() => raw.attentionBackward(bwdArgs([arg(qOverlap), null, null], [...qOverlap.strides.slice(0, 3), 0, 0, 0, 0, 0, 0])),
       'Expected dq not to share elements with q (an input of the backward) but it does');
-    expectThrow(() => callBwd(...bwdArgs([arg(lse), null, null], undefined)),
+    expectThrow(() => raw.attentionBackward(bwdArgs([arg(lse), null, null], undefined)),
       'Expected dq to reach 144 elements from offset 0 inside its storage of 18 elements but it does not');
     for (const t of [qkv, q, k, v, out, lse, dout, other, spare, stepped, o1, o2, qOverlap]) t.dispose();
   });

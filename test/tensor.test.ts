@@ -296,7 +296,9 @@ describeEachDevice('Tensor', (device: Device) => {
         );
         // The raw binding re-checks.
         const [h] = storageOf(ids, 'ids');
-        expect(() => binding().attentionForward(h, h, h, [2, 3, 3, 1, 1, 8], false, 1, 0, 0)).toThrow(
+        expect(() => binding().attentionForward({
+          q: h, k: h, v: h, dims: [2, 3, 3, 1, 1, 8], causal: false, softmaxScale: 1, kernel: 0, float32Precision: 0,
+        })).toThrow(
           'Expected q to have dtype float32, float16 or bfloat16 but received int32',
         );
       } finally {

@@ -508,16 +508,28 @@ describe('raw native binding (lib/native.ts binding())', () => {
   const named = { nq: () => nq, nk: () => nk, nlse: () => nlse, released: () => released, nkb: () => nkb, nlseb: () => nlseb };
   const resolveArg = (x: unknown): unknown => (x instanceof Named ? named[x.name]()
     : Array.isArray(x) && x[0] instanceof Named ? [named[x[0].name](), x[1]] : x);
-  const fwd = (...over: [number, unknown][]): (() => unknown) => () => {
-    const args: unknown[] = [nq, nk, nv, dims(), false, 0.25, 0, 0];
-    for (const [i, x] of over) args[i] = resolveArg(x);
-    return (b.attentionForward as (...a: unknown[]) => unknown)(...args);
+  // The valid options objects of the attention calls; `over` replaces (or, with undefined, blanks) keys.
+  const fwdArgs = (): Record<string, unknown> =>
+    ({ q: nq, k: nk, v: nv, dims: dims(), causal: false, softmaxScale: 0.25, kernel: 0, float32Precision: 0 });
+  const bwdArgs = (): Record<string, unknown> => ({
+    dout: ndout, q: nq, k: nk, v: nv, out: nout, lse: nlse, dims: dims(), causal: false, softmaxScale: 0.25, kernel: 0,
+    deterministic: false, algorithm: 0, float32Precision: 0,
+  });
+  const FWD_KEYS = "'q', 'k', 'v', 'dims', 'causal', 'softmaxScale', 'kernel', 'float32Precision' or 'strides'";
+  const BWD_KEYS = "'dout', 'q', 'k', 'v', 'out', 'lse', 'dims', 'causal', 'softmaxScale', 'kernel', 'deterministic', " +
+    "'algorithm', 'float32Precision', 'strides', 'grads' or 'gradStrides'";
+  const withKeys = (base: Record<string, unknown>, over: Record<string, unknown>): Record<string, unknown> => {
+    const o = { ...base };
+    for (const [key, x] of Object.entries(over)) o[key] = resolveArg(x);
+    return o;
   };
-  const bwd = (...over: [number, unknown][]): (() => unknown) => () => {
-    const args: unknown[] = [ndout, nq, nk, nv, nout, nlse, dims(), false, 0.25, 0, false, 0, 0];
-    for (const [i, x] of over) args[i] = resolveArg(x);
-    return (b.attentionBackward as (...a: unknown[]) => unknown)(...args);
-  };
+  const fwd = (over: Record<string, unknown> = {}): (() => unknown) => () =>
+    (b.attentionForward as (...a: unknown[]) => unknown)(withKeys(fwdArgs(), over));
+  const bwd = (over: Record<string, unknown> = {}): (() => unknown) => () =>
+    (b.attentionBackward as (...a: unknown[]) => unknown)(withKeys(bwdArgs(), over));
+  /** The options object without `keys`. */
+  const without = (base: Record<string, unknown>, ...keys: string[]): Record<string, unknown> =>
+    Object.fromEntries(Object.entries(base).filter(([key]) => !keys.includes(key)));
   const call = (name: keyof typeof b, ...args: unknown[]): (() => unknown) => () =>
     (b[name] as (...a: unknown[]) => unknown)(...args);
 
@@ -532,6 +544,115 @@ describe('raw native binding (lib/native.ts binding())', () => {
     const g = gAll.slice(0, 3) as NativeBuffer[];
     expect(liveMemory().cpu.tensors).toBe(before.cpu.tensors + 5);
     for (const x of [...r, ...g]) x.release();
+    await synchronize('cpu');
+    expect(liveMemory()).toEqual(before);
+  });
+
+  /** `base` with each key an enumerable getter that counts its reads into `reads`. */
+  const counting = (base: Record<string, unknown>, reads: Record<string, number>): Record<string, unknown> => {
+    const o: Record<string, unknown> = {};
+    for (const [key, value] of Object.entries(base)) {
+      reads[key] = 0;
+      Object.defineProperty(o, key, { enumerable: true, get: () => { reads[key]++; return value; } });
+    }
+    return o;
+  };
+  const releaseAll = (r: unknown): void => {
+    for (const x of r as unknown[]) if (x !== null && typeof x === 'object') (x as NativeBuffer).release();
+  };
+
+  test('options objects: each key is read exactly once, getters and Proxies included', async () => {
+    const before = liveMemory();
+    const fwdReads: Record<string, number> = {};
+    releaseAll(b.attentionForward(counting({ ...fwdArgs(), strides: undefined }, fwdReads) as never));
+    expect(fwdReads).toEqual(Object.fromEntries(Object.keys({ ...fwdArgs(), strides: 0 }).map((key) => [key, 1])));
+    const bwdReads: Record<string, number> = {};
+    releaseAll(b.attentionBackward(counting({ ...bwdArgs(), strides: undefined, grads: undefined, gradStrides: undefined }, bwdReads) as never));
+    expect(Object.values(bwdReads)).toEqual(new Array(16).fill(1));
+    // A Proxy: its get trap runs once per key; its keys are listed once.
+    const traps: string[] = [];
+    const proxy = new Proxy(fwdArgs(), {
+      get(target, key, receiver) { traps.push(`get ${String(key)}`); return Reflect.get(target, key, receiver); },
+      ownKeys(target) { traps.push('ownKeys'); return Reflect.ownKeys(target); },
+    });
+    releaseAll(b.attentionForward(proxy as never));
+    expect(traps.sort()).toEqual(['ownKeys', ...Object.keys(fwdArgs()).map((key) => `get ${key}`)].sort());
+    // Inside the values too: a tensor's offset, a stride and a dim are read once each.
+    const elementReads = { offset: 0, stride: 0, dim: 0 };
+    const q: unknown[] = [nq, 0];
+    Object.defineProperty(q, 1, { get: () => { elementReads.offset++; return 0; } });
+    const strides = [1024, 64, 16, 768, 32, 16, 768, 32, 16];  // contiguous q, k, v
+    Object.defineProperty(strides, 0, { get: () => { elementReads.stride++; return 1024; } });
+    const d = dims();
+    Object.defineProperty(d, 5, { get: () => { elementReads.dim++; return 16; } });
+    releaseAll(b.attentionForward({ ...fwdArgs(), q, strides, dims: d } as never));
+    expect(elementReads).toEqual({ offset: 1, stride: 1, dim: 1 });
+    await synchronize('cpu');
+    expect(liveMemory()).toEqual(before);
+  });
+
+  test('options objects: a getter that changes its answer cannot slip a second value past the checks', async () => {
+    const before = liveMemory();
+    // dims: valid on its first read, 2^20 times larger after. The call uses the first answer throughout.
+    let dimsReads = 0;
+    const changing = fwdArgs();
+    Object.defineProperty(changing, 'dims', {
+      enumerable: true,
+      get: () => (dimsReads++ === 0 ? dims() : [2, 16 << 20, 24 << 20, 4, 2, 16]),
+    });
+    const [out, lse, kernel] = b.attentionForward(changing as never);
+    expect([dimsReads, out.bytes, lse.bytes, kernel]).toEqual([1, 2048 * 4, 128 * 4, 'flash']);
+    releaseAll([out, lse]);
+    // The other way round: refused on the first answer, whatever later reads would say.
+    let scaleReads = 0;
+    const refusedFirst = fwdArgs();
+    Object.defineProperty(refusedFirst, 'softmaxScale', { enumerable: true, get: () => (scaleReads++ === 0 ? -1 : 0.25) });
+    expectThrows(() => b.attentionForward(refusedFirst as never), 'RangeError',
+      'Expected softmaxScale to be a finite number > 0 and < 2.3e38 but received -1');
+    expect(scaleReads).toBe(1);
+    // A getter that throws: its error comes through, nothing is allocated.
+    const throwing = bwdArgs();
+    Object.defineProperty(throwing, 'causal', { enumerable: true, get: () => { throw new Error('causal getter'); } });
+    expectThrows(() => b.attentionBackward(throwing as never), 'Error', 'causal getter');
+    await synchronize('cpu');
+    expect(liveMemory()).toEqual(before);
+  });
+
+  test('options objects: a null prototype works; inherited, symbol and non-enumerable keys are not read', async () => {
+    const before = liveMemory();
+    releaseAll(b.attentionForward(Object.assign(Object.create(null) as object, fwdArgs()) as never));
+    // An object with a prototype of its own is refused, whatever keys it has.
+    const inherited = Object.assign(Object.create({ causal: true }) as object, without(fwdArgs(), 'causal'));
+    expectThrows(() => b.attentionForward(inherited as never), 'TypeError', 'Expected options to be a plain object ' +
+      'of named arguments but received an object whose prototype is neither Object.prototype nor null');
+    // An enumerable key on Object.prototype (a polluted prototype) is not an argument: causal stays missing.
+    Object.defineProperty(Object.prototype, 'causal', { value: true, enumerable: true, configurable: true });
+    let polluted: ReturnType<typeof thrownBy>;
+    try {
+      polluted = thrownBy(() => b.attentionForward(without(fwdArgs(), 'causal') as never));
+    } finally {
+      delete (Object.prototype as Record<string, unknown>).causal;
+    }
+    expect(polluted).toEqual({ name: 'TypeError', message: "Expected options to have the required key 'causal' but it is missing" });
+    const hidden = fwdArgs();
+    let hiddenReads = 0;
+    Object.defineProperty(hidden, 'extra', { enumerable: false, get: () => { hiddenReads++; return 1; } });
+    (hidden as Record<symbol, unknown>)[Symbol('tag')] = 'x';
+    releaseAll(b.attentionForward(hidden as never));
+    expect(hiddenReads).toBe(0);
+    await synchronize('cpu');
+    expect(liveMemory()).toEqual(before);
+  });
+
+  test('a refused options object changes nothing: the same call corrected then runs', async () => {
+    const before = liveMemory();
+    for (const fn of [fwd({ casual: true }), fwd({ q: undefined }), bwd({ grads: [null, null] }), bwd({ strides: [0] })]) {
+      expect(thrownBy(fn)).not.toBe('did not throw');
+      expect(liveMemory()).toEqual(before);
+    }
+    const r = bwd({ strides: undefined, grads: [null, null, null], gradStrides: undefined })() as unknown[];
+    expect(r.slice(3)).toEqual(['flash', 'single-kernel']);
+    releaseAll(r.slice(0, 3));
     await synchronize('cpu');
     expect(liveMemory()).toEqual(before);
   });
@@ -568,45 +689,68 @@ describe('raw native binding (lib/native.ts binding())', () => {
     ['resetPeakMemory: -1', call('resetPeakMemory', -1), 'RangeError', 'Expected device to be an integer in [0, 1] but received -1 of type number'],
     ['setPoison: 1', call('setPoison', 1), 'TypeError', 'Expected enabled to be a boolean but received 1 of type number'],
     // attentionForward
-    ['forward: q null', fwd([0, null]), 'TypeError', 'Expected q to be a native buffer but received null'],
-    ['forward: k a Float32Array', fwd([1, new Float32Array(1536)]), 'TypeError', 'Expected k to be a native buffer but received a Float32Array'],
-    ['forward: v released', fwd([2, new Named('released')]), 'TypeError', 'Expected v to be a live tensor but it was disposed'],
-    ['forward: dims of length 5', fwd([3, [2, 16, 24, 4, 2]]), 'TypeError', 'Expected dims to be an Array of 6 [batch, seqlenQ, seqlenK, headsQ, headsKV, headDim] but received an Array of length 5'],
-    ['forward: dims not an Array', fwd([3, '2,16,24,4,2,16']), 'TypeError', 'Expected dims to be an Array of 6 [batch, seqlenQ, seqlenK, headsQ, headsKV, headDim] but received "2,16,24,4,2,16" of type string'],
-    ['forward: head dim 7', fwd([3, [2, 16, 24, 4, 2, 7]]), 'RangeError', 'Expected headDim to be an integer in [8, 256] but received 7 of type number'],
-    ['forward: head dim 12', fwd([3, [2, 16, 24, 4, 2, 12]]), 'RangeError', 'Expected headDim to be a multiple of 8 in [8, 256] but received 12'],
-    ['forward: head dim 264', fwd([3, [2, 16, 24, 4, 2, 264]]), 'RangeError', 'Expected headDim to be an integer in [8, 256] but received 264 of type number'],
-    ['forward: batch 0', fwd([3, [0, 16, 24, 4, 2, 16]]), 'RangeError', 'Expected batch to be an integer in [1, 2147483647] but received 0 of type number'],
-    ['forward: seqlenQ 1.5', fwd([3, [2, 1.5, 24, 4, 2, 16]]), 'RangeError', 'Expected seqlenQ to be an integer in [1, 2147483647] but received 1.5 of type number'],
-    ['forward: seqlenK a string', fwd([3, [2, 16, '24', 4, 2, 16]]), 'TypeError', 'Expected seqlenK to be an integer but received "24" of type string'],
-    ['forward: heads 6 and 4', fwd([3, [2, 16, 24, 6, 4, 16]]), 'RangeError', 'Expected headsQ to be a multiple of headsKV (4) but received 6'],
-    ['forward: q holds fewer elements than dims say', fwd([3, [2, 17, 24, 4, 2, 16]]), 'RangeError', 'Expected q to reach 2176 elements from offset 0 inside its storage of 2048 elements but it does not'],
-    ['forward: k holds fewer elements than dims say', fwd([3, [2, 16, 25, 4, 2, 16]]), 'RangeError', 'Expected k to reach 1600 elements from offset 0 inside its storage of 1536 elements but it does not'],
-    ['forward: dims beyond 2^60 elements', fwd([3, [2147483647, 2147483647, 24, 4, 2, 16]]), 'RangeError', 'Expected q to have fewer than 2^60 elements but received [2147483647, 2147483647, 4, 16]'],
-    ['forward: k bfloat16, q float32', fwd([1, new Named('nkb')]), 'TypeError', 'Expected k to have dtype float32 but received bfloat16'],
-    ['forward: causal 1', fwd([4, 1]), 'TypeError', 'Expected causal to be a boolean but received 1 of type number'],
-    ['forward: softmaxScale NaN', fwd([5, NaN]), 'RangeError', 'Expected softmaxScale to be a finite number > 0 and < 2.3e38 but received NaN'],
-    ['forward: softmaxScale -1', fwd([5, -1]), 'RangeError', 'Expected softmaxScale to be a finite number > 0 and < 2.3e38 but received -1'],
-    ['forward: softmaxScale 1e-50', fwd([5, 1e-50]), 'RangeError', 'Expected softmaxScale to be a finite number > 0 and < 2.3e38 but received 1e-50'],
-    ['forward: softmaxScale a string', fwd([5, '0.25']), 'TypeError', 'Expected softmaxScale to be a number but received "0.25" of type string'],
-    ['forward: kernel 3', fwd([6, 3]), 'RangeError', 'Expected kernel to be an integer in [0, 2] but received 3 of type number'],
-    ['forward: kernel naive on the CPU', fwd([6, 2]), 'RangeError', "Expected kernel to be 'auto' or 'flash' on device 'cpu' but received 'naive' (the naive kernel runs on CUDA; on the CPU the float64 reference is referenceAttention)"],
-    ['forward: float32Precision 2', fwd([7, 2]), 'RangeError', 'Expected float32Precision to be an integer in [0, 1] but received 2 of type number'],
-    ['forward: float32Precision -1', fwd([7, -1]), 'RangeError', 'Expected float32Precision to be an integer in [0, 1] but received -1 of type number'],
-    ['forward: float32Precision a string', fwd([7, 'tf32']), 'TypeError', 'Expected float32Precision to be an integer but received "tf32" of type string'],
-    ['forward: float32Precision missing', fwd([7, undefined]), 'TypeError', 'Expected float32Precision to be an integer but received undefined'],
+    ['forward: q null', fwd({ q: null }), 'TypeError', 'Expected q to be a native buffer but received null'],
+    ['forward: k a Float32Array', fwd({ k: new Float32Array(1536) }), 'TypeError', 'Expected k to be a native buffer but received a Float32Array'],
+    ['forward: v released', fwd({ v: new Named('released') }), 'TypeError', 'Expected v to be a live tensor but it was disposed'],
+    ['forward: dims of length 5', fwd({ dims: [2, 16, 24, 4, 2] }), 'TypeError', 'Expected dims to be an Array of 6 [batch, seqlenQ, seqlenK, headsQ, headsKV, headDim] but received an Array of length 5'],
+    ['forward: dims not an Array', fwd({ dims: '2,16,24,4,2,16' }), 'TypeError', 'Expected dims to be an Array of 6 [batch, seqlenQ, seqlenK, headsQ, headsKV, headDim] but received "2,16,24,4,2,16" of type string'],
+    ['forward: head dim 7', fwd({ dims: [2, 16, 24, 4, 2, 7] }), 'RangeError', 'Expected headDim to be an integer in [8, 256] but received 7 of type number'],
+    ['forward: head dim 12', fwd({ dims: [2, 16, 24, 4, 2, 12] }), 'RangeError', 'Expected headDim to be a multiple of 8 in [8, 256] but received 12'],
+    ['forward: head dim 264', fwd({ dims: [2, 16, 24, 4, 2, 264] }), 'RangeError', 'Expected headDim to be an integer in [8, 256] but received 264 of type number'],
+    ['forward: batch 0', fwd({ dims: [0, 16, 24, 4, 2, 16] }), 'RangeError', 'Expected batch to be an integer in [1, 2147483647] but received 0 of type number'],
+    ['forward: seqlenQ 1.5', fwd({ dims: [2, 1.5, 24, 4, 2, 16] }), 'RangeError', 'Expected seqlenQ to be an integer in [1, 2147483647] but received 1.5 of type number'],
+    ['forward: seqlenK a string', fwd({ dims: [2, 16, '24', 4, 2, 16] }), 'TypeError', 'Expected seqlenK to be an integer but received "24" of type string'],
+    ['forward: heads 6 and 4', fwd({ dims: [2, 16, 24, 6, 4, 16] }), 'RangeError', 'Expected headsQ to be a multiple of headsKV (4) but received 6'],
+    ['forward: q holds fewer elements than dims say', fwd({ dims: [2, 17, 24, 4, 2, 16] }), 'RangeError', 'Expected q to reach 2176 elements from offset 0 inside its storage of 2048 elements but it does not'],
+    ['forward: k holds fewer elements than dims say', fwd({ dims: [2, 16, 25, 4, 2, 16] }), 'RangeError', 'Expected k to reach 1600 elements from offset 0 inside its storage of 1536 elements but it does not'],
+    ['forward: dims beyond 2^60 elements', fwd({ dims: [2147483647, 2147483647, 24, 4, 2, 16] }), 'RangeError', 'Expected q to have fewer than 2^60 elements but received [2147483647, 2147483647, 4, 16]'],
+    ['forward: k bfloat16, q float32', fwd({ k: new Named('nkb') }), 'TypeError', 'Expected k to have dtype float32 but received bfloat16'],
+    ['forward: causal 1', fwd({ causal: 1 }), 'TypeError', 'Expected causal to be a boolean but received 1 of type number'],
+    ['forward: softmaxScale NaN', fwd({ softmaxScale: NaN }), 'RangeError', 'Expected softmaxScale to be a finite number > 0 and < 2.3e38 but received NaN'],
+    ['forward: softmaxScale -1', fwd({ softmaxScale: -1 }), 'RangeError', 'Expected softmaxScale to be a finite number > 0 and < 2.3e38 but received -1'],
+    ['forward: softmaxScale 1e-50', fwd({ softmaxScale: 1e-50 }), 'RangeError', 'Expected softmaxScale to be a finite number > 0 and < 2.3e38 but received 1e-50'],
+    ['forward: softmaxScale a string', fwd({ softmaxScale: '0.25' }), 'TypeError', 'Expected softmaxScale to be a number but received "0.25" of type string'],
+    ['forward: kernel 3', fwd({ kernel: 3 }), 'RangeError', 'Expected kernel to be an integer in [0, 2] but received 3 of type number'],
+    ['forward: kernel naive on the CPU', fwd({ kernel: 2 }), 'RangeError', "Expected kernel to be 'auto' or 'flash' on device 'cpu' but received 'naive' (the naive kernel runs on CUDA; on the CPU the float64 reference is referenceAttention)"],
+    ['forward: float32Precision 2', fwd({ float32Precision: 2 }), 'RangeError', 'Expected float32Precision to be an integer in [0, 1] but received 2 of type number'],
+    ['forward: float32Precision -1', fwd({ float32Precision: -1 }), 'RangeError', 'Expected float32Precision to be an integer in [0, 1] but received -1 of type number'],
+    ['forward: float32Precision a string', fwd({ float32Precision: 'tf32' }), 'TypeError', 'Expected float32Precision to be an integer but received "tf32" of type string'],
+    ['forward: float32Precision undefined', fwd({ float32Precision: undefined }), 'TypeError', "Expected options to have the required key 'float32Precision' but it is missing"],
+    ['forward: q and dims missing', () => b.attentionForward(without(fwdArgs(), 'q', 'dims') as never), 'TypeError', "Expected options to have the required keys 'q' and 'dims' but they are missing"],
+    ['forward: an empty object', call('attentionForward', {}), 'TypeError', "Expected options to have the required keys 'q', 'k', 'v', 'dims', 'causal', 'softmaxScale', 'kernel' and 'float32Precision' but they are missing"],
+    ['forward: an unknown key', fwd({ casual: true }), 'TypeError', `Expected options to have only the keys ${FWD_KEYS} but received unknown key 'casual'`],
+    ['forward: a backward key', fwd({ deterministic: false }), 'TypeError', `Expected options to have only the keys ${FWD_KEYS} but received unknown key 'deterministic'`],
+    ['forward: an unknown numeric key', fwd({ 0: 1 }), 'TypeError', `Expected options to have only the keys ${FWD_KEYS} but received unknown key '0'`],
+    ['forward: no argument', call('attentionForward'), 'TypeError', 'Expected options to be a plain object of named arguments but received undefined'],
+    ['forward: null', call('attentionForward', null), 'TypeError', 'Expected options to be a plain object of named arguments but received null'],
+    ['forward: an Array', call('attentionForward', [1, 2, 3]), 'TypeError', 'Expected options to be a plain object of named arguments but received an Array of length 3'],
+    ['forward: a function', call('attentionForward', () => 0), 'TypeError', 'Expected options to be a plain object of named arguments but received a function'],
+    ['forward: a Map', call('attentionForward', new Map()), 'TypeError', 'Expected options to be a plain object of named arguments but received an object whose prototype is neither Object.prototype nor null'],
+    ['forward: a class instance with the right keys', () => b.attentionForward(Object.assign(new (class Args {})(), fwdArgs()) as never), 'TypeError', 'Expected options to be a plain object of named arguments but received an object whose prototype is neither Object.prototype nor null'],
+    ['forward: a native buffer', () => b.attentionForward(nq as never), 'TypeError', 'Expected options to be a plain object of named arguments but received an object whose prototype is neither Object.prototype nor null'],
+    ['forward: the positional signature', () => (b.attentionForward as (...a: unknown[]) => unknown)(nq, nk, nv, dims(), false, 0.25, 0, 0), 'TypeError', 'Expected at most 1 argument but received 8'],
+    ['forward: options and an extra argument', () => (b.attentionForward as (...a: unknown[]) => unknown)(fwdArgs(), undefined), 'TypeError', 'Expected at most 1 argument but received 2'],
+    ['forward: strides of the wrong length', fwd({ strides: [1, 2, 3] }), 'TypeError', 'Expected strides to be undefined or an Array of 9 [batch, row, head] strides but received an Array of length 3'],
     // attentionBackward
-    ['backward: dout released', bwd([0, new Named('released')]), 'TypeError', 'Expected dout to be a live tensor but it was disposed'],
-    ['backward: lse undefined', bwd([5, undefined]), 'TypeError', 'Expected lse to be a native buffer but received undefined'],
-    ['backward: out holds the wrong size', bwd([4, new Named('nk')]), 'RangeError', 'Expected out to reach 2048 elements from offset 0 inside its storage of 1536 elements but it does not'],
-    ['backward: lse at an offset leaves its storage', bwd([5, [new Named('nlse'), 100]]), 'RangeError', 'Expected lse to reach 128 elements from offset 100 inside its storage of 128 elements but it does not'],
-    ['backward: lse bfloat16', bwd([5, new Named('nlseb')]), 'TypeError', 'Expected lse to have dtype float32 but received bfloat16'],
-    ['backward: head dim 7', bwd([6, [2, 16, 24, 4, 2, 7]]), 'RangeError', 'Expected headDim to be an integer in [8, 256] but received 7 of type number'],
-    ['backward: deterministic a string', bwd([10, 'yes']), 'TypeError', 'Expected deterministic to be a boolean but received "yes" of type string'],
-    ['backward: deterministic missing', bwd([10, undefined]), 'TypeError', 'Expected deterministic to be a boolean but received undefined'],
-    ['backward: algorithm 3', bwd([11, 3]), 'RangeError', 'Expected algorithm to be an integer in [0, 2] but received 3 of type number'],
-    ['backward: algorithm missing', bwd([11, undefined]), 'TypeError', 'Expected algorithm to be an integer but received undefined'],
-    ['backward: float32Precision 2', bwd([12, 2]), 'RangeError', 'Expected float32Precision to be an integer in [0, 1] but received 2 of type number'],
+    ['backward: dout released', bwd({ dout: new Named('released') }), 'TypeError', 'Expected dout to be a live tensor but it was disposed'],
+    ['backward: lse undefined', bwd({ lse: undefined }), 'TypeError', "Expected options to have the required key 'lse' but it is missing"],
+    ['backward: dout, out and lse missing', () => b.attentionBackward(without(bwdArgs(), 'dout', 'out', 'lse') as never), 'TypeError', "Expected options to have the required keys 'dout', 'out' and 'lse' but they are missing"],
+    ['backward: an unknown key', bwd({ dq: null }), 'TypeError', `Expected options to have only the keys ${BWD_KEYS} but received unknown key 'dq'`],
+    ['backward: no argument', call('attentionBackward'), 'TypeError', 'Expected options to be a plain object of named arguments but received undefined'],
+    ['backward: a string', call('attentionBackward', 'dout'), 'TypeError', 'Expected options to be a plain object of named arguments but received "dout" of type string'],
+    ['backward: the positional signature', () => (b.attentionBackward as (...a: unknown[]) => unknown)(ndout, nq, nk, nv, nout, nlse, dims(), false, 0.25, 0, false, 0, 0), 'TypeError', 'Expected at most 1 argument but received 13'],
+    ['backward: options and an extra argument', () => (b.attentionBackward as (...a: unknown[]) => unknown)(bwdArgs(), {}), 'TypeError', 'Expected at most 1 argument but received 2'],
+    ['backward: grads not an Array', bwd({ grads: new Named('nq') }), 'TypeError', 'Expected grads to be undefined or an Array of 3 [dq, dk, dv] (each a tensor or null) but received an object'],
+    ['backward: gradStrides without grads', bwd({ gradStrides: [0, 0, 0, 0, 0, 0, 0, 0, 0] }), 'TypeError', 'Expected gradStrides to be undefined when grads is undefined but received an Array of length 9'],
+    ['backward: out holds the wrong size', bwd({ out: new Named('nk') }), 'RangeError', 'Expected out to reach 2048 elements from offset 0 inside its storage of 1536 elements but it does not'],
+    ['backward: lse at an offset leaves its storage', bwd({ lse: [new Named('nlse'), 100] }), 'RangeError', 'Expected lse to reach 128 elements from offset 100 inside its storage of 128 elements but it does not'],
+    ['backward: lse bfloat16', bwd({ lse: new Named('nlseb') }), 'TypeError', 'Expected lse to have dtype float32 but received bfloat16'],
+    ['backward: head dim 7', bwd({ dims: [2, 16, 24, 4, 2, 7] }), 'RangeError', 'Expected headDim to be an integer in [8, 256] but received 7 of type number'],
+    ['backward: deterministic a string', bwd({ deterministic: 'yes' }), 'TypeError', 'Expected deterministic to be a boolean but received "yes" of type string'],
+    ['backward: deterministic undefined', bwd({ deterministic: undefined }), 'TypeError', "Expected options to have the required key 'deterministic' but it is missing"],
+    ['backward: algorithm 3', bwd({ algorithm: 3 }), 'RangeError', 'Expected algorithm to be an integer in [0, 2] but received 3 of type number'],
+    ['backward: algorithm undefined', bwd({ algorithm: undefined }), 'TypeError', "Expected options to have the required key 'algorithm' but it is missing"],
+    ['backward: float32Precision 2', bwd({ float32Precision: 2 }), 'RangeError', 'Expected float32Precision to be an integer in [0, 1] but received 2 of type number'],
   ])('%s', (_label, fn, name, message) => {
     expectThrows(fn, name, message);
   });
@@ -660,8 +804,6 @@ describe('raw native binding (lib/native.ts binding())', () => {
       ['synchronize', () => [0]],
       ['resetPeakMemory', () => [0]],
       ['setPoison', () => [false]],
-      ['attentionForward', () => [nq, nk, nv, dims(), false, 0.25, 0, 0]],
-      ['attentionBackward', () => [ndout, nq, nk, nv, nout, nlse, dims(), false, 0.25, 0, false, 0, 0]],
     ];
     const before = liveMemory();
     const failures: string[] = [];
@@ -686,9 +828,35 @@ describe('raw native binding (lib/native.ts binding())', () => {
         if (r === 'did not throw' || !r.message.startsWith('Expected ')) failures.push(`${fn} with ${i} args: ${JSON.stringify(r)}`);
       }
     }
+    // The options objects of the attention calls: garbage as the argument itself, in each key one
+    // key at a time (undefined is no garbage for an optional key), and each required key missing.
+    const options: [keyof typeof b, () => Record<string, unknown>, string[]][] = [
+      ['attentionForward', fwdArgs, ['strides']],
+      ['attentionBackward', bwdArgs, ['strides', 'grads', 'gradStrides']],
+    ];
+    const refused = (what: string, fn: () => unknown): void => {
+      calls++;
+      const r = thrownBy(fn);
+      if (r === 'did not throw' || !['TypeError', 'RangeError'].includes(r.name) || !r.message.startsWith('Expected ')) {
+        failures.push(`${what}: ${JSON.stringify(r)}`);
+      }
+    };
+    for (const [fn, base, optional] of options) {
+      const f = b[fn] as (...x: unknown[]) => unknown;
+      for (const [label, g] of GARBAGE) refused(`${fn}(${label})`, () => f(g));
+      for (const key of [...Object.keys(base()), ...optional]) {
+        for (const [label, g] of GARBAGE) {
+          if (g === undefined && optional.includes(key)) continue;
+          refused(`${fn} ${key} = ${label}`, () => f({ ...base(), [key]: g }));
+        }
+        if (!optional.includes(key)) refused(`${fn} without ${key}`, () => f(without(base(), key)));
+      }
+    }
     expect(failures).toEqual([]);
-    // 36 argument positions × (11 garbage values + 1 missing), less the one valid Float32Array.
-    expect(calls).toBe(36 * 12 - 1);
+    // 15 argument positions × (11 garbage values + 1 missing), less the one valid Float32Array; then
+    // per attention call 11 garbage arguments, and over its keys (8 + 1 optional, 13 + 3 optional)
+    // 11 garbage values in each required key plus the key missing, and 10 in each optional key.
+    expect(calls).toBe(15 * 12 - 1 + 2 * 11 + (8 * 12 + 1 * 10) + (13 * 12 + 3 * 10));
     expect(liveMemory()).toEqual(before);
   });
 });

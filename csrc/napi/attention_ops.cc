@@ -1,13 +1,17 @@
-// attentionForward / attentionBackward: re-validate what lib/ validated, fill the plain params
-// struct, and queue the backend's launcher on the device's stream.
+// attentionForward / attentionBackward: read the one options object each takes into a snapshot,
+// re-validate what lib/ validated, fill the plain params struct, and queue the backend's launcher on
+// the device's stream.
 #include <cmath>
+#include <initializer_list>
 #include <limits>
+#include <string>
 
 #include "common/attention_params.h"
 #include "cpu/flash_cpu.h"
 #include "napi/addon.h"
 #include "napi/copy_ops.h"
 #include "napi/dispatch.h"
+#include "napi/options_arg.h"
 #include "napi/view_args.h"
 #include "runtime/format.h"
 #ifdef FA_WITH_CUDA
@@ -78,24 +82,41 @@ struct AttnTensor {
   int64_t head_stride() const { return v.strides[2]; }
 };
 
-// Parses tensor argument `tv` named `arg` with sizes [b, s, h, d] and the [batch, row, head] strides
-// at strides[3 * index ...] (a JS Array; undefined: contiguous). Checks the dtype, the device, that
-// the view stays inside its storage and that its elements are distinct.
-AttnTensor attn_tensor(const Napi::Value& tv, const Napi::Value& strides, uint32_t index, const char* arg,
-                       const int64_t (&sizes)[4], Device device, DType dtype, bool device_from_arg = false) {
+// The [batch, row, head] strides of `count` tensors (`names`), read once from `value`: undefined
+// (contiguous; returns false) or a JS Array of 3 * count integers (returns true, fills `out`).
+bool strides_array_arg(const Napi::Value& value, std::initializer_list<const char*> names, const char* arg,
+                       int64_t* out) {
+  if (value.IsUndefined()) return false;
+  const uint32_t count = static_cast<uint32_t>(names.size());
+  if (!value.IsArray() || value.As<Napi::Array>().Length() != 3 * count) {
+    throw type_error(std::string("Expected ") + arg + " to be undefined or an Array of " + std::to_string(3 * count) +
+                     " [batch, row, head] strides but received " + describe(value));
+  }
+  auto arr = value.As<Napi::Array>();
+  uint32_t i = 0;
+  for (const char* name : names) {
+    const std::string what = std::string(name) + " strides";
+    for (uint32_t d = 0; d < 3; ++d, ++i) out[i] = int_arg(arr.Get(i), what.c_str(), 0, kMaxSafeInteger);
+  }
+  return true;
+}
+
+// The view of tensor `t` named `arg` with sizes [b, s, h, d] and the [batch, row, head] strides at
+// `strides` (nullptr: contiguous). Checks the dtype, the device, that the view stays inside its
+// storage and that its elements are distinct.
+AttnTensor attn_tensor(const TensorArg& t, const int64_t* strides, const char* arg, const int64_t (&sizes)[4],
+                       Device device, DType dtype) {
   AttnTensor a;
-  a.t = tensor_arg(tv, arg);
+  a.t = t;
   a.v.rank = 4;
   for (int d = 0; d < 4; ++d) a.v.sizes[d] = sizes[d];
-  if (strides.IsUndefined()) {
+  if (strides == nullptr) {
     set_contiguous_strides(sizes[1], sizes[2], sizes[3], &a.v.strides[0], &a.v.strides[1], &a.v.strides[2]);
   } else {
-    auto arr = strides.As<Napi::Array>();  // the caller checked it is an Array of the right length
-    const std::string name = std::string(arg) + " strides";
-    for (uint32_t d = 0; d < 3; ++d) a.v.strides[d] = int_arg(arr.Get(3 * index + d), name.c_str(), 0, kMaxSafeInteger);
+    for (int d = 0; d < 3; ++d) a.v.strides[d] = strides[d];
   }
   a.v.strides[3] = 1;
-  if (!device_from_arg && a.t.device() != device) {
+  if (a.t.device() != device) {
     throw type_error(std::string("Expected ") + arg + " to be on device '" + device_name(device) + "' but received '" +
                      device_name(a.t.device()) + "'");
   }
@@ -107,19 +128,10 @@ AttnTensor attn_tensor(const Napi::Value& tv, const Napi::Value& strides, uint32
   return a;
 }
 
-// Checks that `strides` is undefined or an Array of 3 * count integers.
-void strides_array_arg(const Napi::Value& v, uint32_t count, const char* arg) {
-  if (v.IsUndefined()) return;
-  if (!v.IsArray() || v.As<Napi::Array>().Length() != 3 * count) {
-    throw type_error(std::string("Expected ") + arg + " to be undefined or an Array of " + std::to_string(3 * count) +
-                     " [batch, row, head] strides but received " + describe(v));
-  }
-}
-
 // lse: contiguous float32 [batch, heads_q, seqlen_q] from `offset` of its buffer, as a rank-1 view.
-AttnTensor lse_tensor(const Napi::Value& tv, Device device, int64_t numel) {
+AttnTensor lse_tensor(const TensorArg& t, Device device, int64_t numel) {
   AttnTensor a;
-  a.t = tensor_arg(tv, "lse");
+  a.t = t;
   expect_tensor(a.t, "lse", device, DType::kFloat32, numel);
   a.v.rank = 1;
   a.v.sizes[0] = numel;
@@ -168,12 +180,12 @@ Kernel kernel_arg(const Napi::Value& v) {
   return static_cast<Kernel>(int_arg(v, "kernel", 0, 2));
 }
 
-// The Fp32Precision code (common/attention_params.h; lib/native.ts FLOAT32_PRECISION_CODE).
 BwdAlgorithm algorithm_arg(const Napi::Value& v) {
   return static_cast<BwdAlgorithm>(int_arg(v, "algorithm", static_cast<int64_t>(BwdAlgorithm::kAuto),
                                            static_cast<int64_t>(BwdAlgorithm::kTwoKernel)));
 }
 
+// The Fp32Precision code (common/attention_params.h; lib/native.ts FLOAT32_PRECISION_CODE).
 Fp32Precision fp32_precision_arg(const Napi::Value& v) {
   return static_cast<Fp32Precision>(int_arg(v, "float32Precision", static_cast<int64_t>(Fp32Precision::kTf32),
                                             static_cast<int64_t>(Fp32Precision::kHighest)));
@@ -233,32 +245,71 @@ const char* kernel_name(Kernel k) {
 // buffers are freed stream-ordered at once. Views that meet the alignment are read in place.
 // An explicit kernel 'naive' reads the views in place. lse and D stay contiguous.
 
-// attentionForward(q, k, v, dims, causal, softmaxScale, kernel, float32Precision, strides?): [out, lse, kernel]
-// q, k, v: tensors ([buffer, offset]); strides: undefined (contiguous) or their [batch, row, head]
-// strides, 9 integers (head_dim has stride 1). out is a new contiguous tensor.
+// The options object of attentionForward, read once and converted (lib/native.ts
+// NativeAttentionForwardArgs): everything the call uses comes from here, checked before anything is
+// allocated.
+struct ForwardArgs {
+  TensorArg q, k, v;
+  Dims dims;
+  bool causal;
+  float scale;
+  Kernel kernel;
+  Fp32Precision fp32_precision;
+  bool has_strides;
+  int64_t strides[9];  // [batch, row, head] of q, k, v when has_strides
+};
+
+ForwardArgs forward_args(const Napi::Value& value) {
+  const OptionsSnapshot o(value, "options",
+                          {{"q", true},
+                           {"k", true},
+                           {"v", true},
+                           {"dims", true},
+                           {"causal", true},
+                           {"softmaxScale", true},
+                           {"kernel", true},
+                           {"float32Precision", true},
+                           {"strides", false}});
+  ForwardArgs a;
+  a.q = tensor_arg(o["q"], "q");
+  a.k = tensor_arg(o["k"], "k");
+  a.v = tensor_arg(o["v"], "v");
+  a.dims = dims_arg(o["dims"]);
+  a.causal = bool_arg(o["causal"], "causal");
+  a.scale = scale_arg(o["softmaxScale"]);
+  a.kernel = kernel_arg(o["kernel"]);
+  a.fp32_precision = fp32_precision_arg(o["float32Precision"]);
+  a.has_strides = strides_array_arg(o["strides"], {"q", "k", "v"}, "strides", a.strides);
+  return a;
+}
+
+// attentionForward({ q, k, v, dims, causal, softmaxScale, kernel, float32Precision, strides? }):
+// [out, lse, kernel]. One plain object (OptionsSnapshot: unknown keys and missing required ones are
+// refused); q, k, v: tensors ([buffer, offset]); dims: [batch, seqlenQ, seqlenK, headsQ, headsKV,
+// headDim]; kernel, float32Precision: codes of csrc/enums.json; strides: undefined (contiguous) or the
+// [batch, row, head] strides of q, k, v, 9 integers (head_dim has stride 1). out is a new contiguous
+// tensor; kernel the implementation that ran ('flash' | 'naive').
 Napi::Value AttentionForward(const Napi::CallbackInfo& info) {
   Napi::Env env = info.Env();
   Runtime& rt = runtime(env);
-  const TensorArg q0 = tensor_arg(info[0], "q");
-  tensor_arg(info[1], "k");
-  tensor_arg(info[2], "v");
-  const Dims d = dims_arg(info[3]);
-  const bool causal = bool_arg(info[4], "causal");
-  const float scale = scale_arg(info[5]);
-  const Device device = q0.device();
-  const DType dtype = q0.dtype();
+  const ForwardArgs args = forward_args(info[0]);
+  const Dims& d = args.dims;
+  const bool causal = args.causal;
+  const float scale = args.scale;
+  const Device device = args.q.device();
+  const DType dtype = args.q.dtype();
   expect_float(dtype, "q");
   const int64_t q_numel = checked_numel({d.batch, d.seqlen_q, d.heads_q, d.head_dim}, "q");
   checked_numel({d.batch, d.seqlen_k, d.heads_kv, d.head_dim}, "k");
   const int64_t lse_numel = checked_numel({d.batch, d.heads_q, d.seqlen_q}, "lse");
-  strides_array_arg(info[8], 3, "strides");
   const int64_t qs[4] = {d.batch, d.seqlen_q, d.heads_q, d.head_dim};
   const int64_t ks[4] = {d.batch, d.seqlen_k, d.heads_kv, d.head_dim};
-  AttnTensor q = attn_tensor(info[0], info[8], 0, "q", qs, device, dtype);
-  AttnTensor k = attn_tensor(info[1], info[8], 1, "k", ks, device, dtype);
-  AttnTensor v = attn_tensor(info[2], info[8], 2, "v", ks, device, dtype);
-  const Kernel requested = kernel_arg(info[6]);
-  const Fp32Precision fp32_precision = fp32_precision_arg(info[7]);
+  const auto strides_of = [&](int i) { return args.has_strides ? args.strides + 3 * i : nullptr; };
+  AttnTensor q = attn_tensor(args.q, strides_of(0), "q", qs, device, dtype);
+  AttnTensor k = attn_tensor(args.k, strides_of(1), "k", ks, device, dtype);
+  AttnTensor v = attn_tensor(args.v, strides_of(2), "v", ks, device, dtype);
+  const Kernel requested = args.kernel;
+  const Fp32Precision fp32_precision = args.fp32_precision;
 
   AttentionFwdParams p;
   fill_fwd_params(p, d, dtype, scale, causal);
@@ -335,77 +386,140 @@ Napi::Value AttentionForward(const Napi::CallbackInfo& info) {
   return result;
 }
 
-// attentionBackward(dout, q, k, v, out, lse, dims, causal, softmaxScale, kernel, deterministic, algorithm,
-// float32Precision, strides?, grads?, gradStrides?): [dq, dk, dv, kernel, algorithm] (the last two
-// resolved: 'flash' | 'naive', 'single-kernel' | 'two-kernel').
-// strides: undefined or 15 [batch, row, head] strides of dout, q, k, v, out. grads: undefined or
-// [dq, dk, dv], each a tensor to write the gradient into (a view, e.g. of a packed dqkv) or null for a
-// new contiguous tensor; gradStrides: their strides (9). A given gradient comes back as null.
+// The options object of attentionBackward, read once and converted (lib/native.ts
+// NativeAttentionBackwardArgs).
+struct BackwardArgs {
+  TensorArg dout, q, k, v, out, lse;
+  Dims dims;
+  bool causal;
+  float scale;
+  Kernel kernel;
+  bool deterministic;
+  BwdAlgorithm algorithm;
+  Fp32Precision fp32_precision;
+  bool has_strides;
+  int64_t strides[15];  // [batch, row, head] of dout, q, k, v, out when has_strides
+  bool given[3];        // whether grads holds a tensor for dq, dk, dv
+  TensorArg grads[3];
+  bool has_grad_strides;
+  int64_t grad_strides[9];  // [batch, row, head] of dq, dk, dv when has_grad_strides
+};
+
+constexpr const char* kGradNames[3] = {"dq", "dk", "dv"};
+
+BackwardArgs backward_args(const Napi::Value& value) {
+  const OptionsSnapshot o(value, "options",
+                          {{"dout", true},
+                           {"q", true},
+                           {"k", true},
+                           {"v", true},
+                           {"out", true},
+                           {"lse", true},
+                           {"dims", true},
+                           {"causal", true},
+                           {"softmaxScale", true},
+                           {"kernel", true},
+                           {"deterministic", true},
+                           {"algorithm", true},
+                           {"float32Precision", true},
+                           {"strides", false},
+                           {"grads", false},
+                           {"gradStrides", false}});
+  BackwardArgs a;
+  a.dout = tensor_arg(o["dout"], "dout");
+  a.q = tensor_arg(o["q"], "q");
+  a.k = tensor_arg(o["k"], "k");
+  a.v = tensor_arg(o["v"], "v");
+  a.out = tensor_arg(o["out"], "out");
+  a.lse = tensor_arg(o["lse"], "lse");
+  a.dims = dims_arg(o["dims"]);
+  a.causal = bool_arg(o["causal"], "causal");
+  a.scale = scale_arg(o["softmaxScale"]);
+  a.kernel = kernel_arg(o["kernel"]);
+  a.deterministic = bool_arg(o["deterministic"], "deterministic");
+  a.algorithm = algorithm_arg(o["algorithm"]);
+  a.fp32_precision = fp32_precision_arg(o["float32Precision"]);
+  a.has_strides = strides_array_arg(o["strides"], {"dout", "q", "k", "v", "out"}, "strides", a.strides);
+  const Napi::Value grads = o["grads"];
+  for (int i = 0; i < 3; ++i) a.given[i] = false;
+  if (!grads.IsUndefined()) {
+    if (!grads.IsArray() || grads.As<Napi::Array>().Length() != 3) {
+      throw type_error("Expected grads to be undefined or an Array of 3 [dq, dk, dv] (each a tensor or null) but "
+                       "received " + describe(grads));
+    }
+    auto arr = grads.As<Napi::Array>();
+    for (uint32_t i = 0; i < 3; ++i) {
+      const Napi::Value g = arr.Get(i);
+      if (g.IsNull() || g.IsUndefined()) continue;
+      a.grads[i] = tensor_arg(g, kGradNames[i]);
+      a.given[i] = true;
+    }
+  }
+  const Napi::Value grad_strides = o["gradStrides"];
+  if (grads.IsUndefined() && !grad_strides.IsUndefined()) {
+    throw type_error("Expected gradStrides to be undefined when grads is undefined but received " +
+                     describe(grad_strides));
+  }
+  a.has_grad_strides = strides_array_arg(grad_strides, {"dq", "dk", "dv"}, "gradStrides", a.grad_strides);
+  return a;
+}
+
+// attentionBackward({ dout, q, k, v, out, lse, dims, causal, softmaxScale, kernel, deterministic,
+// algorithm, float32Precision, strides?, grads?, gradStrides? }): [dq, dk, dv, kernel, algorithm] (the
+// last two resolved: 'flash' | 'naive', 'single-kernel' | 'two-kernel'). One plain object, as for
+// attentionForward. strides: undefined or 15 [batch, row, head] strides of dout, q, k, v, out. grads:
+// undefined or [dq, dk, dv], each a tensor to write the gradient into (a view, e.g. of a packed dqkv)
+// or null for a new contiguous tensor; gradStrides: their strides (9; undefined: contiguous), only
+// with grads. A given gradient comes back as null.
 Napi::Value AttentionBackward(const Napi::CallbackInfo& info) {
   Napi::Env env = info.Env();
   Runtime& rt = runtime(env);
-  tensor_arg(info[0], "dout");
-  const TensorArg q0 = tensor_arg(info[1], "q");
-  tensor_arg(info[2], "k");
-  tensor_arg(info[3], "v");
-  tensor_arg(info[4], "out");
-  tensor_arg(info[5], "lse");
-  const Dims d = dims_arg(info[6]);
-  const bool causal = bool_arg(info[7], "causal");
-  const float scale = scale_arg(info[8]);
-  const Kernel requested = kernel_arg(info[9]);
-  const bool deterministic = bool_arg(info[10], "deterministic");
-  const BwdAlgorithm algorithm = algorithm_arg(info[11]);
-  const Fp32Precision fp32_precision = fp32_precision_arg(info[12]);
-  const Device device = q0.device();
-  const DType dtype = q0.dtype();
+  const BackwardArgs args = backward_args(info[0]);
+  const Dims& d = args.dims;
+  const bool causal = args.causal;
+  const float scale = args.scale;
+  const Kernel requested = args.kernel;
+  const bool deterministic = args.deterministic;
+  const BwdAlgorithm algorithm = args.algorithm;
+  const Fp32Precision fp32_precision = args.fp32_precision;
+  const Device device = args.q.device();
+  const DType dtype = args.q.dtype();
   expect_float(dtype, "q");
   const int64_t q_numel = checked_numel({d.batch, d.seqlen_q, d.heads_q, d.head_dim}, "q");
   const int64_t kv_numel = checked_numel({d.batch, d.seqlen_k, d.heads_kv, d.head_dim}, "k");
   const int64_t lse_numel = checked_numel({d.batch, d.heads_q, d.seqlen_q}, "lse");
-  strides_array_arg(info[13], 5, "strides");
   const int64_t qs[4] = {d.batch, d.seqlen_q, d.heads_q, d.head_dim};
   const int64_t ks[4] = {d.batch, d.seqlen_k, d.heads_kv, d.head_dim};
-  AttnTensor q = attn_tensor(info[1], info[13], 1, "q", qs, device, dtype);
-  AttnTensor k = attn_tensor(info[2], info[13], 2, "k", ks, device, dtype);
-  AttnTensor v = attn_tensor(info[3], info[13], 3, "v", ks, device, dtype);
-  AttnTensor out = attn_tensor(info[4], info[13], 4, "out", qs, device, dtype);
-  AttnTensor dout = attn_tensor(info[0], info[13], 0, "dout", qs, device, dtype);
-  const AttnTensor lse = lse_tensor(info[5], device, lse_numel);
+  const auto strides_of = [&](int i) { return args.has_strides ? args.strides + 3 * i : nullptr; };
+  AttnTensor q = attn_tensor(args.q, strides_of(1), "q", qs, device, dtype);
+  AttnTensor k = attn_tensor(args.k, strides_of(2), "k", ks, device, dtype);
+  AttnTensor v = attn_tensor(args.v, strides_of(3), "v", ks, device, dtype);
+  AttnTensor out = attn_tensor(args.out, strides_of(4), "out", qs, device, dtype);
+  AttnTensor dout = attn_tensor(args.dout, strides_of(0), "dout", qs, device, dtype);
+  const AttnTensor lse = lse_tensor(args.lse, device, lse_numel);
 
   // Gradients written into given views.
-  static const char* const kGradNames[3] = {"dq", "dk", "dv"};
   AttnTensor grads[3];
-  bool given[3] = {false, false, false};
-  const Napi::Value grads_v = info[14];
-  if (!grads_v.IsUndefined()) {
-    if (!grads_v.IsArray() || grads_v.As<Napi::Array>().Length() != 3) {
-      throw type_error("Expected grads to be undefined or an Array of 3 [dq, dk, dv] (each a tensor or null) but "
-                       "received " + describe(grads_v));
-    }
-    strides_array_arg(info[15], 3, "gradStrides");
-    auto arr = grads_v.As<Napi::Array>();
-    for (uint32_t i = 0; i < 3; ++i) {
-      const Napi::Value g = arr.Get(i);
-      if (g.IsNull() || g.IsUndefined()) continue;
-      grads[i] = attn_tensor(g, info[15], i, kGradNames[i], i == 0 ? qs : ks, device, dtype);
-      given[i] = true;
-    }
-    const std::pair<const char*, const AttnTensor*> inputs[] = {{"dout", &dout}, {"q", &q}, {"k", &k},
-                                                                {"v", &v},       {"out", &out}, {"lse", &lse}};
-    for (int i = 0; i < 3; ++i) {
-      if (!given[i]) continue;
-      for (int j = 0; j < i; ++j) {
-        if (given[j] && share_elements(grads[i].t, grads[i].v, grads[j].t, grads[j].v)) {
-          throw range_error(std::string("Expected ") + kGradNames[i] + " not to share elements with " + kGradNames[j] +
-                            " but it does");
-        }
+  bool given[3] = {args.given[0], args.given[1], args.given[2]};
+  for (int i = 0; i < 3; ++i) {
+    if (!given[i]) continue;
+    grads[i] = attn_tensor(args.grads[i], args.has_grad_strides ? args.grad_strides + 3 * i : nullptr, kGradNames[i],
+                           i == 0 ? qs : ks, device, dtype);
+  }
+  const std::pair<const char*, const AttnTensor*> inputs[] = {{"dout", &dout}, {"q", &q}, {"k", &k},
+                                                              {"v", &v},       {"out", &out}, {"lse", &lse}};
+  for (int i = 0; i < 3; ++i) {
+    if (!given[i]) continue;
+    for (int j = 0; j < i; ++j) {
+      if (given[j] && share_elements(grads[i].t, grads[i].v, grads[j].t, grads[j].v)) {
+        throw range_error(std::string("Expected ") + kGradNames[i] + " not to share elements with " + kGradNames[j] +
+                          " but it does");
       }
-      for (const auto& [name, in] : inputs) {
-        if (share_elements(grads[i].t, grads[i].v, in->t, in->v)) {
-          throw range_error(std::string("Expected ") + kGradNames[i] + " not to share elements with " + name +
-                            " (an input of the backward) but it does");
-        }
+    }
+    for (const auto& [name, in] : inputs) {
+      if (share_elements(grads[i].t, grads[i].v, in->t, in->v)) {
+        throw range_error(std::string("Expected ") + kGradNames[i] + " not to share elements with " + name +
+                          " (an input of the backward) but it does");
       }
     }
   }
@@ -555,8 +669,8 @@ Napi::Value AttentionBackward(const Napi::CallbackInfo& info) {
 }  // namespace
 
 void InitAttentionOps(Napi::Env env, Napi::Object exports) {
-  exports.Set("attentionForward", Napi::Function::New<guarded<AttentionForward, 9>>(env, "attentionForward"));
-  exports.Set("attentionBackward", Napi::Function::New<guarded<AttentionBackward, 16>>(env, "attentionBackward"));
+  exports.Set("attentionForward", Napi::Function::New<guarded<AttentionForward, 1>>(env, "attentionForward"));
+  exports.Set("attentionBackward", Napi::Function::New<guarded<AttentionBackward, 1>>(env, "attentionBackward"));
 }
 
 }  // namespace fa::napi
