@@ -3,9 +3,13 @@
  * child, not the test runner, and is reported with its seed). Every function of the binding is
  * called with random argument lists: wrong counts, numbers at and past the limits, strings,
  * bigints, typed arrays of every kind (detached ones too), live, released and imitation buffers,
- * Proxies whose traps throw, objects with throwing getters. Each call must either return or throw
- * an Error with a message (not a bare "internal" one), and once what it created is released and the
- * CPU executor has drained, memory() must be what it was before the call.
+ * Proxies whose traps throw, objects with throwing getters. A share of the cases calls an attention
+ * function with its one options object: every key, mostly with a value of the right kind (small
+ * buffers, dims, booleans, codes, strides, gradient targets) so that calls reach the shape, view and
+ * overlap checks, now and then a key left out or an unknown one added; the object plain, with a null
+ * prototype, behind a Proxy, with a throwing getter or with a throwing ownKeys trap. Each call must
+ * either return or throw an Error with a message (not a bare "internal" one), and once what it
+ * created is released and the CPU executor has drained, memory() must be what it was before the call.
  *
  * Not fuzzed: `importPointer` (it takes a raw address by contract, as DLPack does: a random one is
  * undefined behaviour by design) and `injectCudaFault` (a test hook that breaks the CUDA context).
@@ -31,7 +35,8 @@ type Spec =
   | { k: 'throwingProxy' }
   | { k: 'throwingGetter' }
   | { k: 'timer' }
-  | { k: 'array'; items: Spec[] };
+  | { k: 'array'; items: Spec[] }
+  | { k: 'object'; entries: [string, Spec][]; wrap: 'plain' | 'nullProto' | 'proxy' | 'throwingGetter' | 'throwingKeys' };
 
 const TYPED: Record<string, new (n: number) => ArrayBufferView> = {
   Float32Array, Float64Array, Int32Array, Uint16Array, Uint8Array, Int8Array, BigInt64Array,
@@ -59,9 +64,74 @@ const argSpec: fc.Arbitrary<Spec> = fc.oneof(
   { weight: 1, arbitrary: fc.array(leafSpec, { maxLength: 16 }).map((items) => ({ k: 'array', items }) as Spec) },
 );
 
+// Options objects: `entries` become the object's keys, `wrap` says how it is handed over.
+const WRAPS = [...new Array<'plain'>(12).fill('plain'), 'nullProto', 'proxy', 'throwingGetter', 'throwingKeys'] as const;
+const optionsOf = (entries: fc.Arbitrary<[string, Spec][]>): fc.Arbitrary<Spec> =>
+  fc.record({ entries, wrap: fc.constantFrom(...WRAPS) }).map((r) => ({ k: 'object', ...r }) as Spec);
+const value = (v: unknown): Spec => ({ k: 'value', v });
+const ints = (list: number[]): Spec => ({ k: 'array', items: list.map(value) });
+/** Mostly `plausible`, sometimes anything. */
+const mostly = (plausible: fc.Arbitrary<Spec>): fc.Arbitrary<Spec> =>
+  fc.oneof({ weight: 16, arbitrary: plausible }, { weight: 1, arbitrary: argSpec });
+const tensorSpec = mostly(fc.oneof(
+  fc.record({ n: fc.integer({ min: 8, max: 256 }), dtype: fc.constantFrom(0, 0, 0, 1, 2) }).map((r) => ({ k: 'buffer', ...r }) as Spec),
+  fc.record({ n: fc.integer({ min: 8, max: 256 }), offset: fc.integer({ min: 0, max: 16 }) }).map((r) => ({ k: 'bufferAt', ...r }) as Spec),
+));
+const stridesSpec = (count: number): fc.Arbitrary<Spec> => fc.oneof(
+  { weight: 4, arbitrary: fc.constant(value(undefined)) },
+  { weight: 3, arbitrary: fc.array(fc.integer({ min: 0, max: 64 }), { minLength: 3 * count, maxLength: 3 * count }).map(ints) },
+  { weight: 1, arbitrary: argSpec },
+);
+// The value of each key of the attention calls' options (strides: stridesSpec of the call's tensor
+// count): mostly of the right kind and small sizes, so that calls get past the type checks to the
+// shape, view and overlap checks (and some run).
+const OPTION_VALUES: Record<string, fc.Arbitrary<Spec>> = {
+  q: tensorSpec, k: tensorSpec, v: tensorSpec, dout: tensorSpec, out: tensorSpec, lse: tensorSpec,
+  dims: mostly(fc.tuple(fc.integer({ min: 1, max: 2 }), fc.integer({ min: 1, max: 4 }), fc.integer({ min: 1, max: 4 }),
+    fc.integer({ min: 1, max: 2 }), fc.integer({ min: 1, max: 2 }), fc.constantFrom(8, 16))
+    .map(([b, sq, sk, group, hkv, d]) => ints([b, sq, sk, group * hkv, hkv, d]))),
+  causal: mostly(fc.boolean().map(value)),
+  deterministic: mostly(fc.boolean().map(value)),
+  softmaxScale: mostly(fc.constantFrom(0.25, 0.25, 0.5, 1, 1, 1e-50, -1, NaN).map(value)),
+  kernel: mostly(fc.constantFrom(0, 0, 0, 1, 1, 2, -1, 3).map(value)),
+  algorithm: mostly(fc.constantFrom(0, 0, 0, 1, 1, 2, -1, 3).map(value)),
+  float32Precision: mostly(fc.constantFrom(0, 0, 0, 1, 1, -1, 2).map(value)),
+  grads: fc.oneof(
+    { weight: 4, arbitrary: fc.constant(value(undefined)) },
+    { weight: 3, arbitrary: fc.array(fc.oneof(fc.constant(value(null)), tensorSpec), { minLength: 3, maxLength: 3 }).map((items) => ({ k: 'array', items }) as Spec) },
+    { weight: 1, arbitrary: argSpec },
+  ),
+  gradStrides: stridesSpec(3),
+};
+const FORWARD_KEYS = ['q', 'k', 'v', 'dims', 'causal', 'softmaxScale', 'kernel', 'float32Precision', 'strides'];
+const BACKWARD_KEYS = ['dout', 'q', 'k', 'v', 'out', 'lse', 'dims', 'causal', 'softmaxScale', 'kernel', 'deterministic',
+  'algorithm', 'float32Precision', 'strides', 'grads', 'gradStrides'];
+/** null 7 times out of 8, else a value of `arb`. */
+const rarely = <T>(arb: fc.Arbitrary<T>): fc.Arbitrary<T | null> =>
+  fc.oneof({ weight: 7, arbitrary: fc.constant(null) }, { weight: 1, arbitrary: arb });
+/** Every key of `keys` with a value, now and then one left out or an unknown one added. */
+const optionsFor = (keys: string[], strideCount: number): fc.Arbitrary<Spec> => optionsOf(
+  fc.tuple(
+    fc.tuple(...keys.map((key) => (key === 'strides' ? stridesSpec(strideCount) : OPTION_VALUES[key]))),
+    rarely(fc.constantFrom(...keys)),
+    rarely(fc.constantFrom('casual', 'dq', '0', 'kernel ')),
+    argSpec,
+  ).map(([values, dropped, unknown, extra]) => {
+    const entries = keys.map((key, i) => [key, values[i]] as [string, Spec]).filter(([key]) => key !== dropped);
+    return unknown === null ? entries : [...entries, [unknown, extra] as [string, Spec]];
+  }),
+);
+// Mostly random argument lists for any function; the rest, one options object for an attention call.
+const caseSpec: fc.Arbitrary<[string | null, Spec[]]> = fc.oneof(
+  { weight: 3, arbitrary: fc.tuple(fc.constant(null), fc.array(argSpec, { maxLength: 16 })) },
+  { weight: 1, arbitrary: fc.tuple(fc.constant('attentionForward'), optionsFor(FORWARD_KEYS, 3).map((o) => [o])) },
+  { weight: 1, arbitrary: fc.tuple(fc.constant('attentionBackward'), optionsFor(BACKWARD_KEYS, 5).map((o) => [o])) },
+);
+
 function describeSpec(s: Spec): string {
   if (s.k === 'value') return typeof s.v === 'bigint' ? `${s.v}n` : typeof s.v === 'symbol' ? 'Symbol' : typeof s.v === 'function' ? 'function' : JSON.stringify(s.v) ?? String(s.v);
   if (s.k === 'array') return `[${s.items.map(describeSpec).join(', ')}]`;
+  if (s.k === 'object') return `${s.wrap}{${s.entries.map(([key, v]) => `${key}: ${describeSpec(v)}`).join(', ')}}`;
   return JSON.stringify(s);
 }
 
@@ -69,7 +139,8 @@ function describeSpec(s: Spec): string {
 export async function fuzzBinding(seed: number, cases: number): Promise<FuzzReport> {
   const b = binding() as unknown as Record<string, (...a: unknown[]) => unknown> & { NativeBuffer: { prototype: object } };
   const names = [...Object.keys(b).filter((k) => typeof b[k] === 'function' && !SKIPPED.has(k)).sort(), CONSTRUCT];
-  const samples = fc.sample(fc.tuple(fc.constantFrom(...names), fc.array(argSpec, { maxLength: 16 })), { numRuns: cases, seed });
+  const samples = fc.sample(fc.tuple(fc.constantFrom(...names), caseSpec), { numRuns: cases, seed })
+    .map(([name, [fixed, specs]]) => [fixed ?? name, specs] as const);
   const report: FuzzReport = { seed, cases: samples.length, threw: 0, returned: 0, findings: [] };
   const live = (): string => {
     const m = b.memory() as { cpu: { buffers: number; bytes: number } };
@@ -110,6 +181,16 @@ export async function fuzzBinding(seed: number, cases: number): Promise<FuzzRepo
         case 'throwingGetter': return Object.defineProperty([1, 2], 0, { get() { throw new Error('getter'); } });
         case 'timer': return b.timerStart(0);  // an External of another kind than a buffer handle
         case 'array': return s.items.map(materialise);
+        case 'object': {
+          const o: Record<string, unknown> = s.wrap === 'nullProto' ? Object.create(null) : {};
+          for (const [key, v] of s.entries) o[key] = materialise(v);
+          if (s.wrap === 'proxy') return new Proxy(o, {});
+          if (s.wrap === 'throwingGetter') {
+            Object.defineProperty(o, 'causal', { enumerable: true, get() { throw new Error('getter'); } });
+          }
+          if (s.wrap === 'throwingKeys') return new Proxy(o, { ownKeys() { throw new Error('proxy trap'); } });
+          return o;
+        }
         default: return undefined;
       }
     };
