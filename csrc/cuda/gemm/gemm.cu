@@ -37,14 +37,14 @@ constexpr int kMaxSplits = 32;
 // sm90: 128-row tiles once 128 x 128 tiles fill this fraction of the SMs (H100, bf16: the lm head's
 // forward, 128 such tiles on 132 SMs, 9.9 us with them vs 11.3 us with 64 x 128 tiles); below,
 // 64 x 128 tiles (dW of qkv: 44.8 us vs 53.4 us with 128 x 128 and 2 blocks per SM, of fc: 55.8 vs
-// 70.8), or, when K is split, the warp-specialized persistent 128 x 128 kernel with six stages
-// (configuration 9) and one wave of work items: H100, bf16, K = 16384, us (configuration 3 and its
-// split choice -> 9): dW of qkv 44.8 -> 36.3, proj 23.0 -> 19.8, fc 54.9 -> 43.6, fc2 61.4 -> 46.2.
+// 70.8), or, when K is split, the warp-specialized persistent kernel (configuration 12): H100,
+// bf16, K = 16384, us (configuration 3 and its split choice -> 12): dW of qkv 44.8 -> 35.9, proj
+// 23.0 -> 20.0, fc 54.9 -> 42.0, fc2 61.4 -> 44.0.
 constexpr double kSm90BigTileWaves = 0.75;
-constexpr int kSm90SplitConfig = 9;
-// Large products with at least this many K tiles take the warp-specialized 128 x 192 kernel
-// (configuration 7) instead of 4: H100, bf16, us (4 -> 7): fwd fc2 and dx fc (24 K tiles) 44.2 ->
-// 39.4 and 40.0 -> 39.5; dx qkv (18) 32.9 -> 33.6, fwd qkv (6) 39.0 -> 51.3.
+constexpr int kSm90WsConfig = 12;
+// Large products with at least this many K tiles take the warp-specialized kernel instead of 4:
+// H100, bf16, us (4 -> 12): fwd fc2 and dx fc (24 K tiles) 44.0 -> 37.7 and 40.5 -> 37.8; dx qkv
+// (18) 33.2 -> 33.0, fwd qkv (6) 39.2 -> 66.4.
 constexpr int64_t kSm90WsMinKTiles = 24;
 
 bool is_16bit(DType d) { return d == DType::kFloat16 || d == DType::kBFloat16; }
@@ -107,11 +107,10 @@ GemmPlan make_plan(const GemmParams& call, bool allow_workspace, const PlanOverr
                     plan.vec;
   if (sm90) {
     plan.path = GemmPath::kSm90;
-    // Large products: 128 x 192 tiles (configuration 4, gemm_sm90.cu; warp-specialized, 7, when K
-    // is long), or 128 x 128 (0) where 192-wide tiles would pad N more (the lm head, N = 65);
+    // Large products: 128 x 192 tiles (configuration 4, gemm_sm90.cu; the warp-specialized 12
+    // when K is long), or 128 x 128 (0) where 192-wide tiles would pad N more (the lm head, N = 65);
     // products whose 128 x 128 tiles do not fill kSm90BigTileWaves of the SMs: the persistent
-    // 128 x 128 kernel (9) with split-K when K is long and a workspace is given, else 64 x 128
-    // tiles (3).
+    // kernel (12) with split-K when K is long and a workspace is given, else 64 x 128 tiles (3).
     const Sm90Tile big = gemm_sm90_tile(0), wide = gemm_sm90_tile(4);
     const int64_t bn = big.block_n, bk = big.block_k;
     const int64_t big_tiles = ceil_div<int64_t>(p.m, big.block_m) * ceil_div<int64_t>(p.n, bn);
@@ -120,8 +119,8 @@ GemmPlan make_plan(const GemmParams& call, bool allow_workspace, const PlanOverr
     // K long enough for at least two splits of 128 x 128 tiles (the split rule below decides).
     const bool split_k = allow_workspace && ceil_div<int64_t>(p.k, bk) >= 2 * kMinKTilesPerSplit;
     plan.sm90_config = force.tile >= 0 ? force.tile
-                       : small         ? (split_k ? kSm90SplitConfig : 3)
-                       : wide_pads_less ? (ceil_div<int64_t>(p.k, bk) >= kSm90WsMinKTiles ? 7 : 4)
+                       : small         ? (split_k ? kSm90WsConfig : 3)
+                       : wide_pads_less ? (ceil_div<int64_t>(p.k, bk) >= kSm90WsMinKTiles ? kSm90WsConfig : 4)
                                         : 0;
     const Sm90Tile t = gemm_sm90_tile(plan.sm90_config);
     plan.block_m = t.block_m, plan.block_n = t.block_n, plan.block_k = t.block_k;

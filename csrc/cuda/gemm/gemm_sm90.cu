@@ -14,54 +14,52 @@
 namespace fa::cuda::gemm_kernels {
 namespace {
 
-// Configurations: (kBlockM, kBlockN, kStages, blocks per SM; warp-specialized ones: epilogue
-// passes). Two or three blocks per SM let one block's prologue and epilogue overlap another's main
-// loop: the model's K of 384 is only 6 K tiles. H100, bf16, M = 16384 products (us, queued mean of
-// 20) for 0 / 3 / 4 and three configurations no longer built (128 x 64 with 4 stages, 128 x 256
-// with 3 stages and 1 block per SM, 64 x 192 with 2 stages and 3 blocks per SM): fwd qkv 43.3 / 48.7
-// / 38.4 (51.9, 53.2, 45.3); fwd fc 51.6 / 64.6 / 49.1 (67.2, 60.5, 62.5); dx fc 44.2 / 41.8 / 40.4
-// (49.2, 51.0, 57.8): more blocks per SM beat deeper pipelines at K = 384. The planner (gemm.cu)
-// takes 4 for large products, 7 for large ones with a long K, 0 where 192-wide tiles would pad N
-// more (the lm head), 9 for small ones split over a long K, 3 for small ones unsplit. Other values
-// of a plan's sm90_config run 0.
-struct Sm90Config0 {  // 128 x 128, 3 stages of 32 KiB
+// Configurations. Two or three blocks per SM let one block's prologue and epilogue overlap
+// another's main loop: the model's K of 384 is only 6 K tiles. H100, bf16, M = 16384 products (us,
+// queued mean of 20) for 0 / 3 / 4 and three configurations no longer built (128 x 64 with 4
+// stages, 128 x 256 with 3 stages and 1 block per SM, 64 x 192 with 2 stages and 3 blocks per SM):
+// fwd qkv 43.3 / 48.7 / 38.4 (51.9, 53.2, 45.3); fwd fc 51.6 / 64.6 / 49.1 (67.2, 60.5, 62.5); dx fc
+// 44.2 / 41.8 / 40.4 (49.2, 51.0, 57.8): more blocks per SM beat deeper pipelines at K = 384. The
+// planner (gemm.cu) takes 4 for large products, 12 for large ones with a long K and for small ones
+// split over a long K, 0 where 192-wide tiles would pad N more (the lm head), 3 for small ones
+// unsplit. Other values of a plan's sm90_config run 0.
+struct Sm90Config0 : Sm90ConfigBase {  // 128 x 128, 3 stages of 32 KiB
   static constexpr int kBlockM = 128, kBlockN = 128, kStages = 3, kBlocksPerSm = 2;
-  static constexpr bool kWarpSpecialized = false;
-  static constexpr int kEpiloguePasses = 1;
 };
-struct Sm90Config3 {  // 64 x 128 (one warpgroup), 3 stages of 24 KiB, three blocks per SM
+struct Sm90Config3 : Sm90ConfigBase {  // 64 x 128 (one warpgroup), 3 stages of 24 KiB, three blocks per SM
   static constexpr int kBlockM = 64, kBlockN = 128, kStages = 3, kBlocksPerSm = 3;
-  static constexpr bool kWarpSpecialized = false;
-  static constexpr int kEpiloguePasses = 1;
 };
-struct Sm90Config4 {  // 128 x 192, 2 stages of 40 KiB, two blocks per SM
+struct Sm90Config4 : Sm90ConfigBase {  // 128 x 192, 2 stages of 40 KiB, two blocks per SM
   static constexpr int kBlockM = 128, kBlockN = 192, kStages = 2, kBlocksPerSm = 2;
-  static constexpr bool kWarpSpecialized = false;
-  static constexpr int kEpiloguePasses = 1;
 };
 // Warp-specialized and persistent (gemm_sm90_ws_kernel): one block per SM, a producer warpgroup and
-// two consumer warpgroups. The epilogue is staged in a buffer of its own, kBlockN / passes columns
-// at a time, so that the pipeline keeps more stages. H100, bf16, us, queued means, 2026-11-26:
-//   configuration (stages, passes):  7 (4, 2)  9 (6, 4) | 128 x 192 (3, 1)  128 x 128 (4, 1) (5, 2) | 4
-//   fwd fc2 (K = 1536)                 39.4      41.4   |   43.5              43.7            41.7   | 44.2
-//   dx fc (K = 1536)                   39.5      41.7   |   43.2              43.6            41.7   | 40.0
-//   dx qkv (K = 1152)                  33.6      35.7   |   36.3              36.5            35.4   | 32.9
-//   fwd qkv (K = 384)                  51.3      63.0   |   51.1              54.5            58.0   | 39.0
-//   dW qkv / fc / fc2 (K = 16384,      41.1      36.3   |   45.5              39.6            37.8   |
-//     split at one wave)               47.9      43.6   |   52.8              47.8            45.1   |
-//                                      47.8      46.2   |   53.1              48.2            46.3   |
-// Deeper pipelines win where the main loop is long; at K = 384 the epilogue, which no other block
-// overlaps here, costs more than they gain. (Pairs of blocks in a cluster, each loading half of the
-// tile both share and multicasting it, ran slower still: fwd qkv 68 us with 7's tiles.)
-struct Sm90Config7 {  // 128 x 192, 4 stages of 40 KiB + 52 KiB staging (two passes of 96 columns)
-  static constexpr int kBlockM = 128, kBlockN = 192, kStages = 4, kBlocksPerSm = 1;
-  static constexpr bool kWarpSpecialized = true;
-  static constexpr int kEpiloguePasses = 2;
-};
-struct Sm90Config9 {  // 128 x 128, 6 stages of 32 KiB + 20 KiB staging (four passes of 32 columns)
-  static constexpr int kBlockM = 128, kBlockN = 128, kStages = 6, kBlocksPerSm = 1;
+// two consumer warpgroups, 128 x 128 tiles, 6 stages of 32 KiB and a 20 KiB staging buffer (four
+// passes of 32 columns). Each consumer warpgroup owns whole tiles (two m64 blocks, 128 accumulator
+// registers a thread; the producer hands its registers over), the two on alternate work items and
+// taking turns at the main loop and at the staging buffer: one finishes a tile while the other
+// multiplies. H100, bf16, us, queued means, 2026-11-26, for 12 and the configurations it replaced
+// or beat (cooperative: both warpgroups on one tile, 64 or 128 rows each):
+//   tiles, stages, passes        12: 128 x 128 | 128 x 192, 4, 2   128 x 128, 6, 4   256 x 192, 3, 4 | 128 x 192, 5, 6
+//                                 (turns)      | (cooperative)     (cooperative)     (cooperative)   | (turns)
+//   fwd fc2 (K = 1536)              37.7       |    39.9              42.6              43.9         |    39.6
+//   dx fc (K = 1536)                37.8       |    40.4              42.5              42.8         |    39.3
+//   dx qkv (K = 1152)               33.0       |    34.3              36.1              34.9         |    34.3
+//   fwd qkv (K = 384)               66.4       |    51.6              64.2              49.1         |    65.4
+//   dW qkv / proj / fc / fc2        35.9       |    42.8              37.3              56.4         |    39.2
+//     (K = 16384, split at           20.0      |    29.8              21.1              40.9         |    27.5
+//     one wave)                      42.0      |    49.2              43.6              64.2         |    44.4
+//                                    44.0      |    48.8              44.7              62.6         |    45.1
+// Deeper pipelines win where the main loop is long. At K = 384 the epilogue dominates: with the
+// staging buffer shared the tiles' epilogues queue up (fwd qkv 45.4 us with one buffer per group
+// and fewer stages), and 4 (39.0) stays ahead of every persistent configuration tried. Also slower
+// at K = 384: B kept resident in shared memory for 128 x 192 tiles (its 6 K tiles, A streamed),
+// half the bytes from L2 (fwd qkv 67.1 us); pairs of blocks in a cluster, each loading half of the
+// tile both share and multicasting it (fwd qkv 68 us with 128 x 192 tiles).
+struct Sm90Config12 : Sm90ConfigBase {
+  static constexpr int kBlockM = 128, kBlockN = 128, kStages = 6;
   static constexpr bool kWarpSpecialized = true;
   static constexpr int kEpiloguePasses = 4;
+  static constexpr int kMmaBlocks = 2, kTileGroups = 2;
 };
 
 template <typename Config>
@@ -76,8 +74,7 @@ Sm90Tile tile_of() {
 template <typename Elem, typename Config, bool kAK, bool kBK>
 cudaError_t launch(const GemmParams& p, const GemmPlan& plan, float* partial, cudaStream_t stream) {
   constexpr bool kWs = Config::kWarpSpecialized;
-  using Traits = Sm90Traits<Elem, Config::kBlockM, Config::kBlockN, Config::kStages, Config::kBlocksPerSm, kAK, kBK, kWs,
-                            Config::kEpiloguePasses>;
+  using Traits = Sm90Traits<Elem, Config, kAK, kBK>;
   const CUtensorMapDataType type =
       p.ab_dtype == DType::kFloat16 ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16;
   GemmTensorMaps maps;
@@ -121,8 +118,7 @@ template <typename Elem>
 cudaError_t by_config(const GemmParams& p, const GemmPlan& plan, float* partial, cudaStream_t stream) {
   if (plan.sm90_config == 3) return by_layout<Elem, Sm90Config3>(p, plan, partial, stream);
   if (plan.sm90_config == 4) return by_layout<Elem, Sm90Config4>(p, plan, partial, stream);
-  if (plan.sm90_config == 7) return by_layout<Elem, Sm90Config7>(p, plan, partial, stream);
-  if (plan.sm90_config == 9) return by_layout<Elem, Sm90Config9>(p, plan, partial, stream);
+  if (plan.sm90_config == 12) return by_layout<Elem, Sm90Config12>(p, plan, partial, stream);
   return by_layout<Elem, Sm90Config0>(p, plan, partial, stream);
 }
 
@@ -140,8 +136,7 @@ Sm90Tile gemm_sm90_tile(int config) {
   switch (config) {
     case 3: return tile_of<Sm90Config3>();
     case 4: return tile_of<Sm90Config4>();
-    case 7: return tile_of<Sm90Config7>();
-    case 9: return tile_of<Sm90Config9>();
+    case 12: return tile_of<Sm90Config12>();
     default: return tile_of<Sm90Config0>();
   }
 }

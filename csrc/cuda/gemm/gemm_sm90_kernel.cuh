@@ -19,14 +19,15 @@
 // split's workspace slice.
 //
 // gemm_sm90_ws_kernel, the warp-specialized persistent variant: warpgroup 0 is the producer (one
-// thread issues every TMA load), warpgroups 1.. the consumers (64 rows each). One block per SM walks
-// the work items (tile, K split) blockIdx.x, + gridDim.x, ...; a K tile's stage cycles through a
-// full barrier (the producer's expect_tx, completed by TMA) and an empty barrier (every consumer
-// warp arrives once its wgmma reading the stage are done), so no block-wide barrier sits in the
-// main loop and the producer runs up to kStages tiles ahead, into the next work item while the
-// consumers finish the last one. The epilogue stages through a buffer of its own (the pipeline keeps
-// loading meanwhile), kBlockN / kEpiloguePasses columns at a time, ordered among the consumers by a
-// named barrier.
+// thread issues every TMA load), warpgroups 1.. the consumers, in kTileGroups groups. One block per
+// SM walks the work items (tile, K split) blockIdx.x, + gridDim.x, ...; item j goes to group
+// j % kTileGroups, whose warpgroups split its rows (kMmaBlocks x 64 each). A K tile's stage cycles
+// through a full barrier (the producer's expect_tx, completed by TMA) and an empty barrier (every
+// warp of the group using it arrives once its wgmma reading the stage are done), so no block-wide
+// barrier sits in the main loop and the producer runs up to kStages tiles ahead, into the next work
+// item while the consumers finish the last one. Groups take turns (named barriers) at the main
+// loop, in walk order, and at the epilogue's staging buffer, which the pipeline does not share: one
+// group finishes its tile, kBlockN / kEpiloguePasses columns at a time, while the next multiplies.
 #pragma once
 #include <cuda.h>
 #include <cuda_runtime.h>
@@ -42,38 +43,69 @@
 
 namespace fa::cuda::gemm_kernels {
 
-template <typename Elem_, int kBlockM_, int kBlockN_, int kStages_, int kMinBlocksPerSm_, bool kAKMajor_, bool kBKMajor_,
-          bool kWarpSpecialized_ = false, int kEpiloguePasses_ = 1>
+// A configuration's defaults; each configuration (gemm_sm90.cu) derives from this and sets what
+// differs.
+struct Sm90ConfigBase {
+  static constexpr int kBlocksPerSm = 1;
+  static constexpr bool kWarpSpecialized = false;
+  static constexpr int kEpiloguePasses = 1;
+  static constexpr int kMmaBlocks = 1;
+  static constexpr int kTileGroups = 1;
+};
+
+template <typename Elem_, typename Config, bool kAKMajor_, bool kBKMajor_>
 struct Sm90Traits {
   using Elem = Elem_;
-  static constexpr int kBlockM = kBlockM_, kBlockN = kBlockN_, kBlockK = 64, kStages = kStages_;
-  static constexpr int kMinBlocksPerSm = kMinBlocksPerSm_;
+  static constexpr int kBlockM = Config::kBlockM, kBlockN = Config::kBlockN, kBlockK = 64, kStages = Config::kStages;
+  static constexpr int kMinBlocksPerSm = Config::kBlocksPerSm;
   static constexpr bool kAKMajor = kAKMajor_, kBKMajor = kBKMajor_;
-  static constexpr bool kWarpSpecialized = kWarpSpecialized_;
+  static constexpr bool kWarpSpecialized = Config::kWarpSpecialized;
   // The epilogue stages kBlockN / kEpiloguePasses columns at a time (a smaller staging buffer
   // leaves room for more pipeline stages).
-  static constexpr int kEpiloguePasses = kEpiloguePasses_;
+  static constexpr int kEpiloguePasses = Config::kEpiloguePasses;
   static constexpr int kPassCols = kBlockN / kEpiloguePasses;
-  static constexpr int kWarpGroups = kBlockM / 64;  // the ones that multiply
+  // Rows per multiplying warpgroup: kMmaBlocks blocks of 64 (wgmma M), each with its own
+  // accumulators [kNTiles][4] (two blocks of 192 columns: 192 fp32 registers per thread).
+  static constexpr int kMmaBlocks = Config::kMmaBlocks;
+  // The multiplying warpgroups form kTileGroups groups, each working on tiles of its own (the
+  // warp-specialized kernel's work items alternate between them), with kGroupWarpGroups warpgroups
+  // sharing a tile's rows. Two groups take turns: one group's epilogue runs while the other
+  // multiplies.
+  static constexpr int kTileGroups = Config::kTileGroups;
+  static constexpr int kGroupWarpGroups = kBlockM / (64 * kMmaBlocks);
+  static constexpr int kGroupThreads = kGroupWarpGroups * 128;
+  static constexpr int kWarpGroups = kGroupWarpGroups * kTileGroups;  // the ones that multiply
   static constexpr int kMmaThreads = kWarpGroups * 128;
+  // Register budgets of the warp-specialized kernel's warpgroups (setmaxnreg) where the consumers'
+  // accumulators need more than an even share of the register file: the producer gives up all but
+  // kProducerRegs per thread, so that the consumers can hold kConsumerRegs.
+  static constexpr bool kRebalanceRegs = kWarpSpecialized && kMmaBlocks > 1;
+  static constexpr int kProducerRegs = 40;
+  static constexpr int kConsumerRegs = kWarpGroups == 2 ? 232 : 160;
   static constexpr int kNThreads = kMmaThreads + (kWarpSpecialized ? 128 : 0);  // + the producer warpgroup
   static constexpr int kNTiles = kBlockN / 8;  // accumulator n8 tiles per thread
   static constexpr int kBlockBytes = 64 * flash::sm90::kSw128RowBytes;  // one [64][64] column block
   static constexpr int kATileBytes = kBlockM * kBlockK * 2;
   static constexpr int kBTileBytes = kBlockN * kBlockK * 2;
   static constexpr int kStageBytes = kATileBytes + kBTileBytes;
-  // The non-specialized kernel stages its epilogue in the stages' memory (and more when it needs
-  // more); the warp-specialized one in a buffer of its own after them. The mbarriers come last:
-  // full (and, warp-specialized, empty) per stage.
+  // Shared memory: the stages, then (warp-specialized) the epilogue's staging buffer (one, which
+  // tile groups take turns at); the non-specialized kernel stages its epilogue in the stages'
+  // memory (and more when it needs more). The mbarriers come last: full per stage and,
+  // warp-specialized, empty per stage.
   static constexpr int kPipeBytes = kStages * kStageBytes;
   static constexpr int kStagingBytes = kStagedTileBytes<kBlockM, kPassCols>;
   static constexpr int kDataBytes = kWarpSpecialized             ? kPipeBytes + kStagingBytes
                                     : kPipeBytes > kStagingBytes ? kPipeBytes
                                                                  : kStagingBytes;
-  static constexpr int kSmemBytes = kDataBytes + flash::sm90::kSw128AtomBytes + 16 * kStages;
-  static_assert(kBlockM % 64 == 0 && kBlockN % 64 == 0 && kBlockN <= 256, "tiles of whole 64-wide column blocks");
+  static constexpr int kBarrierBytes = 8 * 2 * kStages;
+  static constexpr int kSmemBytes = kDataBytes + flash::sm90::kSw128AtomBytes + kBarrierBytes;
+  static_assert(kBlockM % (64 * kMmaBlocks) == 0 && kBlockN % 64 == 0 && kBlockN <= 256,
+                "tiles of whole 64-wide column blocks");
+  static_assert(!kRebalanceRegs || kProducerRegs * 128 + kConsumerRegs * kMmaThreads <= 65536,
+                "the warpgroups' register budgets fit the register file");
   static_assert(kPassCols % 8 == 0 && kPassCols * kEpiloguePasses == kBlockN, "passes of whole n8 fragments");
-  static_assert(kWarpSpecialized || kEpiloguePasses == 1, "the plain kernel stages the whole tile at once");
+  static_assert(kWarpSpecialized || (kEpiloguePasses == 1 && kTileGroups == 1),
+                "the plain kernel's warpgroups share one tile, staged at once");
   static_assert(kSmemBytes <= 227 * 1024, "an sm_90 block has at most 227 KiB of shared memory");
 };
 
@@ -118,63 +150,93 @@ __device__ __forceinline__ void sm90_load_operand(uint32_t dst, const CUtensorMa
   }
 }
 
-// K tile `kt` of work item w into the stage at s_a / s_b (B's after A's), completing on `bar`. One
-// thread issues it.
+// K tile `kt` of work item w into the stage at s_a (A, then B), completing on `bar`. One thread
+// issues it.
 template <typename Traits>
 __device__ __forceinline__ void sm90_load_k_tile(const GemmTensorMaps& maps, uint32_t s_a, uint32_t bar, const Sm90Work& w,
                                                  int64_t kt) {
   using namespace flash::sm90;
-  const uint32_t s_b = s_a + static_cast<uint32_t>(Traits::kATileBytes);
   const int k0 = static_cast<int>(kt * Traits::kBlockK);
   mbarrier_arrive_expect_tx(bar, static_cast<uint32_t>(Traits::kStageBytes));
   sm90_load_operand<Traits::kAKMajor, Traits::kBlockM>(s_a, &maps.a, bar, w.i0, k0);
-  sm90_load_operand<Traits::kBKMajor, Traits::kBlockN>(s_b, &maps.b, bar, w.j0, k0);
+  sm90_load_operand<Traits::kBKMajor, Traits::kBlockN>(s_a + static_cast<uint32_t>(Traits::kATileBytes), &maps.b, bar,
+                                                       w.j0, k0);
 }
 
-// The four k16 wgmma steps of one K tile for warpgroup `wg` (its 64 rows of A) into acc.
+// The accumulators of one multiplying warpgroup: [m64 block][n8 tile][4].
 template <typename Traits>
-__device__ __forceinline__ void sm90_mma_k_tile(float (&acc)[Traits::kNTiles][4], uint32_t s_a, int wg) {
+using Sm90Acc = float[Traits::kMmaBlocks][Traits::kNTiles][4];
+
+// The four k16 wgmma steps of one K tile (A at s_a, B at s_b) for warpgroup `wg` (its kMmaBlocks x
+// 64 rows of A) into acc.
+template <typename Traits>
+__device__ __forceinline__ void sm90_mma_k_tile(Sm90Acc<Traits>& acc, uint32_t s_a, uint32_t s_b, int wg) {
   using namespace flash::sm90;
   constexpr int kBM = Traits::kBlockM, kBN = Traits::kBlockN, kBK = Traits::kBlockK;
   constexpr int kTransA = Traits::kAKMajor ? 0 : 1, kTransB = Traits::kBKMajor ? 0 : 1;
-  const uint32_t s_b = s_a + static_cast<uint32_t>(Traits::kATileBytes);
-  // This warpgroup's 64 rows of A: rows [64 wg, 64 wg + 64) of a k-major tile, or column block wg.
-  const uint32_t a_wg = s_a + static_cast<uint32_t>(wg * (Traits::kAKMajor ? 64 * kSw128RowBytes : Traits::kBlockBytes));
 #pragma unroll
   for (int ks = 0; ks < kBK / 16; ++ks) {
-    const uint64_t da = Traits::kAKMajor ? desc_k_major<kBM>(a_wg, ks) : desc_mn_major<kBK>(a_wg, ks);
     const uint64_t db = Traits::kBKMajor ? desc_k_major<kBN>(s_b, ks) : desc_mn_major<kBK>(s_b, ks);
-    flash::sm90::Wgmma<kBN, typename Traits::Elem>::template ss_t<kTransA, kTransB>(acc, da, db, 1);
+#pragma unroll
+    for (int mb = 0; mb < Traits::kMmaBlocks; ++mb) {
+      // Row block b = wg * kMmaBlocks + mb of A: rows [64 b, 64 b + 64) of a k-major tile, or column
+      // block b.
+      const int b = wg * Traits::kMmaBlocks + mb;
+      const uint32_t a_b = s_a + static_cast<uint32_t>(b * (Traits::kAKMajor ? 64 * kSw128RowBytes : Traits::kBlockBytes));
+      const uint64_t da = Traits::kAKMajor ? desc_k_major<kBM>(a_b, ks) : desc_mn_major<kBK>(a_b, ks);
+      flash::sm90::Wgmma<kBN, typename Traits::Elem>::template ss_t<kTransA, kTransB>(acc[mb], da, db, 1);
+    }
   }
 }
 
 // Columns [kPass * kPassCols, (kPass + 1) * kPassCols) of warpgroup wg's accumulators into the
 // fp32 staging tile; `t` is the thread's index in its warpgroup.
 template <typename Traits, int kPass = 0>
-__device__ __forceinline__ void sm90_stage_acc(float* stage, const float (&acc)[Traits::kNTiles][4], int wg, int t) {
+__device__ __forceinline__ void sm90_stage_acc(float* stage, const Sm90Acc<Traits>& acc, int wg, int t) {
   constexpr int kCols = Traits::kPassCols, kJ0 = kPass * kCols / 8;
   const int warp = t / 32, lane = t % 32;
-  const int row = wg * 64 + warp * 16 + lane / 4;
 #pragma unroll
-  for (int j = 0; j < kCols / 8; ++j) {
-    const int col = 8 * j + 2 * (lane % 4);
-    stage_pair<kCols>(stage, row, col, acc[kJ0 + j][0], acc[kJ0 + j][1]);
-    stage_pair<kCols>(stage, row + 8, col, acc[kJ0 + j][2], acc[kJ0 + j][3]);
+  for (int mb = 0; mb < Traits::kMmaBlocks; ++mb) {
+    const int row = (wg * Traits::kMmaBlocks + mb) * 64 + warp * 16 + lane / 4;
+#pragma unroll
+    for (int j = 0; j < kCols / 8; ++j) {
+      const int col = 8 * j + 2 * (lane % 4);
+      stage_pair<kCols>(stage, row, col, acc[mb][kJ0 + j][0], acc[mb][kJ0 + j][1]);
+      stage_pair<kCols>(stage, row + 8, col, acc[mb][kJ0 + j][2], acc[mb][kJ0 + j][3]);
+    }
   }
 }
 
-// The epilogue of the warp-specialized kernel: kEpiloguePasses rounds of staging and finishing,
-// ordered among the kMmaThreads consumers by named barrier 1 (the first sync of a pass waits until
-// every consumer has finished reading the previous pass, or the previous tile).
+template <typename Traits>
+__device__ __forceinline__ void sm90_zero_acc(Sm90Acc<Traits>& acc) {
+#pragma unroll
+  for (int mb = 0; mb < Traits::kMmaBlocks; ++mb)
+#pragma unroll
+    for (int j = 0; j < Traits::kNTiles; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) acc[mb][j][e] = 0.0f;
+}
+
+template <typename Traits>
+__device__ __forceinline__ void sm90_fence_acc(Sm90Acc<Traits>& acc) {
+#pragma unroll
+  for (int mb = 0; mb < Traits::kMmaBlocks; ++mb) flash::sm90::fence_operands(acc[mb]);
+}
+
+// The epilogue of the warp-specialized kernel: kEpiloguePasses rounds of staging and finishing by
+// the kGroupThreads threads of tile group `group` (`gw`: the warpgroup's index in it, `gt`: the
+// thread's), in the group's own staging buffer, ordered by named barrier 1 + group (the first sync
+// of a pass waits until the group has finished reading the previous pass, or the previous tile).
 template <typename Traits, int kPass = 0>
-__device__ __forceinline__ void sm90_ws_epilogue(const GemmParams& p, float* staging, const float (&acc)[Traits::kNTiles][4],
-                                                 const Sm90Work& w, float* slice, int cw, int t) {
-  flash::named_barrier_sync(1, Traits::kMmaThreads);
-  sm90_stage_acc<Traits, kPass>(staging, acc, cw, t % 128);
-  flash::named_barrier_sync(1, Traits::kMmaThreads);
-  finish_staged_tile<typename Traits::Elem, Traits::kBlockM, Traits::kPassCols, Traits::kMmaThreads>(
-      p, staging, w.i0, w.j0 + kPass * Traits::kPassCols, slice, t);
-  if constexpr (kPass + 1 < Traits::kEpiloguePasses) sm90_ws_epilogue<Traits, kPass + 1>(p, staging, acc, w, slice, cw, t);
+__device__ __forceinline__ void sm90_ws_epilogue(const GemmParams& p, float* staging, const Sm90Acc<Traits>& acc,
+                                                 const Sm90Work& w, float* slice, int group, int gw, int gt) {
+  flash::named_barrier_sync(1 + group, Traits::kGroupThreads);
+  sm90_stage_acc<Traits, kPass>(staging, acc, gw, gt % 128);
+  flash::named_barrier_sync(1 + group, Traits::kGroupThreads);
+  finish_staged_tile<typename Traits::Elem, Traits::kBlockM, Traits::kPassCols, Traits::kGroupThreads>(
+      p, staging, w.i0, w.j0 + kPass * Traits::kPassCols, slice, gt);
+  if constexpr (kPass + 1 < Traits::kEpiloguePasses)
+    sm90_ws_epilogue<Traits, kPass + 1>(p, staging, acc, w, slice, group, gw, gt);
 }
 
 template <typename Traits>
@@ -208,11 +270,8 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSm)
   const auto issue = [&](int it) { sm90_load_k_tile<Traits>(maps, s_a(it % kStages), bar(it % kStages), w, w.kt_begin + it); };
   const int wg = warp_uniform_int(static_cast<int>(threadIdx.x) / 128);
 
-  float acc[Traits::kNTiles][4];
-#pragma unroll
-  for (int j = 0; j < Traits::kNTiles; ++j)
-#pragma unroll
-    for (int e = 0; e < 4; ++e) acc[j][e] = 0.0f;
+  Sm90Acc<Traits> acc;
+  sm90_zero_acc<Traits>(acc);
 
   if (threadIdx.x == 0)
     for (int it = 0; it < kStages - 1 && it < n_kt; ++it) issue(it);
@@ -221,14 +280,14 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSm)
     const int st = it % kStages;
     mbarrier_wait(bar(st), static_cast<uint32_t>((it / kStages) & 1));
     wgmma_fence();
-    sm90_mma_k_tile<Traits>(acc, s_a(st), wg);
+    sm90_mma_k_tile<Traits>(acc, s_a(st), s_a(st) + static_cast<uint32_t>(Traits::kATileBytes), wg);
     wgmma_commit();
     wgmma_wait<1>();  // tile it - 1's wgmma are done in this warpgroup
     __syncthreads();  // ... and in every warpgroup: its stage may be refilled
     if (threadIdx.x == 0 && it + kStages - 1 < n_kt) issue(it + kStages - 1);
   }
   wgmma_wait<0>();
-  fence_operands(acc);
+  sm90_fence_acc<Traits>(acc);
 
   // Staged epilogue (gemm_common.cuh) in the stages' memory: every warpgroup's wgmma reads and every
   // TMA write are complete (each was waited for), the barrier orders the other warpgroups.
@@ -251,13 +310,15 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
   static_assert(Traits::kWarpSpecialized, "the warp-specialized traits");
   using namespace flash::sm90;
   constexpr int kStages = Traits::kStages;
-  constexpr int kMma = Traits::kMmaThreads;
+  constexpr bool kTurns = Traits::kTileGroups > 1;
+  constexpr int kTurnThreads = 2 * Traits::kGroupThreads;  // a turn passes from one group to the next
 
   extern __shared__ unsigned char smem_raw[];
   const uint32_t base = (flash::smem_u32(smem_raw) + kSw128AtomBytes - 1) & ~uint32_t(kSw128AtomBytes - 1);
   const auto s_a = [&](int st) { return base + static_cast<uint32_t>(st * Traits::kStageBytes); };
-  const auto full = [&](int st) { return base + static_cast<uint32_t>(Traits::kDataBytes + 8 * st); };
-  const auto empty = [&](int st) { return base + static_cast<uint32_t>(Traits::kDataBytes + 8 * (kStages + st)); };
+  const auto bar = [&](int i) { return base + static_cast<uint32_t>(Traits::kDataBytes + 8 * i); };
+  const auto full = [&](int st) { return bar(st); };
+  const auto empty = [&](int st) { return bar(kStages + st); };
   float* staging = reinterpret_cast<float*>(smem_raw + (base - flash::smem_u32(smem_raw)) + Traits::kPipeBytes);
 
   if (threadIdx.x == 0) {
@@ -265,8 +326,8 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
     prefetch_tensor_map(&maps.b);
 #pragma unroll
     for (int st = 0; st < kStages; ++st) {
-      mbarrier_init(full(st), 1);           // the producer's expect_tx
-      mbarrier_init(empty(st), kMma / 32);  // every consumer warp
+      mbarrier_init(full(st), 1);                              // the producer's expect_tx
+      mbarrier_init(empty(st), Traits::kGroupThreads / 32);  // every warp of the group using it
     }
     fence_mbarrier_init();
   }
@@ -274,6 +335,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
 
   const int wg = warp_uniform_int(static_cast<int>(threadIdx.x) / 128);
   if (wg == 0) {
+    if constexpr (Traits::kRebalanceRegs) setmaxnreg_dec<Traits::kProducerRegs>();
     // Producer: K tile g of this block's walk (over all its work items) goes to stage g % kStages once
     // the consumers have released that stage's use g - kStages (parity of the previous phase; a fresh
     // barrier counts its phase before the first as complete, so the first kStages waits pass).
@@ -291,36 +353,49 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
     return;
   }
 
-  // Consumers: warpgroup cw multiplies rows [64 cw, 64 cw + 64) of each tile.
-  const int cw = wg - 1, t = static_cast<int>(threadIdx.x) - 128, lane = t % 32;
-  int64_t g = 0;
-  // A warp's release of a stage, once every lane's wgmma reading it are done.
-  const auto release = [&](int st) {
+  // Consumers: warpgroup gw of tile group `group` multiplies row blocks [kMmaBlocks gw,
+  // kMmaBlocks (gw + 1)) of the group's tiles, the block's work items j with j % kTileGroups == group.
+  if constexpr (Traits::kRebalanceRegs) setmaxnreg_inc<Traits::kConsumerRegs>();
+  const int cw = wg - 1, group = cw / Traits::kGroupWarpGroups, gw = cw % Traits::kGroupWarpGroups;
+  const int gt = static_cast<int>(threadIdx.x) - 128 - group * Traits::kGroupThreads, lane = gt % 32;
+  // A warp's arrival on an empty barrier, once every lane's wgmma reading its stage are done.
+  const auto release = [&](uint32_t empty_bar) {
     __syncwarp();
-    if (lane == 0) mbarrier_arrive(empty(st));
+    if (lane == 0) mbarrier_arrive(empty_bar);
   };
-  for (int64_t item = blockIdx.x; item < items; item += gridDim.x) {
+  int64_t g = 0, j = 0;
+  for (int64_t item = blockIdx.x; item < items; item += gridDim.x, ++j) {
     const Sm90Work w = sm90_work<Traits>(p, item, k_tiles_per_split);
-    float acc[Traits::kNTiles][4];
-#pragma unroll
-    for (int j = 0; j < Traits::kNTiles; ++j)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) acc[j][e] = 0.0f;
+    const bool last = item + gridDim.x >= items;
+    if (j % Traits::kTileGroups != group) {  // another group's: its K tiles pass this one by
+      g += w.n_kt;
+      continue;
+    }
+    // Tile groups take turns at the main loop (named barrier 3 + group: this group's turn), so that
+    // a group waits for a stage's use only once the stage's previous use has arrived, as a parity
+    // wait needs: the group before it has waited for every K tile up to this item's.
+    if (kTurns && j > 0) flash::named_barrier_sync(3 + group, kTurnThreads);
+    Sm90Acc<Traits> acc;
+    sm90_zero_acc<Traits>(acc);
     for (int it = 0; it < w.n_kt; ++it, ++g) {
       const int st = static_cast<int>(g % kStages);
       mbarrier_wait(full(st), static_cast<uint32_t>((g / kStages) & 1));
       wgmma_fence();
-      sm90_mma_k_tile<Traits>(acc, s_a(st), cw);
+      sm90_mma_k_tile<Traits>(acc, s_a(st), s_a(st) + static_cast<uint32_t>(Traits::kATileBytes), gw);
       wgmma_commit();
       wgmma_wait<1>();  // this thread's wgmma of the previous K tile are done
-      if (it > 0) release(static_cast<int>((g - 1) % kStages));
+      if (it > 0) release(empty(static_cast<int>((g - 1) % kStages)));
     }
+    if (kTurns && !last) flash::named_barrier_arrive(3 + (group + 1) % Traits::kTileGroups, kTurnThreads);
     wgmma_wait<0>();
-    fence_operands(acc);
-    if (w.n_kt > 0) release(static_cast<int>((g - 1) % kStages));
+    sm90_fence_acc<Traits>(acc);
+    if (w.n_kt > 0) release(empty(static_cast<int>((g - 1) % kStages)));
 
+    // The groups take turns at the one staging buffer too (named barrier 5 + group), in walk order.
+    if (kTurns && j > 0) flash::named_barrier_sync(5 + group, kTurnThreads);
     float* slice = partial != nullptr ? partial + w.split * p.m * p.n : nullptr;
-    sm90_ws_epilogue<Traits>(p, staging, acc, w, slice, cw, t);
+    sm90_ws_epilogue<Traits>(p, staging, acc, w, slice, group, gw, gt);
+    if (kTurns && !last) flash::named_barrier_arrive(5 + (group + 1) % Traits::kTileGroups, kTurnThreads);
   }
 #else
   __trap();  // only the sm_90a build has this kernel; the planner never selects it elsewhere
