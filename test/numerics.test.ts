@@ -48,7 +48,7 @@
  *
  * Known bugs, shown by tests marked `test.failing` (they pass while the library is wrong; a fix
  * makes them fail, and the marker must go): KNOWN_BUGS (bugs A and B, NaN / ±∞ propagation; fixed on
- * the CPU and on CUDA, where B2, the backward's products, was fixed last; all now empty).
+ * the CPU and on CUDA, including B2, the backward's products; all now empty).
  * Part 1 runs on the CPU in float32, and on CUDA through every family of FA2 kernels (NAN_VARIANTS).
  * HUGE_SCORES_BUG (bug C, scores beyond ~1e9 on the CPU) is fixed and now empty.
  */
@@ -406,10 +406,8 @@ const POISON_CASES: PoisonCase[] = [
 ];
 
 /**
- * Outputs that violate the rules today: `test.failing`, per device. Both bugs were found on the CPU
- * backend and fixed there (session 4); the CUDA entries were predicted from csrc/cuda/flash and
- * confirmed on an H200 (the suite passes with these markers), and still need the same fixes in the
- * kernels.
+ * Outputs that violate the rules: `test.failing`, per device. None today: both bugs below are fixed on
+ * the CPU backend and in the CUDA kernels (the two comments after this one), so both maps are empty.
  *
  * Bug A (lse of a NaN row): a row whose scores hold a NaN (or a +∞, or are all −∞) gets lse =
  *   +Infinity, the value of a row that sees no key (csrc/cpu/tile_fwd.h and
@@ -435,11 +433,11 @@ const POISON_CASES: PoisonCase[] = [
  * (gemm_masked in tile_kernels.h; the forward's P·V likewise).
  */
 /**
- * The CUDA fixes (session 5; every CUDA variant below): the forward kernels end a row by its
+ * The CUDA fixes (every CUDA variant below; H100, 2026-11-21): the forward kernels end a row by its
  * structure too (fragment_softmax.cuh finish()), and on tiles that cross the causal diagonal they
  * zero V's NaN / ±∞ elements for the tensor-core product and add them back to the rows that see
  * their key (nonfinite_pv.cuh); the backward kernels set P and dS to exactly 0 by a select where a
- * row does not see a key, padding rows included. Bug B2 (session 6), the backward's products: dV +=
+ * row does not see a key, padding rows included. Bug B2, the backward's products: dV +=
  * Pᵀ·dO, dK += dSᵀ·Q and dQ += dS·K multiplied a hidden P or dS = 0 by a NaN / ±∞ of dO, Q or K on
  * crossing tiles. Now those elements are zeroed for the product and their visible terms added back,
  * on a rare path found by the rows' lse / D (Q, dO) and a scan of K (csrc/cuda/flash/bwd_nonfinite.cuh).

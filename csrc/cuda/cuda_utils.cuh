@@ -90,7 +90,7 @@ __device__ __forceinline__ float warp_sum(float x) {
 // warp vote it lands in a uniform predicate. Branching on the barrier's own result register instead
 // made ptxas treat the rare path as divergent and move the whole causal backward loop's address
 // arithmetic off the uniform datapath (sm_90a, d64 dK/dV kernel: 457 uniform instructions before B2,
-// 228 with it, 705 with this; H100, session 7: the causal backward from 1.05-1.09x to 1.02-1.05x the
+// 228 with it, 705 with this; H100, 2026-11-21: the causal backward from 1.05-1.09x to 1.02-1.05x the
 // time of the kernels before B2). All 32 lanes must be active.
 __device__ __forceinline__ bool warp_uniform(bool x) { return __any_sync(0xffffffffu, x); }
 

@@ -569,7 +569,8 @@ Napi::Value AttentionBackward(const Napi::CallbackInfo& info) {
     if (algorithm == BwdAlgorithm::kAuto && dtype != DType::kFloat32) {
       // 'auto' takes the two-kernel backward wherever it exists (Hopper, head dims 32 / 64 / 128 after
       // padding): on an H200 it took 0.97x the single kernel's time over the bf16 FA2 grid (0.93-1.03x per
-      // cell, bench/RESULTS.md session 3), needs no fp32 dq accumulator and is deterministic.
+      // cell, bench/RESULTS.md, 2026-11-21, "our CUDA FlashAttention-2 backward vs PyTorch SDPA"), needs
+      // no fp32 dq accumulator and is deterministic.
       pp.two_kernel = true;
       if (cuda::flash_bwd_unsupported_reason(pp) != nullptr) pp.two_kernel = false;
     }

@@ -401,7 +401,7 @@ export function gradientSlack(t: ForwardShape, s: StoredProblem, ref: ReferenceB
  * moves by P_ij·δD_i, so dq_i by scale·δD_i·Σ_j P_ij k_j and dk_j by scale·Σ_i P_ij δD_i q_i, with
  * δD_i = |dO_i·(out_i − out'_i)| measured from the two outs (float64; rows with a non-finite value
  * skipped): zero when they agree. The 3× rule does not cover this: it is a max over all elements, and a
- * row whose D moved can be one where the same-precision error happens to be small (H100, session 7:
+ * row whose D moved can be one where the same-precision error happens to be small (H100, 2026-11-21:
  * fp16 causal 799x3 d40, dq of a row with two keys at 1.05x its bound without this slack).
  */
 export function outDifferenceSlack(

@@ -211,7 +211,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSm)
                              static_cast<int64_t>(n0) * p.k_row_stride;
         // dS (row h, key j) for this thread's rows sits in lane (g, (j % 8) / 2) of this quad.
         // Key j = 8 jq + r: the tile index jq is a compile-time constant (a runtime index into dp would
-        // move dp to local memory, session 6), r a runtime one.
+        // move dp to local memory), r a runtime one.
 #pragma unroll
         for (int jq = 0; jq < kSTiles; ++jq)
 #pragma unroll 1

@@ -16,8 +16,9 @@ struct FlashBwdDqSm90Traits {
   static constexpr int kBlockN = kBlockN_;                // keys per K/V tile
   static constexpr int kStages = 2;                       // K/V double buffering
   // Blocks per SM that the register budget must allow (__launch_bounds__): two up to d64, whose 256
-  // threads fit 128 registers (and twice the shared memory) without spills. B2's rare path (session 7)
-  // took d64 causal to 141 registers, one block per SM, and the two-kernel backward 1.2x slower.
+  // threads fit 128 registers (and twice the shared memory) without spills. Without it, B2's rare path
+  // took d64 causal to 141 registers, one block per SM, and the two-kernel backward 1.2x slower
+  // (H100, 2026-11-21).
   static constexpr int kMinBlocksPerSm = kHeadDim <= 64 ? 2 : 1;
 
   static constexpr int kMmaK = 16;

@@ -185,7 +185,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, kComputeDq ? 1 : Traits::kD
       const int head = head_kv * group + it / m_count;
       const int m0 = (m_begin + it % m_count) * kBlockM;
       // One iteration. Tiles that cross the causal diagonal (kCross) get the rare path of bug B2 and its
-      // vote; the others compile to the loop without them. Measured on the H100 (session 7, causal bf16
+      // vote; the others compile to the loop without them. Measured on an H100 (2026-11-21, causal bf16
       // backward d32-d128, 512-8k, against the kernels before B2): one body for both tile kinds 1.08x the
       // time; two bodies, with the votes and the warpgroup index made warp-uniform and no spills left,
       // 1.015x (single kernel) and 1.027x (two kernels), the rest being the crossing tiles' own work
