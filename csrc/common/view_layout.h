@@ -117,7 +117,7 @@ inline bool reaches_difference(const ViewLayout& v, const int order[], const int
 inline bool views_overlap(const ViewLayout& a, const ViewLayout& b) {
   const int64_t ea = view_extent(a), eb = view_extent(b);
   if (a.offset + ea <= b.offset || b.offset + eb <= a.offset) return false;
-  int oa[kMaxViewRank], ob[kMaxViewRank];
+  int oa[kMaxViewRank] = {}, ob[kMaxViewRank] = {};  // view_order fills na and nb of them
   const int na = view_order(a, oa);
   const int nb = view_order(b, ob);
   bool same_layout = na == nb;

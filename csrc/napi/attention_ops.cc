@@ -248,7 +248,8 @@ const char* kernel_name(Kernel k) {
 // The options object of attentionForward, read once and converted (lib/native.ts
 // NativeAttentionForwardArgs): everything the call uses comes from here, checked before anything is
 // allocated.
-struct ForwardArgs {
+// The keys both attention calls take, converted from their options snapshot.
+struct AttnCallArgs {
   TensorArg q, k, v;
   Dims dims;
   bool causal;
@@ -256,6 +257,20 @@ struct ForwardArgs {
   Kernel kernel;
   Fp32Precision fp32_precision;
   bool has_strides;
+};
+
+void read_call_args(const OptionsSnapshot& o, AttnCallArgs& a) {
+  a.q = tensor_arg(o["q"], "q");
+  a.k = tensor_arg(o["k"], "k");
+  a.v = tensor_arg(o["v"], "v");
+  a.dims = dims_arg(o["dims"]);
+  a.causal = bool_arg(o["causal"], "causal");
+  a.scale = scale_arg(o["softmaxScale"]);
+  a.kernel = kernel_arg(o["kernel"]);
+  a.fp32_precision = fp32_precision_arg(o["float32Precision"]);
+}
+
+struct ForwardArgs : AttnCallArgs {
   int64_t strides[9];  // [batch, row, head] of q, k, v when has_strides
 };
 
@@ -271,14 +286,7 @@ ForwardArgs forward_args(const Napi::Value& value) {
                            {"float32Precision", true},
                            {"strides", false}});
   ForwardArgs a;
-  a.q = tensor_arg(o["q"], "q");
-  a.k = tensor_arg(o["k"], "k");
-  a.v = tensor_arg(o["v"], "v");
-  a.dims = dims_arg(o["dims"]);
-  a.causal = bool_arg(o["causal"], "causal");
-  a.scale = scale_arg(o["softmaxScale"]);
-  a.kernel = kernel_arg(o["kernel"]);
-  a.fp32_precision = fp32_precision_arg(o["float32Precision"]);
+  read_call_args(o, a);
   a.has_strides = strides_array_arg(o["strides"], {"q", "k", "v"}, "strides", a.strides);
   return a;
 }
@@ -388,16 +396,10 @@ Napi::Value AttentionForward(const Napi::CallbackInfo& info) {
 
 // The options object of attentionBackward, read once and converted (lib/native.ts
 // NativeAttentionBackwardArgs).
-struct BackwardArgs {
-  TensorArg dout, q, k, v, out, lse;
-  Dims dims;
-  bool causal;
-  float scale;
-  Kernel kernel;
+struct BackwardArgs : AttnCallArgs {
+  TensorArg dout, out, lse;
   bool deterministic;
   BwdAlgorithm algorithm;
-  Fp32Precision fp32_precision;
-  bool has_strides;
   int64_t strides[15];  // [batch, row, head] of dout, q, k, v, out when has_strides
   bool given[3];        // whether grads holds a tensor for dq, dk, dv
   TensorArg grads[3];
@@ -427,18 +429,11 @@ BackwardArgs backward_args(const Napi::Value& value) {
                            {"gradStrides", false}});
   BackwardArgs a;
   a.dout = tensor_arg(o["dout"], "dout");
-  a.q = tensor_arg(o["q"], "q");
-  a.k = tensor_arg(o["k"], "k");
-  a.v = tensor_arg(o["v"], "v");
+  read_call_args(o, a);
   a.out = tensor_arg(o["out"], "out");
   a.lse = tensor_arg(o["lse"], "lse");
-  a.dims = dims_arg(o["dims"]);
-  a.causal = bool_arg(o["causal"], "causal");
-  a.scale = scale_arg(o["softmaxScale"]);
-  a.kernel = kernel_arg(o["kernel"]);
   a.deterministic = bool_arg(o["deterministic"], "deterministic");
   a.algorithm = algorithm_arg(o["algorithm"]);
-  a.fp32_precision = fp32_precision_arg(o["float32Precision"]);
   a.has_strides = strides_array_arg(o["strides"], {"dout", "q", "k", "v", "out"}, "strides", a.strides);
   const Napi::Value grads = o["grads"];
   for (int i = 0; i < 3; ++i) a.given[i] = false;
