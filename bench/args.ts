@@ -7,7 +7,7 @@
 import type { AttentionKernel, Device, DType } from '../lib';
 import { Pass, PASSES } from './flops';
 import { BwdVariant, CompareTarget, GridSettings, headsFor } from './grid';
-import { deviceDefaults, PRESETS } from './presets';
+import { deviceDefaults, Preset, PRESETS } from './presets';
 import type { TorchBackend } from './torch';
 
 /** A bad command line; the CLI prints the message and exits with status 2. */
@@ -30,8 +30,23 @@ export interface OutputOptions {
 /** What the command line asks for. */
 export type BenchCommand =
   | { kind: 'help' }
+  | { kind: 'version' }
   | { kind: 'list-presets' }
-  | { kind: 'run'; settings: GridSettings; output: OutputOptions; preset: string | null; deviceChosen: boolean };
+  | {
+    kind: 'run';
+    settings: GridSettings;
+    output: OutputOptions;
+    /** The preset named by --preset, or null. */
+    preset: string | null;
+    /** The preset the settings start from: --preset's, else the device's default (fa2-grid on cuda, cpu-small on cpu). */
+    basePreset: string;
+    /**
+     * The flags that changed a value of `basePreset` (e.g. `--seqlen 64`), in command-line order; empty
+     * when the run is the preset unchanged. A flag that repeats the preset's value is not listed.
+     */
+    overrides: string[];
+    deviceChosen: boolean;
+  };
 
 /** Smallest repeat count on CUDA: medians of fewer runs are noise there. */
 export const MIN_CUDA_REPEATS = 20;
@@ -79,6 +94,7 @@ Output (tables go to stdout, or to stderr when --json, --csv or --markdown takes
   --quiet                    no progress bar; no tables on stderr when stdout carries JSON, CSV or markdown
   --list-presets             describe the presets
   --help, -h                 this text
+  --version, -v              print flash-attn-bench's version (the package's) and exit
 
 Measured: the median (with min and max) of --repeats runs timed by CUDA events (host time to completion
 on the CPU); TFLOP/s by FlashAttention-2's count (fwd 4·B·H·Sq·Sk·D, halved when causal; bwd 2.5×; fwdbwd
@@ -98,7 +114,33 @@ const COMPARE: readonly CompareTarget[] = ['naive', 'torch'];
 const TORCH_BACKEND_NAMES: readonly TorchBackend[] = ['flash', 'cudnn', 'efficient', 'math'];
 const BWD_VARIANTS: readonly BwdVariant[] = ['single-kernel', 'deterministic', 'two-kernel'];
 /** Flags that take no value. */
-const SWITCHES = new Set(['--json', '--csv', '--markdown', '--quiet', '--help', '-h', '--list-presets']);
+const SWITCHES = new Set(['--json', '--csv', '--markdown', '--quiet', '--help', '-h', '--version', '-v', '--list-presets']);
+
+/** The setting each grid flag sets (for {@link BenchCommand}'s `overrides`). */
+const FLAG_SETTINGS: Readonly<Record<string, keyof GridSettings>> = {
+  '--device': 'device', '--dtype': 'dtype', '--seqlen': 'seqlens', '--seqlen-k': 'seqlenK', '--batch': 'batch', '--heads': 'heads',
+  '--kv-heads': 'kvHeads', '--head-dim': 'headDims', '--causal': 'causal', '--pass': 'passes', '--kernel': 'kernel',
+  '--repeats': 'repeats', '--warmup': 'warmup', '--compare': 'compare', '--torch-backends': 'torchBackends', '--variants': 'variants',
+};
+
+/** Settings whose lists are sets (their order does not change the cells measured). */
+const SET_SETTINGS: ReadonlySet<keyof GridSettings> = new Set(['seqlens', 'headDims', 'causal', 'passes', 'compare', 'torchBackends', 'variants']);
+
+/** `v` as one shell word. */
+function shellWord(v: string): string {
+  return /^[\w.,:/=+@%-]+$/.test(v) ? v : `'${v.replace(/'/g, `'\\''`)}'`;
+}
+
+function sameSetting(key: keyof GridSettings, a: GridSettings[keyof GridSettings], b: GridSettings[keyof GridSettings]): boolean {
+  const norm = (v: unknown): string => JSON.stringify(Array.isArray(v) && SET_SETTINGS.has(key) ? [...v].map(String).sort() : v);
+  return norm(a) === norm(b);
+}
+
+/** The name of the preset a run starts from: `preset` if named, else the device's default. */
+export function basePresetName(preset: string | null, device: Device): string {
+  return preset ?? (device === 'cuda' ? 'fa2-grid' : 'cpu-small');
+}
+
 
 function fail(flag: string, expected: string, received: string): never {
   throw new BenchArgError(`${flag}: expected ${expected} but received ${received}`);
@@ -159,9 +201,13 @@ export function parseArgs(argv: readonly string[], defaultDevice: Device = 'cpu'
   const output: OutputOptions = { json: false, csv: false, markdown: false, chart: null, quiet: false, python: null };
   let preset: string | null = null;
   let help = false;
+  let version = false;
   let list = false;
+  /** Per setting, the last flag that set it, as typed (`--seqlen 64`). */
+  const given = new Map<keyof GridSettings, string>();
 
   for (let i = 0; i < argv.length; i++) {
+    const start = i;
     let flag = argv[i];
     let inline: string | undefined;
     const eq = flag.indexOf('=');
@@ -179,6 +225,7 @@ export function parseArgs(argv: readonly string[], defaultDevice: Device = 'cpu'
     };
     switch (flag) {
       case '--help': case '-h': help = true; break;
+      case '--version': case '-v': version = true; break;
       case '--list-presets': list = true; break;
       case '--json': output.json = true; break;
       case '--csv': output.csv = true; break;
@@ -255,8 +302,15 @@ export function parseArgs(argv: readonly string[], defaultDevice: Device = 'cpu'
       default:
         throw new BenchArgError(`unknown option ${quote(argv[i])} (see --help)`);
     }
+    const key = FLAG_SETTINGS[flag];
+    if (key !== undefined) {
+      const words = inline !== undefined ? [flag, inline] : argv.slice(start, i + 1);
+      given.delete(key);
+      given.set(key, [words[0], ...words.slice(1).map(shellWord)].join(' '));
+    }
   }
   if (help) return { kind: 'help' };
+  if (version) return { kind: 'version' };
   if (list) return { kind: 'list-presets' };
 
   const stdoutFormats = (['json', 'csv', 'markdown'] as const).filter((k) => output[k]);
@@ -267,13 +321,25 @@ export function parseArgs(argv: readonly string[], defaultDevice: Device = 'cpu'
   }
 
   const p = preset === null ? null : PRESETS[preset];
+  const settings = resolveSettings(p, flags, defaultDevice);
+  validate(settings, flags);
+  // What each flag is measured against: the preset on its own device, and for the other settings,
+  // the preset moved to the run's device (which takes that device's timing defaults).
+  const basePreset = basePresetName(preset, settings.device);
+  const onDevice = resolveSettings(PRESETS[basePreset], { device: settings.device }, settings.device);
+  const base: GridSettings = { ...onDevice, device: PRESETS[basePreset].device };
+  const overrides = [...given].filter(([key]) => !sameSetting(key, settings[key], base[key])).map(([, text]) => text);
+  return { kind: 'run', settings, output, preset, basePreset, overrides, deviceChosen: flags.device !== undefined || p !== null };
+}
+
+/** Flags over a preset over the device's default grid. */
+function resolveSettings(p: Preset | null, flags: Partial<GridSettings>, defaultDevice: Device): GridSettings {
   const device = flags.device ?? p?.device ?? defaultDevice;
   const settings: GridSettings = { ...deviceDefaults(device), ...(p?.settings ?? {}), ...flags, device };
   // A preset made for the other device keeps its problem but takes this device's timing defaults.
   if (flags.repeats === undefined && p && p.device !== device) settings.repeats = deviceDefaults(device).repeats;
   if (flags.warmup === undefined && p && p.device !== device) settings.warmup = deviceDefaults(device).warmup;
-  validate(settings, flags);
-  return { kind: 'run', settings, output, preset, deviceChosen: flags.device !== undefined || p !== null };
+  return settings;
 }
 
 /** Checks that hold across flags (and the preset's values). */

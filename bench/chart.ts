@@ -46,7 +46,7 @@ export function chartSpec(r: BenchReport): ChartSpec {
   const seqs = [...new Set(r.rows.map((x) => x.seqlenQ))].sort((a, b) => a - b).map(seqLabel);
   const series = implsIn(r.rows.filter((x) => x.status === 'ok'));
   const e = r.env;
-  const where = e.device === 'cuda' ? `${e.deviceName}, ${driverText(e)}, CUDA runtime ${e.cudaRuntime}` : e.deviceName;
+  const where = e.device === 'cuda' ? `${e.deviceName}, ${driverText(e)}, CUDA runtime ${e.cudaRuntime ?? '-'}` : e.deviceName;
   const torch = e.torch ? `, PyTorch ${e.torch.torch}` : '';
   return {
     $schema: 'https://vega.github.io/schema/vega-lite/v5.json',

@@ -20,9 +20,13 @@ import { renderChartSvg } from './chart';
 import { buildCells } from './grid';
 import { peakTflops } from './peaks';
 import { listPresets } from './presets';
-import { BenchEnv, BenchReport, cpuModel, formatCsv, formatJson, formatMarkdown, formatText, fmtMs, fmtTflops, packageVersion } from './report';
+import {
+  BenchEnv, BenchReport, cpuModel, formatCsv, formatJson, formatMarkdown, formatText, fmtMs, fmtTflops, packageVersion, presetText,
+  REPORT_SCHEMA, reportSettings,
+} from './report';
 import { addRatios, BenchRow, kernelsRan, oursWork, resolveKernel, runOurs, sortRows, torchRows } from './runner';
 import { runTorchBaselines, TorchEnv } from './torch';
+import { packageVersionFrom } from './version';
 
 /** Where the CLI writes; tests pass their own. */
 export interface CliIO {
@@ -95,7 +99,8 @@ export async function main(argv: string[], io: CliIO = { stdout: process.stdout,
   const err = (msg: string): void => {
     io.stderr.write(`${NAME}: ${msg}\n`);
   };
-  const infoOnly = argv.some((a) => a === '--help' || a === '-h' || a === '--list-presets');
+  // These print and exit without loading the addon.
+  const infoOnly = argv.some((a) => a === '--help' || a === '-h' || a === '--version' || a === '-v' || a === '--list-presets');
   let dev: 'cpu' | 'cuda' = 'cpu';
   if (!infoOnly) {
     try {
@@ -118,6 +123,17 @@ export async function main(argv: string[], io: CliIO = { stdout: process.stdout,
     io.stdout.write(HELP);
     return 0;
   }
+  if (cmd.kind === 'version') {
+    let version: string;
+    try {
+      version = packageVersionFrom(__dirname);
+    } catch (e) {
+      err(`--version: ${(e as Error).message}`);
+      return 1;
+    }
+    io.stdout.write(`${NAME} ${version}\n`);
+    return 0;
+  }
   if (cmd.kind === 'list-presets') {
     io.stdout.write(listPresets());
     return 0;
@@ -138,7 +154,11 @@ export async function main(argv: string[], io: CliIO = { stdout: process.stdout,
   const gpu = b.cuda.device;
   const notes: string[] = [];
   if (s.device === 'cpu' && !cmd.deviceChosen && !b.cuda.available) {
-    notes.push(`no usable GPU (${b.cuda.reason}): ran the small CPU grid (preset cpu-small) on the CPU backend, ${b.cpu.threads} threads`);
+    // Names the preset as what ran only when no flag replaced its values.
+    const where = `on the CPU backend, ${b.cpu.threads} threads`;
+    notes.push(`no usable GPU (${b.cuda.reason}): ` + (cmd.overrides.length === 0
+      ? `ran the small CPU grid (preset ${cmd.basePreset}) ${where}`
+      : `ran ${where}: ${presetText(cmd.basePreset, cmd.overrides)}`));
   }
   if (s.compare.includes('naive') && s.device === 'cpu') {
     notes.push('--compare naive: the naive kernel is CUDA-only; no naive rows on the CPU backend');
@@ -195,13 +215,19 @@ export async function main(argv: string[], io: CliIO = { stdout: process.stdout,
   addRatios(rows);
   rows = sortRows(rows, cells);
 
+  // GPU fields only where something ran on a GPU; PyTorch's only where it was asked for.
+  const ranOnGpu = s.device === 'cuda' || torchEnv !== null;
   const env: BenchEnv = {
     date, version: packageVersion(), node: process.version, platform: `${process.platform}-${process.arch}`, device: s.device,
     deviceName: s.device === 'cuda' && gpu ? gpu.name : `CPU backend (${b.cpu.threads} threads)`,
-    computeCapability: s.device === 'cuda' && gpu ? gpu.computeCapability : null,
-    driver: gpu ? nvidiaDriverVersion() ?? (torchEnv?.driver && /^\d+\.\d+/.test(torchEnv.driver) ? torchEnv.driver : null) : null,
-    cudaDriver: gpu?.driverVersion ?? null, cudaRuntime: gpu?.runtimeVersion ?? null, cpu: cpuModel(), cpuThreads: os.cpus().length,
-    torch: torchEnv, torchUnavailable,
+    ...(ranOnGpu ? {
+      computeCapability: gpu?.computeCapability ?? null,
+      driver: gpu ? nvidiaDriverVersion() ?? (torchEnv?.driver && /^\d+\.\d+/.test(torchEnv.driver) ? torchEnv.driver : null) : null,
+      cudaDriver: gpu?.driverVersion ?? null, cudaRuntime: gpu?.runtimeVersion ?? null,
+    } : {}),
+    cpu: cpuModel(), cpuThreads: os.cpus().length,
+    ...(s.device === 'cpu' ? { cpuBackendThreads: b.cpu.threads } : {}),
+    ...(s.compare.includes('torch') ? { torch: torchEnv, torchUnavailable } : {}),
   };
   const kernelResolved = kernelsRan(rows);
   if (s.device === 'cuda' && s.kernel === 'auto' && /naive/.test(kernelResolved)) {
@@ -209,11 +235,11 @@ export async function main(argv: string[], io: CliIO = { stdout: process.stdout,
       + 'each row\'s kernel says which ran');
   }
   const report: BenchReport = {
-    tool: NAME, schema: 1, env,
-    settings: {
-      ...s, preset: cmd.preset, kernelResolved, peakTflops: peak,
+    tool: NAME, schema: REPORT_SCHEMA, env,
+    settings: reportSettings(s, {
+      preset: cmd.basePreset, presetOverrides: cmd.overrides, kernelResolved, peakTflops: peak,
       timing: s.device === 'cuda' ? 'CUDA events, runs queued back to back' : 'host time to completion',
-    },
+    }),
     notes, rows,
   };
 

@@ -3,16 +3,17 @@
  * when it was measured: device, driver, CUDA runtime, PyTorch (when compared), Node, date.
  * @packageDocumentation
  */
-import * as fs from 'fs';
 import * as os from 'os';
-import * as path from 'path';
 import type { Device } from '../lib';
-import { packageRoot } from '../lib/native';
 import { GridSettings } from './grid';
 import { algorithmsRan, BenchRow, Impl, IMPL_LABELS, IMPLS, OUR_VARIANTS, VARIANT_RATIOS, VariantRatio } from './runner';
-import type { TorchEnv } from './torch';
+import type { TorchBackend, TorchEnv } from './torch';
+import { findPackageJson } from './version';
 
-/** Where and when a run was measured. */
+/**
+ * Where and when a run was measured. Fields that describe a GPU or PyTorch are there only when the
+ * run used one: a CPU run without --compare torch has none of them.
+ */
 export interface BenchEnv {
   /** ISO 8601 time at the start of the run. */
   date: string;
@@ -20,54 +21,102 @@ export interface BenchEnv {
   version: string;
   node: string;
   platform: string;
+  /** Where our rows ran. */
   device: Device;
   /** The GPU's name, or "CPU backend (N threads)". */
   deviceName: string;
-  computeCapability: string | null;
+  /**
+   * The GPU's compute capability (e.g. "9.0"). Present when something ran on a GPU (a CUDA run, or
+   * PyTorch's rows beside a CPU run); absent otherwise, as are `driver`, `cudaDriver` and `cudaRuntime`.
+   */
+  computeCapability?: string | null;
   /**
    * The NVIDIA driver's version (e.g. "580.95.05"), when known: from /proc/driver/nvidia/version, or
-   * from PyTorch's nvidia-smi when compared; else null.
+   * from PyTorch's nvidia-smi when compared; else null. Only when something ran on a GPU.
    */
-  driver: string | null;
-  /** The CUDA version the driver supports (e.g. "13.0"), when a CUDA device is usable. */
-  cudaDriver: string | null;
-  /** The CUDA runtime the addon was built with. */
-  cudaRuntime: string | null;
+  driver?: string | null;
+  /** The CUDA version the driver supports (e.g. "13.0"). Only when something ran on a GPU. */
+  cudaDriver?: string | null;
+  /** The CUDA runtime the addon was built with. Only when something ran on a GPU. */
+  cudaRuntime?: string | null;
+  /** The host's CPU model. */
   cpu: string;
+  /** The host's logical CPUs. */
   cpuThreads: number;
-  /** PyTorch's environment when --compare torch ran, else null. */
-  torch: TorchEnv | null;
-  /** Why the PyTorch baselines are missing, when --compare torch was asked for and they are. */
-  torchUnavailable: string | null;
+  /** CPU runs: the threads of the CPU backend that ran our rows. Absent on CUDA runs. */
+  cpuBackendThreads?: number;
+  /** With --compare torch: PyTorch's environment, or null when the baselines could not run. Absent otherwise. */
+  torch?: TorchEnv | null;
+  /** With --compare torch: why the PyTorch baselines are missing, or null when they ran. Absent otherwise. */
+  torchUnavailable?: string | null;
 }
 
-/** Everything a run produced; `--json` prints exactly this. */
+/**
+ * The settings a run resolved to ({@link GridSettings}), less those that did not shape it, and how
+ * it was set up. `tokens` is there only when the batch came from it (batch null: the FA2 grid's
+ * batch = tokens/seqlen), `hidden` only when the heads did (heads = hidden/headDim), `torchBackends`
+ * only with --compare torch, `peakTflops` only on CUDA runs.
+ */
+export type ReportSettings = Omit<GridSettings, 'tokens' | 'hidden' | 'torchBackends'> & {
+  tokens?: number;
+  hidden?: number;
+  torchBackends?: TorchBackend[];
+  /**
+   * The preset the settings started from: --preset's, else the device's default (fa2-grid on CUDA,
+   * cpu-small on the CPU). The run is that preset only when `presetOverrides` is empty.
+   */
+  preset: string;
+  /** The flags that replaced values of `preset` (e.g. "--seqlen 64"); empty when its settings ran unchanged. */
+  presetOverrides: string[];
+  /** The kernel our rows ran ('auto' resolved). */
+  kernelResolved: string;
+  /** How time was measured. */
+  timing: string;
+  /** CUDA runs: the GPU's dense peak TFLOP/s for the dtype, used for pctPeak, or null when unknown. Absent on CPU runs. */
+  peakTflops?: number | null;
+};
+
+/**
+ * Everything a run produced; `--json` prints exactly this. Fields marked as present only in some
+ * runs are left out (not null) where they do not apply.
+ */
 export interface BenchReport {
   tool: 'flash-attn-bench';
   /** Bumped when the JSON shape changes. */
-  schema: 1;
+  schema: 2;
   env: BenchEnv;
-  settings: GridSettings & {
-    preset: string | null;
-    /** The kernel our rows ran ('auto' resolved). */
-    kernelResolved: string;
-    /** How time was measured. */
-    timing: string;
-    /** Dense peak TFLOP/s used for pctPeak, or null. */
-    peakTflops: number | null;
-  };
+  settings: ReportSettings;
   /** Things the reader must know (what was not run and why, device substitutions). */
   notes: string[];
   rows: BenchRow[];
 }
 
-/** flash-attn-node's version from its package.json ("unknown" if unreadable). */
+/** The JSON schema version of {@link BenchReport}. */
+export const REPORT_SCHEMA = 2;
+
+/** `settings` as reported: without the values that did not shape the run (see {@link ReportSettings}). */
+export function reportSettings(
+  s: GridSettings, extra: Pick<ReportSettings, 'preset' | 'presetOverrides' | 'kernelResolved' | 'timing'> & { peakTflops: number | null },
+): ReportSettings {
+  const { tokens, hidden, torchBackends, ...rest } = s;
+  return {
+    ...rest,
+    ...(s.batch === null ? { tokens } : {}),
+    ...(s.heads === null ? { hidden } : {}),
+    ...(s.compare.includes('torch') ? { torchBackends } : {}),
+    preset: extra.preset, presetOverrides: extra.presetOverrides, kernelResolved: extra.kernelResolved, timing: extra.timing,
+    ...(s.device === 'cuda' ? { peakTflops: extra.peakTflops } : {}),
+  };
+}
+
+/** "preset NAME", or "preset NAME overridden by FLAGS" when flags replaced some of its values. */
+export function presetText(preset: string, overrides: readonly string[]): string {
+  return overrides.length === 0 ? `preset ${preset}` : `preset ${preset} overridden by ${overrides.join(' ')}`;
+}
+
+/** flash-attn-node's version from its package.json ("unknown" if none is found). */
 export function packageVersion(): string {
-  try {
-    return JSON.parse(fs.readFileSync(path.join(packageRoot(), 'package.json'), 'utf8')).version as string;
-  } catch {
-    return 'unknown';
-  }
+  return findPackageJson()?.version ?? 'unknown';
 }
 
 /** The host's CPU model. */
@@ -107,7 +156,7 @@ function fmtRatio(r: number | null | undefined): string {
 
 /** "driver 580.95.05 (CUDA 13.0)", or "CUDA driver 13.0" when the driver's own version is unknown. */
 export function driverText(e: BenchEnv): string {
-  return e.driver !== null ? `driver ${e.driver} (CUDA ${e.cudaDriver})` : `CUDA driver ${e.cudaDriver}`;
+  return e.driver != null ? `driver ${e.driver} (CUDA ${e.cudaDriver ?? '-'})` : `CUDA driver ${e.cudaDriver ?? '-'}`;
 }
 
 /** The lines every human-readable report starts with. */
@@ -116,22 +165,22 @@ export function headerLines(r: BenchReport): string[] {
   const s = r.settings;
   const lines = [`flash-attn-bench ${e.version} · ${e.date}`];
   if (e.device === 'cuda') {
-    lines.push(`device: ${e.deviceName} (sm ${e.computeCapability}, ${driverText(e)}, CUDA runtime ${e.cudaRuntime}) · Node ${e.node} · ${e.platform}`);
+    lines.push(`device: ${e.deviceName} (sm ${e.computeCapability ?? '-'}, ${driverText(e)}, CUDA runtime ${e.cudaRuntime ?? '-'}) · Node ${e.node} · ${e.platform}`);
   } else {
-    const gpu = e.cudaDriver !== null ? ` · GPU ${driverText(e)}, CUDA runtime ${e.cudaRuntime}` : '';
+    const gpu = e.cudaDriver != null ? ` · GPU ${driverText(e)}, CUDA runtime ${e.cudaRuntime ?? '-'}` : '';
     lines.push(`device: ${e.deviceName} on ${e.cpu}${gpu} · Node ${e.node} · ${e.platform}`);
   }
   if (e.torch) {
     const t = e.torch;
     lines.push(`PyTorch ${t.torch} (CUDA ${t.cuda ?? '-'}, cuDNN ${t.cudnn ?? '-'}, driver ${t.driver ?? '-'}) on ${t.device}, Python ${t.python}`);
-  } else if (e.torchUnavailable !== null) {
+  } else if (e.torchUnavailable != null) {
     lines.push(`PyTorch: not compared (${e.torchUnavailable})`);
   }
   const algorithms = algorithmsRan(r.rows);
   lines.push(
     `${s.dtype} · our kernel ${s.kernel === 'auto' ? `auto -> ${s.kernelResolved}` : s.kernelResolved}` +
       `${algorithms !== null ? ` (backward auto -> ${algorithms})` : ''} · median of ${s.repeats} after ${s.warmup} warm-up ` +
-      `(${s.timing}) · TFLOP/s by FA2's count${s.preset ? ` · preset ${s.preset}` : ''}`,
+      `(${s.timing}) · TFLOP/s by FA2's count · ${presetText(s.preset, s.presetOverrides)}`,
   );
   return lines;
 }
@@ -352,7 +401,7 @@ export function formatText(r: BenchReport): string {
         ok ? fmtMs(row.msMedian as number) : statusText(row) + notes.mark(row),
         ok ? `${fmtMs(row.msMin as number)}-${fmtMs(row.msMax as number)}` : '',
         ok ? fmtTflops(row.tflops as number) : '',
-        ok && row.pctPeak !== null ? `${row.pctPeak.toFixed(1)}%` : '',
+        ok && typeof row.pctPeak === 'number' ? `${row.pctPeak.toFixed(1)}%` : '',
         ok && row.peakBytes !== null ? fmtBytes(row.peakBytes) : '',
         ...others.map((o) => (row.impl === 'ours' ? fmtRatio(row.ratios[o]) : '')),
         ...variantRatios.map((v) => (row.impl === 'ours' ? fmtRatio(row.variantRatios[v]) : '')),
@@ -390,16 +439,17 @@ function csvField(v: string | number | boolean | null | undefined): string {
 export function formatCsv(r: BenchReport): string {
   const e = r.env;
   const s = r.settings;
-  const comments: [string, string | number | null][] = [
+  const comments: [string, string | number | null | undefined][] = [
     ['tool', `flash-attn-bench ${e.version}`], ['date', e.date], ['device', e.device], ['device_name', e.deviceName],
     ['compute_capability', e.computeCapability], ['driver', e.driver], ['cuda_driver', e.cudaDriver],
     ['cuda_runtime', e.cudaRuntime], ['node', e.node],
-    ['platform', e.platform], ['cpu', e.cpu], ['torch', e.torch?.torch ?? null], ['torch_cuda', e.torch?.cuda ?? null],
+    ['platform', e.platform], ['cpu', e.cpu], ['cpu_backend_threads', e.cpuBackendThreads],
+    ['torch', e.torch?.torch ?? null], ['torch_cuda', e.torch?.cuda ?? null],
     ['torch_cudnn', e.torch?.cudnn ?? null], ['torch_device', e.torch?.device ?? null], ['torch_unavailable', e.torchUnavailable],
-    ['preset', s.preset], ['kernel', `${s.kernel} -> ${s.kernelResolved}`], ['repeats', s.repeats], ['warmup', s.warmup],
-    ['timing', s.timing], ['peak_tflops', s.peakTflops],
+    ['preset', presetText(s.preset, s.presetOverrides).replace(/^preset /, '')], ['kernel', `${s.kernel} -> ${s.kernelResolved}`], ['repeats', s.repeats], ['warmup', s.warmup],
+    ['timing', s.timing], ['peak_tflops', s.peakTflops ?? null],
   ];
-  const lines = comments.filter(([, v]) => v !== null).map(([k, v]) => `# ${k}: ${String(v).replace(/[\r\n]+/g, ' ')}`);
+  const lines = comments.filter(([, v]) => v != null).map(([k, v]) => `# ${k}: ${String(v).replace(/[\r\n]+/g, ' ')}`);
   for (const n of r.notes) lines.push(`# note: ${n.replace(/[\r\n]+/g, ' ')}`);
   lines.push(CSV_COLUMNS.join(','));
   for (const row of r.rows) {

@@ -95,14 +95,17 @@ export interface BenchRow extends BenchCell {
   msMax: number | null;
   /** FA2's FLOP count / median time. */
   tflops: number | null;
-  /** tflops as a percentage of the device's dense peak for the dtype; null when the peak is unknown. */
-  pctPeak: number | null;
+  /**
+   * Rows that ran on a GPU: tflops as a percentage of the GPU's dense peak for the dtype; null when
+   * the peak is unknown or the row failed. Absent on rows that ran on the CPU (no peak applies).
+   */
+  pctPeak?: number | null;
   /** Peak device memory above the inputs during one run, bytes. */
   peakBytes: number | null;
   /** Why status is not 'ok'. */
   error: string | null;
-  /** PyTorch rows: how the causal mask reached SDPA (bench/torch.ts); null otherwise. */
-  mask: string | null;
+  /** PyTorch rows only: how the causal mask reached SDPA (bench/torch.ts). Absent on our rows. */
+  mask?: string | null;
   /**
    * Ours only: our TFLOP/s ÷ theirs per other implementation of the same cell (> 1: ours is faster);
    * our backward variants are not in it (see `variantRatios`).
@@ -173,13 +176,13 @@ function messageOf(err: unknown): string {
   return (err instanceof Error ? err.message : String(err)).split('\n')[0];
 }
 
-/** A row without measurements. */
+/** A row without measurements (`pctPeak` null on a GPU row, absent on a CPU row). */
 export function emptyRow(
   cell: BenchCell, impl: Impl, device: Device, kernel: string | null, status: RowStatus, error: string | null, algorithm: string | null = null,
 ): BenchRow {
   return {
-    ...cell, impl, device, kernel, algorithm, status, msMedian: null, msMin: null, msMax: null, tflops: null, pctPeak: null,
-    peakBytes: null, error, mask: null, ratios: {}, variantRatios: {},
+    ...cell, impl, device, kernel, algorithm, status, msMedian: null, msMin: null, msMax: null, tflops: null,
+    ...(device === 'cuda' ? { pctPeak: null } : {}), peakBytes: null, error, ratios: {}, variantRatios: {},
   };
 }
 
@@ -191,7 +194,7 @@ export function measuredRow(
   const tflops = tflopsPerSecond(cell, cell.pass, ms.median);
   return {
     ...emptyRow(cell, impl, device, kernel, 'ok', null, algorithm), msMedian: ms.median, msMin: ms.min, msMax: ms.max, tflops,
-    pctPeak: peak === null ? null : (100 * tflops) / peak, peakBytes,
+    ...(device === 'cuda' ? { pctPeak: peak === null ? null : (100 * tflops) / peak } : {}), peakBytes,
   };
 }
 

@@ -21,10 +21,12 @@ import {
   addRatios, BenchRow, BWD_VARIANT_RUNS, emptyRow, Impl, IMPL_LABELS, isOutOfMemory, measuredRow, oursWork, sortRows, torchRows,
 } from '../bench/runner';
 import type { TorchResult } from '../bench/torch';
+import { findPackageJson, packageVersionFrom } from '../bench/version';
 import { runNodeChild } from './helpers/child';
 import { HAS_CUDA } from './helpers/backend';
 
 const root = path.resolve(__dirname, '..');
+const packageJson = JSON.parse(fs.readFileSync(path.join(root, 'package.json'), 'utf8')) as { name: string; version: string };
 
 function run(argv: string[], device: 'cpu' | 'cuda' = 'cpu'): Extract<BenchCommand, { kind: 'run' }> {
   const cmd = parseArgs(argv, device);
@@ -103,9 +105,45 @@ describe('flags', () => {
     expect(parseArgs(['--list-presets'])).toEqual({ kind: 'list-presets' });
     for (const flag of ['--seqlen', '--seqlen-k', '--batch', '--heads', '--kv-heads', '--head-dim', '--dtype', '--causal', '--pass',
       '--device', '--kernel', '--repeats', '--warmup', '--json', '--csv', '--markdown', '--chart', '--quiet', '--compare',
-      '--torch-backends', '--variants', '--python', '--preset', '--list-presets', '--help']) {
+      '--torch-backends', '--variants', '--python', '--preset', '--list-presets', '--help', '--version']) {
       expect(HELP).toContain(flag);
     }
+  });
+
+  test('--version and -v ask for the version; with an unknown flag or a value they are refused', () => {
+    expect(parseArgs(['--version'])).toEqual({ kind: 'version' });
+    expect(parseArgs(['-v'])).toEqual({ kind: 'version' });
+    expect(parseArgs(['--seqlen', '64', '--version'])).toEqual({ kind: 'version' });
+    expect(parseArgs(['--version', '--help'])).toEqual({ kind: 'help' });
+    expect(HELP).toMatch(/^ {2}--version, -v {2,}print flash-attn-bench's version/m);
+    expect(errorOf(['--version', '--frobnicate'])).toBe('unknown option "--frobnicate" (see --help)');
+    expect(errorOf(['-v', '-x'])).toBe('unknown option "-x" (see --help)');
+    expect(errorOf(['--version=1'])).toBe('--version: expected no value but received "1"');
+  });
+
+  test('overrides: the flags that replaced values of the preset the run starts from', () => {
+    const o = (argv: string[], device: 'cpu' | 'cuda' = 'cpu'): [string, string[]] => {
+      const c = run(argv, device);
+      return [c.basePreset, c.overrides];
+    };
+    expect(o([])).toEqual(['cpu-small', []]);
+    expect(o([], 'cuda')).toEqual(['fa2-grid', []]);
+    expect(o(['--json', '--quiet', '--chart', 'x.svg'])).toEqual(['cpu-small', []]);
+    // Flags that repeat the preset's values (in any order) replace nothing.
+    expect(o(['--device', 'cpu', '--pass', 'fwdbwd,bwd,fwd', '--causal', 'both', '--seqlen', '2k,256,512,1024', '--repeats', '3'])).toEqual(['cpu-small', []]);
+    expect(o(['--device', 'cpu'], 'cuda')).toEqual(['cpu-small', []]);
+    expect(o(['--seqlen', '64', '--head-dim=32', '--causal', '--pass', 'fwd', '--repeats', '2'])).toEqual(
+      ['cpu-small', ['--seqlen 64', '--head-dim 32', '--causal', '--pass fwd', '--repeats 2']],
+    );
+    // The last of a repeated flag is the one that counts.
+    expect(o(['--seqlen', '64', '--seqlen', '128'])).toEqual(['cpu-small', ['--seqlen 128']]);
+    expect(o(['--seqlen', '64', '--seqlen', '256,512,1024,2048'])).toEqual(['cpu-small', []]);
+    expect(o(['--preset', 'seed-fp32', '--seqlen', '4096', '--dtype', 'fp32'])).toEqual(['seed-fp32', ['--seqlen 4096']]);
+    expect(o(['--preset', 'seed-fp32'])).toEqual(['seed-fp32', []]);
+    // Moving a CUDA preset to the CPU overrides it; its repeats are then measured against the CPU's default.
+    expect(o(['--preset', 'seed-fp32', '--device', 'cpu'])).toEqual(['seed-fp32', ['--device cpu']]);
+    expect(o(['--preset', 'seed-fp32', '--device', 'cpu', '--repeats', '20'])).toEqual(['seed-fp32', ['--device cpu', '--repeats 20']]);
+    expect(o(['--preset', 'seed-fp32', '--device', 'cpu', '--repeats', '3'])).toEqual(['seed-fp32', ['--device cpu']]);
   });
 
   const cases: [string[], string, ('cpu' | 'cuda')?][] = [
@@ -290,14 +328,17 @@ function syntheticReport(): BenchReport {
   addRatios(rows);
   rows = sortRows(rows, cells);
   return {
-    tool: 'flash-attn-bench', schema: 1,
+    tool: 'flash-attn-bench', schema: 2,
     env: {
       date: '2026-11-21T12:00:00.000Z', version: '0.1.0', node: 'v20.20.2', platform: 'linux-x64', device: 'cuda',
       deviceName: 'NVIDIA H200', computeCapability: '9.0', driver: '580.95', cudaDriver: '13.0', cudaRuntime: '13.0', cpu: 'Xeon', cpuThreads: 16,
       torch: { torch: '2.11.0+cu130', cuda: '13.0', cudnn: '9.19.0', device: 'NVIDIA H200', capability: '9.0', driver: '580.95', python: '3.12.3' },
       torchUnavailable: null,
     },
-    settings: { ...s, preset: null, kernelResolved: 'flash', timing: 'CUDA events', peakTflops: 989 },
+    settings: {
+      ...s, preset: 'fa2-grid', presetOverrides: ['--seqlen 1024,2048', '--head-dim 64', '--causal true', '--pass fwd', '--compare naive,torch'],
+      kernelResolved: 'flash', timing: 'CUDA events', peakTflops: 989,
+    },
     notes: ['a note for the reader'],
     rows,
   };
@@ -512,6 +553,15 @@ describe('reports', () => {
     expect(formatText(report)).not.toContain('single÷two-kernel');
   });
 
+  test('the header names the preset alone only when no flag replaced its values', () => {
+    const unchanged: BenchReport = { ...report, settings: { ...report.settings, presetOverrides: [] } };
+    expect(headerLines(unchanged).at(-1)).toMatch(/ · preset fa2-grid$/);
+    const line = headerLines(report).at(-1);
+    expect(line).toMatch(/ · preset fa2-grid overridden by --seqlen 1024,2048 --head-dim 64 --causal true --pass fwd --compare naive,torch$/);
+    expect(formatCsv(report)).toContain('\n# preset: fa2-grid overridden by --seqlen 1024,2048 --head-dim 64');
+    expect(formatCsv(unchanged)).toContain('\n# preset: fa2-grid\n');
+  });
+
   test('formatting helpers', () => {
     expect(fmtBytes(512)).toBe('512 B');
     expect(fmtBytes(3 << 20)).toBe('3.00 MiB');
@@ -548,6 +598,77 @@ describe('main() in-process', () => {
     expect(await main(['--list-presets'], c.io)).toBe(0);
     expect(c.stdout.join('')).toBe(listPresets());
   });
+
+  test('--version and -v print the package.json version; an unknown flag beside them exits 2', async () => {
+    expect(packageJson.name).toBe('flash-attn-node');
+    for (const flag of ['--version', '-v']) {
+      const a = io();
+      expect(await main([flag], a.io)).toBe(0);
+      expect(a.stdout.join('')).toBe(`flash-attn-bench ${packageJson.version}\n`);
+      expect(a.stderr.join('')).toBe('');
+    }
+    const b = io();
+    expect(await main(['--version', '--frobnicate'], b.io)).toBe(2);
+    expect(b.stdout.join('')).toBe('');
+    expect(b.stderr.join('')).toBe('flash-attn-bench: unknown option "--frobnicate" (see --help)\n');
+  });
+});
+
+describe('package version', () => {
+  let tmp: string;
+  beforeAll(() => {
+    tmp = fs.mkdtempSync(path.join(os.tmpdir(), 'fa-bench-version-'));
+  });
+  afterAll(() => fs.rmSync(tmp, { recursive: true, force: true }));
+
+  test('found by walking up from the sources (bench/) and from the compiled layout (dist/bench/)', () => {
+    expect(findPackageJson(path.join(root, 'bench'))).toEqual({ path: path.join(root, 'package.json'), name: 'flash-attn-node', version: packageJson.version });
+    expect(packageVersionFrom(path.join(root, 'bench'))).toBe(packageJson.version);
+    // An installed package: <pkg>/dist/bench/cli.js, with other package.json files on the way up and above.
+    const pkg = path.join(tmp, 'node_modules', 'flash-attn-node');
+    fs.mkdirSync(path.join(pkg, 'dist', 'bench'), { recursive: true });
+    fs.writeFileSync(path.join(tmp, 'package.json'), JSON.stringify({ name: 'some-app', version: '3.0.0' }));
+    fs.writeFileSync(path.join(pkg, 'package.json'), JSON.stringify({ name: 'flash-attn-node', version: '9.8.7-rc.1' }));
+    fs.writeFileSync(path.join(pkg, 'dist', 'package.json'), JSON.stringify({ type: 'commonjs' }));
+    fs.writeFileSync(path.join(pkg, 'dist', 'bench', 'package.json'), '{ not json');
+    expect(packageVersionFrom(path.join(pkg, 'dist', 'bench'))).toBe('9.8.7-rc.1');
+    expect(findPackageJson(path.join(pkg, 'dist', 'bench'))?.path).toBe(path.join(pkg, 'package.json'));
+    // No flash-attn-node above: an error, not another package's version.
+    expect(findPackageJson(tmp)).toBeNull();
+    expect(() => packageVersionFrom(tmp)).toThrow(/no package\.json named flash-attn-node in .* or above it/);
+  });
+
+  test('--version in a fresh process loads no native addon and runs nothing', () => {
+    // Counts process.dlopen (how Node loads a .node addon) around main(['--version']).
+    const r = runNodeChild(
+      `let dlopens = 0;
+       const dlopen = process.dlopen;
+       process.dlopen = function (...a) { dlopens += 1; return dlopen.apply(this, a); };
+       require('./bench/cli.ts').main(['--version']).then((c) => {
+         const addons = Object.keys(require.cache).filter((k) => k.endsWith('.node'));
+         process.stderr.write(JSON.stringify({ dlopens, addons }));
+         process.exitCode = c;
+       }, (e) => { console.error(e); process.exitCode = 9; });`,
+      { cwd: root, timeoutMs: 60000 },
+    );
+    expect(r.status).toBe(0);
+    expect(r.stdout).toBe(`flash-attn-bench ${packageJson.version}\n`);
+    expect(JSON.parse(r.stderr)).toEqual({ dlopens: 0, addons: [] });
+    // The same count sees the addon load when the CLI does run something.
+    const probe = runNodeChild(
+      `let dlopens = 0;
+       const dlopen = process.dlopen;
+       process.dlopen = function (...a) { dlopens += 1; return dlopen.apply(this, a); };
+       require('./bench/cli.ts').main(['--device', 'cpu', '--seqlen', '16', '--head-dim', '8', '--pass', 'fwd', '--causal', 'false',
+         '--repeats', '1', '--warmup', '0', '--json', '--quiet']).then((c) => {
+         process.stderr.write(JSON.stringify({ dlopens }));
+         process.exitCode = c;
+       }, (e) => { console.error(e); process.exitCode = 9; });`,
+      { cwd: root, timeoutMs: 60000 },
+    );
+    expect(probe.status).toBe(0);
+    expect(JSON.parse(probe.stderr).dlopens).toBeGreaterThan(0);
+  });
 });
 
 describe('end to end on the CPU backend (child process)', () => {
@@ -579,15 +700,18 @@ describe('end to end on the CPU backend (child process)', () => {
     expect(r.stderr).toBe('');
     expect(r.status).toBe(0);
     const report = JSON.parse(r.stdout) as BenchReport;
-    expect(report).toMatchObject({ tool: 'flash-attn-bench', schema: 1 });
-    expect(report.env).toMatchObject({ device: 'cpu', node: process.version, torch: null, torchUnavailable: null, computeCapability: null });
+    expect(report).toMatchObject({ tool: 'flash-attn-bench', schema: 2 });
+    expect(report.env).toMatchObject({ device: 'cpu', node: process.version });
     expect(Number.isNaN(Date.parse(report.env.date))).toBe(false);
     expect(report.env.deviceName).toMatch(/^CPU backend \(\d+ threads\)$/);
-    expect(report.settings).toMatchObject({ device: 'cpu', dtype: 'float32', seqlens: [64, 128], headDims: [32], repeats: 2, warmup: 1, kernelResolved: 'flash', peakTflops: null });
+    expect(report.settings).toMatchObject({
+      device: 'cpu', dtype: 'float32', seqlens: [64, 128], headDims: [32], repeats: 2, warmup: 1, kernelResolved: 'flash',
+      preset: 'cpu-small', presetOverrides: ['--seqlen 64,128', '--head-dim 32', '--repeats 2'],
+    });
     // cpu-small's masks and passes: 2 seqlens x 2 masks x 3 passes.
     expect(report.rows).toHaveLength(12);
     for (const row of report.rows) {
-      expect(row).toMatchObject({ impl: 'ours', device: 'cpu', kernel: 'flash', status: 'ok', error: null, headDim: 32, dtype: 'float32', pctPeak: null });
+      expect(row).toMatchObject({ impl: 'ours', device: 'cpu', kernel: 'flash', status: 'ok', error: null, headDim: 32, dtype: 'float32' });
       expect(row.algorithm).toBe(row.pass === 'fwd' ? null : 'single-kernel');
       for (const k of ['msMedian', 'msMin', 'msMax', 'tflops', 'peakBytes'] as const) expect(typeof row[k]).toBe('number');
       expect(row.msMin as number).toBeLessThanOrEqual(row.msMedian as number);
@@ -600,6 +724,44 @@ describe('end to end on the CPU backend (child process)', () => {
       expect(Number.isFinite(n)).toBe(true);
       expect(n).toBeGreaterThan(0);
     }
+  });
+
+  test('--json on the CPU: the CPU run\'s fields, none of the GPU grid\'s, CUDA\'s or PyTorch\'s', () => {
+    const r = cli([...tiny, '--pass', 'fwd', '--causal', 'false', '--json']);
+    expect(r.status).toBe(0);
+    const report = JSON.parse(r.stdout) as BenchReport;
+    const env = report.env as unknown as Record<string, unknown>;
+    for (const k of ['computeCapability', 'driver', 'cudaDriver', 'cudaRuntime', 'torch', 'torchUnavailable']) expect(env).not.toHaveProperty(k);
+    expect(Number.isInteger(report.env.cpuBackendThreads)).toBe(true);
+    expect(report.env.cpuBackendThreads as number).toBeGreaterThan(0);
+    expect(report.env.deviceName).toBe(`CPU backend (${report.env.cpuBackendThreads} threads)`);
+    expect(report.env.cpuThreads).toBe(os.cpus().length);
+    const settings = report.settings as unknown as Record<string, unknown>;
+    // tokens/hidden (the FA2 grid's 16384/seqlen and 2048/headDim), the SDPA backends, the GPU's peak.
+    for (const k of ['tokens', 'hidden', 'torchBackends', 'peakTflops']) expect(settings).not.toHaveProperty(k);
+    expect(report.settings).toMatchObject({ device: 'cpu', batch: 1, heads: 8, compare: [], timing: 'host time to completion', preset: 'cpu-small' });
+    expect(report.rows).toHaveLength(2);
+    for (const row of report.rows) {
+      expect(row).not.toHaveProperty('pctPeak');
+      expect(row).not.toHaveProperty('mask');
+      expect(row).toMatchObject({ device: 'cpu', batch: 1, headsQ: 8 });
+    }
+    expect(JSON.stringify(report)).not.toMatch(/cuda|cudnn|torch/i);
+    // The text tables of the same report leave the % peak column blank.
+    expect(formatText(report)).toMatch(/\n +64 +1 x 8 +ours +[\d.]+ +[\d.]+-[\d.]+ +[\d.]+ +[\d.]+ (?:B|KiB|MiB)\n/);
+  });
+
+  test('--json: tokens and hidden are there only when they set the batch and the heads', () => {
+    const grid = ['--preset', 'fa2-grid', ...tiny, '--seqlen', '64', '--pass', 'fwd', '--causal', 'false', '--json'];
+    const a = JSON.parse(cli(grid).stdout) as BenchReport;
+    expect(a.settings).toMatchObject({ batch: null, tokens: 16384, heads: null, hidden: 2048, preset: 'fa2-grid' });
+    // --warmup 1 is fa2-grid's warm-up on the CPU: not an override.
+    expect(a.settings.presetOverrides).toEqual(['--device cpu', '--head-dim 32', '--repeats 2', '--seqlen 64', '--pass fwd', '--causal false']);
+    expect(a.rows.map((x) => [x.batch, x.headsQ])).toEqual([[16384 / 64, 2048 / 32]]);
+    const b = JSON.parse(cli([...grid, '--batch', '2']).stdout) as BenchReport;
+    expect(b.settings).not.toHaveProperty('tokens');
+    expect(b.settings).toMatchObject({ batch: 2, heads: null, hidden: 2048 });
+    expect(b.rows.map((x) => [x.batch, x.headsQ])).toEqual([[2, 2048 / 32]]);
   });
 
   test('--csv prints the header and one line per cell; --chart writes an SVG with the series', () => {
@@ -667,11 +829,37 @@ describe('end to end on the CPU backend (child process)', () => {
     expect(text).not.toMatch(/^single-kernel ÷ two-kernel/m);
   });
 
-  (HAS_CUDA ? test.skip : test)('no device flag and no GPU: the CPU backend, and the report says so', () => {
-    const r = cli(['--seqlen', '64', '--head-dim', '32', '--pass', 'fwd', '--causal', 'false', '--repeats', '2', '--json', '--quiet']);
+  (HAS_CUDA ? test.skip : test)('no flags and no GPU: preset cpu-small on the CPU backend as it is, and the report says so', () => {
+    const r = cli(['--json', '--quiet']);
     expect(r.status).toBe(0);
     const report = JSON.parse(r.stdout) as BenchReport;
     expect(report.env.device).toBe('cpu');
-    expect(report.notes.join('\n')).toMatch(/^no usable GPU \(.+\): ran the small CPU grid \(preset cpu-small\) on the CPU backend/);
+    const { tokens, hidden, torchBackends, ...used } = deviceDefaults('cpu');
+    expect([tokens, hidden, torchBackends]).toEqual([16384, 2048, ['flash', 'cudnn', 'efficient']]);
+    expect(report.settings).toMatchObject(used);
+    for (const k of ['tokens', 'hidden', 'torchBackends', 'peakTflops']) expect(report.settings).not.toHaveProperty(k);
+    expect(report.settings).toMatchObject({ preset: 'cpu-small', presetOverrides: [], seqlens: [256, 512, 1024, 2048], batch: 1, heads: 8 });
+    expect(report.rows).toHaveLength(buildCells(deviceDefaults('cpu')).length);
+    expect(report.notes).toHaveLength(1);
+    expect(report.notes[0]).toMatch(/^no usable GPU \(.+\): ran the small CPU grid \(preset cpu-small\) on the CPU backend, \d+ threads$/);
+  });
+
+  (HAS_CUDA ? test.skip : test)('no device flag and no GPU, flags over cpu-small: the closing line names the flags, not the preset as it is', () => {
+    const r = cli(['--seqlen', '64', '--head-dim', '32', '--pass', 'fwd', '--causal', 'false', '--repeats', '2']);
+    expect(r.status).toBe(0);
+    const lines = r.stdout.trimEnd().split('\n');
+    const last = lines[lines.length - 1];
+    expect(last).toMatch(
+      /^note: no usable GPU \(.+\): ran on the CPU backend, \d+ threads: preset cpu-small overridden by --seqlen 64 --head-dim 32 --pass fwd --causal false --repeats 2$/,
+    );
+    expect(last).not.toContain('small CPU grid');
+    expect(last).not.toContain('(preset cpu-small)');
+    // The header says the same.
+    expect(lines[2]).toMatch(/ · preset cpu-small overridden by --seqlen 64 --head-dim 32 --pass fwd --causal false --repeats 2$/);
+    const json = cli(['--seqlen', '64', '--head-dim', '32', '--pass', 'fwd', '--causal', 'false', '--repeats', '2', '--json']);
+    const report = JSON.parse(json.stdout) as BenchReport;
+    expect(report.settings).toMatchObject({ preset: 'cpu-small', presetOverrides: ['--seqlen 64', '--head-dim 32', '--pass fwd', '--causal false', '--repeats 2'] });
+    expect(report.notes).toHaveLength(1);
+    expect(report.notes[0]).toMatch(/: ran on the CPU backend, \d+ threads: preset cpu-small overridden by --seqlen 64 /);
   });
 });
