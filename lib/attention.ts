@@ -140,8 +140,11 @@ export interface AttentionOutput {
 
 /** Output of {@link flashAttentionBackward}: gradients with the shapes and dtypes of q, k and v. */
 export interface AttentionGradients {
+  /** Gradient of q, `[batch, seqlenQ, headsQ, headDim]` (the given `dq` view itself when one was passed). */
   dq: Tensor;
+  /** Gradient of k, `[batch, seqlenK, headsKV, headDim]` (summed over the query heads of a group). */
   dk: Tensor;
+  /** Gradient of v, `[batch, seqlenK, headsKV, headDim]` (summed over the query heads of a group). */
   dv: Tensor;
   /** The implementation that ran ('auto' resolved): 'flash' (FlashAttention-2) or 'naive'. */
   kernel: Exclude<AttentionKernel, 'auto'>;

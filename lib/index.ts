@@ -24,7 +24,7 @@ export type {
 } from './attention';
 export { backends, cudaDeviceCount } from './backends';
 export { timeOnDevice, timeRepeatsOnDevice } from './timing';
-export type { BackendInfo, CpuBackendInfo, CudaBackendInfo, BackendsReport } from './backends';
+export type { BackendInfo, CpuBackendInfo, CpuSimd, CudaBackendInfo, BackendsReport } from './backends';
 export { NativeLoadError } from './native';
 export { referenceAttention, referenceAttentionBackward, roundToTf32 } from './reference';
 export type {

@@ -10,6 +10,7 @@
  */
 import * as fs from 'fs';
 import * as path from 'path';
+import type { CpuSimd } from './backends';
 import { describeValue } from './errors';
 
 /** A handle on one native allocation (csrc/napi/addon.h `NativeBuffer`). */
@@ -57,7 +58,14 @@ export interface NativeBinding {
   /** Whether `value` is a NativeBuffer the addon made (checked by its type tag, not its prototype). */
   isNativeBuffer(value: unknown): boolean;
   cudaCompiled: boolean;
+  /**
+   * Why the addon has no CUDA, as its build recorded it; null in a CUDA build. Undefined from an addon
+   * built before the build recorded it.
+   */
+  cpuOnlyReason: CpuOnlyReason | null | undefined;
   cpuThreads: number;
+  /** The instruction-set variant the CPU attention and matmul kernels run (csrc/cpu/cpu_isa.h). */
+  cpuSimd: CpuSimd;
   createFromFloat32(device: number, dtype: number, data: Float32Array): NativeBuffer;
   createFromBits(device: number, dtype: number, data: Uint16Array | Float32Array | Int32Array): NativeBuffer;
   createZeros(device: number, dtype: number, numel: number): NativeBuffer;
@@ -220,6 +228,7 @@ export {
 
 /** Thrown by every native call when the addon could not be loaded; the message says what to do. */
 export class NativeLoadError extends Error {
+  /** Always 'NativeLoadError'. */
   override readonly name = 'NativeLoadError';
   constructor(message: string, cause: unknown) {
     // The loader passes a string; anything else is described rather than coerced (a Symbol throws).
@@ -265,6 +274,65 @@ function describeLoadFailure(root: string, err: unknown): string {
   ].join('\n');
 }
 
+/**
+ * Why an addon was built without CUDA, as scripts/build-config.js recorded it (FA_CPU_ONLY_REASON):
+ * - 'disabled': FA_CUDA=0 requested a CPU-only build;
+ * - 'nvcc-not-found': no nvcc in CUDA_HOME, CUDA_PATH, /usr/local/cuda or on PATH;
+ * - 'cudart-not-found': nvcc was found, but not the static CUDA runtime (libcudart_static.a) beside it;
+ * - 'unknown': the build did not record a reason.
+ */
+export type CpuOnlyReason = 'disabled' | 'nvcc-not-found' | 'cudart-not-found' | 'unknown';
+
+const REBUILD = '`npm rebuild flash-attn-node`';
+const CPU_ONLY: Record<CpuOnlyReason, { cause: string; remedy: string }> = {
+  disabled: {
+    cause: 'FA_CUDA=0 requested a CPU-only build',
+    remedy: `For the GPU kernels, rebuild with FA_CUDA unset, or with FA_CUDA=1 (then a missing CUDA toolkit fails the ` +
+      `build instead of giving a CPU-only addon): \`FA_CUDA=1 npm rebuild flash-attn-node\`.`,
+  },
+  'nvcc-not-found': {
+    cause: 'nvcc was not found when the addon was built',
+    remedy: `For the GPU kernels, install the CUDA toolkit, set CUDA_HOME to its root (or put its bin/ on PATH; ` +
+      `CUDA_PATH and /usr/local/cuda are searched too) and run ${REBUILD}.`,
+  },
+  'cudart-not-found': {
+    cause: 'nvcc was found when the addon was built, but not the static CUDA runtime (libcudart_static.a)',
+    remedy: `For the GPU kernels, install the full CUDA toolkit (libcudart_static.a in its lib64/), set CUDA_HOME to ` +
+      `its root and run ${REBUILD}.`,
+  },
+  unknown: {
+    cause: 'the build did not record why',
+    remedy: `For the GPU kernels, install the CUDA toolkit, set CUDA_HOME to its root (or put nvcc on PATH) and run ${REBUILD}.`,
+  },
+};
+
+function cpuOnlyEntry(reason: unknown): { cause: string; remedy: string } {
+  return typeof reason === 'string' && Object.prototype.hasOwnProperty.call(CPU_ONLY, reason)
+    ? CPU_ONLY[reason as CpuOnlyReason]
+    : CPU_ONLY.unknown;
+}
+
+/**
+ * Why this CPU-only addon has no CUDA and how to get a CUDA build, in one paragraph (the CUDA backend's
+ * `reason` in {@link backends}). `reason` is the addon's `cpuOnlyReason`; anything else reads as 'unknown'.
+ */
+export function cpuOnlyReasonText(reason: unknown): string {
+  const { cause, remedy } = cpuOnlyEntry(reason);
+  return `this build of flash-attn-node was compiled without CUDA (${cause}). ${remedy}`;
+}
+
+/**
+ * The notice (a process warning, code FLASH_ATTN_NODE_CPU_ONLY) that loading a CPU-only addon emits:
+ * `message` says why there is no CUDA, `detail` what to do. `reason` as in {@link cpuOnlyReasonText}.
+ */
+export function cpuOnlyNotice(reason: unknown): { message: string; detail: string } {
+  const { cause, remedy } = cpuOnlyEntry(reason);
+  return {
+    message: `flash-attn-node was built without CUDA (${cause}): only the CPU backend is available`,
+    detail: `${remedy} Set FLASH_ATTN_NODE_QUIET=1 to hide this notice.`,
+  };
+}
+
 /** The loaded addon; throws {@link NativeLoadError} (with instructions) when it cannot load. */
 export function binding(): NativeBinding {
   if (cached) return cached;
@@ -280,11 +348,8 @@ export function binding(): NativeBinding {
     throw loadFailure;
   }
   if (!cached.cudaCompiled && !process.env.FLASH_ATTN_NODE_QUIET) {
-    process.emitWarning('flash-attn-node was built without CUDA: only the CPU backend is available', {
-      code: 'FLASH_ATTN_NODE_CPU_ONLY',
-      detail: 'nvcc was not found when the addon was built. Install the CUDA toolkit and run `npm rebuild ' +
-        'flash-attn-node` for the GPU kernels. Set FLASH_ATTN_NODE_QUIET=1 to hide this notice.',
-    });
+    const notice = cpuOnlyNotice(cached.cpuOnlyReason);
+    process.emitWarning(notice.message, { code: 'FLASH_ATTN_NODE_CPU_ONLY', detail: notice.detail });
   }
   return cached;
 }

@@ -59,7 +59,9 @@ export interface LoadOptions {
 
 /** A file's contents: tensors by name, and the metadata strings (empty when the file has none). */
 export interface SafetensorsContents {
+  /** The file's tensors by name, on the requested device (the caller disposes them). */
   tensors: Record<string, Tensor>;
+  /** The `__metadata__` strings of the file's header. */
   metadata: SafetensorsMetadata;
 }
 

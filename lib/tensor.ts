@@ -771,7 +771,9 @@ export interface DeviceMemory {
 
 /** Snapshot of the addon's memory accounting. */
 export interface MemoryReport {
+  /** The CPU backend's live tensors and bytes. */
   cpu: DeviceMemory;
+  /** The CUDA device's live tensors and bytes (zeros without CUDA). */
   cuda: DeviceMemory;
   /** Tensors freed by the garbage-collection backstop instead of `dispose()` (a leak in the caller). */
   finalizedWithoutDispose: number;

@@ -12,6 +12,9 @@
 //   gencode                        nvcc -gencode flags for those architectures
 //   nvcc-flags                     the full nvcc flag list (without -c/-o)
 //   defines                        preprocessor definitions shared by every translation unit
+//   cpu-only-reason                why the CUDA sources are not built (empty when they are): disabled
+//                                  (FA_CUDA=0), nvcc-not-found, or cudart-not-found (nvcc without the
+//                                  static CUDA runtime); a CPU-only build records it as FA_CPU_ONLY_REASON
 //   headers                        every header under csrc/ (.h, .cuh), repo-relative: the extra inputs
 //                                  of binding.gyp's nvcc rule, which has no per-file dependency scan
 //   summary                        a human-readable line (printed by the builds)
@@ -45,21 +48,36 @@ function cudaHomeCandidates() {
   return homes;
 }
 
-// A usable toolkit has nvcc and the static CUDA runtime (the addon links cudart_static, so the
-// .node needs no libcudart.so at run time, only the driver).
-function cudaConfig() {
-  const want = process.env.FA_CUDA;
-  if (want === '0') return null;
-  for (const home of cudaHomeCandidates()) {
+// Why a build has no CUDA, recorded in the addon as FA_CPU_ONLY_REASON=<code> (csrc/napi/addon.cc
+// reports it as cpuOnlyReason, and lib/native.ts's CPU-only notice says what to do about it).
+const CPU_ONLY_REASON_CODE = { disabled: 1, 'nvcc-not-found': 2, 'cudart-not-found': 3 };
+
+// The first usable toolkit among `homes`: one with nvcc and the static CUDA runtime (the addon links
+// cudart_static, so the .node needs no libcudart.so at run time, only the driver). Returns
+// { cuda: { nvcc, home, cudart } } or, when none is usable, { cuda: null, reason }: cudart-not-found
+// when some candidate had nvcc, nvcc-not-found otherwise.
+function findToolkit(homes) {
+  let sawNvcc = false;
+  for (const home of homes) {
     const nvcc = path.join(home, 'bin', 'nvcc');
+    if (!fs.existsSync(nvcc)) continue;
+    sawNvcc = true;
     const libDirs = [path.join(home, 'lib64'), path.join(home, 'targets', 'x86_64-linux', 'lib'), path.join(home, 'lib')];
     const libDir = libDirs.find((d) => fs.existsSync(path.join(d, 'libcudart_static.a')));
-    if (fs.existsSync(nvcc) && libDir) {
-      return { nvcc, home, cudart: path.join(libDir, 'libcudart_static.a') };
-    }
+    if (libDir) return { cuda: { nvcc, home, cudart: path.join(libDir, 'libcudart_static.a') }, reason: null };
   }
-  if (want === '1') throw new Error('FA_CUDA=1 but no CUDA toolkit with nvcc and libcudart_static.a was found (set CUDA_HOME)');
-  return null;
+  return { cuda: null, reason: sawNvcc ? 'cudart-not-found' : 'nvcc-not-found' };
+}
+
+// { cuda, reason }: the toolkit to build with, or null and why not (FA_CUDA=0 gives 'disabled').
+function cudaDecision() {
+  const want = process.env.FA_CUDA;
+  if (want === '0') return { cuda: null, reason: 'disabled' };
+  const found = findToolkit(cudaHomeCandidates());
+  if (!found.cuda && want === '1') {
+    throw new Error('FA_CUDA=1 but no CUDA toolkit with nvcc and libcudart_static.a was found (set CUDA_HOME)');
+  }
+  return found;
 }
 
 function archs() {
@@ -93,9 +111,10 @@ function gencode() {
   return flags;
 }
 
-function defines(cuda) {
+function defines(cuda, cpuOnlyReason) {
   const d = [];
   if (cuda) d.push('FA_WITH_CUDA=1');
+  else if (cpuOnlyReason) d.push(`FA_CPU_ONLY_REASON=${CPU_ONLY_REASON_CODE[cpuOnlyReason]}`);
   // The Hopper (wgmma) kernels exist only when the sm_90a target is built.
   if (cuda && archs().includes('90a')) d.push('FA_HAS_SM90A=1');
   for (const h of headDims()) d.push(`FA_HEAD_DIM_${h}=1`);
@@ -126,9 +145,15 @@ function nvccFlags() {
   ];
 }
 
+const SUMMARY_REASON = {
+  disabled: 'FA_CUDA=0 requested a CPU-only build',
+  'nvcc-not-found': 'nvcc was not found: set CUDA_HOME or put nvcc on PATH for the CUDA kernels',
+  'cudart-not-found': 'nvcc was found but not libcudart_static.a: install the full CUDA toolkit for the CUDA kernels',
+};
+
 function main(argv) {
   const [query, arg] = argv;
-  const cuda = cudaConfig();
+  const { cuda, reason } = cudaDecision();
   switch (query) {
     case 'sources': {
       const s = readSources();
@@ -145,12 +170,13 @@ function main(argv) {
     case 'archs': return archs().join(';');
     case 'gencode': return gencode().join(' ');
     case 'nvcc-flags': return cuda ? nvccFlags().join(' ') : '';
-    case 'defines': return defines(Boolean(cuda)).join(' ');
+    case 'defines': return defines(Boolean(cuda), reason).join(' ');
+    case 'cpu-only-reason': return cuda ? '' : reason;
     case 'headers': return headers().join(' ');
     case 'summary':
       return cuda
         ? `flash-attn-node: building with CUDA (${cuda.nvcc}; archs ${archs().join(',')}; head dims ${headDims().join(',')})`
-        : 'flash-attn-node: nvcc not found (or FA_CUDA=0): building the CPU backend only';
+        : `flash-attn-node: building the CPU backend only (${SUMMARY_REASON[reason]})`;
     default:
       throw new Error(`unknown query "${query}"`);
   }
@@ -165,4 +191,4 @@ if (require.main === module) {
   }
 }
 
-module.exports = { main, readSources, ALL_HEAD_DIMS };
+module.exports = { main, readSources, findToolkit, ALL_HEAD_DIMS, CPU_ONLY_REASON_CODE };

@@ -16,6 +16,8 @@ const root = path.resolve(__dirname, '..');
 const config = require(path.join(root, 'scripts', 'build-config.js')) as {
   main(argv: string[]): string;
   readSources(): Record<string, string[]>;
+  findToolkit(homes: string[]): { cuda: { nvcc: string; home: string; cudart: string } | null; reason: string | null };
+  CPU_ONLY_REASON_CODE: Record<string, number>;
 };
 
 const sources = config.readSources();
@@ -161,9 +163,78 @@ describe('narrowing a development build', () => {
     expect(bad.stderr).toContain('FA_HEAD_DIMS: expected a subset of 32,64,96,128,192,256 but received "65"');
   });
 
-  test('FA_CUDA=0 builds the CPU backend only', () => {
+  test('FA_CUDA=0 builds the CPU backend only, and records that as the reason', () => {
     expect(run({ FA_CUDA: '0' }, ['cuda'])).toBe('0');
     expect(run({ FA_CUDA: '0' }, ['sources', 'cuda'])).toBe('');
-    expect(run({ FA_CUDA: '0' }, ['summary'])).toContain('CPU backend only');
+    expect(run({ FA_CUDA: '0' }, ['cpu-only-reason'])).toBe('disabled');
+    expect(run({ FA_CUDA: '0' }, ['defines']).split(' ')).toContain('FA_CPU_ONLY_REASON=1');
+    expect(run({ FA_CUDA: '0' }, ['nvcc-flags'])).toBe('');
+    const summary = run({ FA_CUDA: '0' }, ['summary']);
+    expect(summary).toBe('flash-attn-node: building the CPU backend only (FA_CUDA=0 requested a CPU-only build)');
+    expect(summary).not.toMatch(/nvcc/i);
+  });
+
+  test('a CUDA build records no CPU-only reason', () => {
+    const cuda = config.main(['cuda']) === '1';
+    expect(config.main(['cpu-only-reason']) === '').toBe(cuda);
+    const defines = config.main(['defines']).split(' ');
+    expect(defines.some((d) => d.startsWith('FA_CPU_ONLY_REASON='))).toBe(!cuda);
+    expect(defines.includes('FA_WITH_CUDA=1')).toBe(cuda);
+  });
+
+  test('the toolkit search tells a missing nvcc from a missing static runtime', () => {
+    const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'fa-toolkit-'));
+    try {
+      const home = (name: string, files: string[]): string => {
+        for (const f of files) {
+          fs.mkdirSync(path.dirname(path.join(dir, name, f)), { recursive: true });
+          fs.writeFileSync(path.join(dir, name, f), '');
+        }
+        fs.mkdirSync(path.join(dir, name), { recursive: true });
+        return path.join(dir, name);
+      };
+      const empty = home('empty', []);
+      const nvccOnly = home('nvcc-only', ['bin/nvcc', 'lib64/libcudart.so']);
+      const full = home('full', ['bin/nvcc', 'targets/x86_64-linux/lib/libcudart_static.a']);
+      expect(config.findToolkit([])).toEqual({ cuda: null, reason: 'nvcc-not-found' });
+      expect(config.findToolkit([empty, path.join(dir, 'absent')])).toEqual({ cuda: null, reason: 'nvcc-not-found' });
+      expect(config.findToolkit([empty, nvccOnly])).toEqual({ cuda: null, reason: 'cudart-not-found' });
+      expect(config.findToolkit([nvccOnly, full])).toEqual({
+        cuda: {
+          nvcc: path.join(full, 'bin', 'nvcc'), home: full,
+          cudart: path.join(full, 'targets', 'x86_64-linux', 'lib', 'libcudart_static.a'),
+        },
+        reason: null,
+      });
+    } finally {
+      fs.rmSync(dir, { recursive: true, force: true });
+    }
+  });
+
+  test('each CPU-only reason has its own FA_CPU_ONLY_REASON code', () => {
+    expect(config.CPU_ONLY_REASON_CODE).toEqual({ disabled: 1, 'nvcc-not-found': 2, 'cudart-not-found': 3 });
+  });
+});
+
+describe('the addon reports the CPU-only reason its build recorded', () => {
+  const gypMakefile = path.join(root, 'build', 'flash_attn_node.target.mk');
+  const hasGypBuild = fs.existsSync(gypMakefile);
+  if (!hasGypBuild) {
+    test.skip('skipped because build/flash_attn_node.target.mk is missing (run `npm run build:gyp`)', () => undefined);
+  }
+  (hasGypBuild ? test : test.skip)('node-gyp build: cpuOnlyReason matches the FA_CPU_ONLY_REASON it was compiled with', () => {
+    // eslint-disable-next-line @typescript-eslint/no-var-requires
+    const { binding } = require('../lib/native') as typeof import('../lib/native');
+    const mk = fs.readFileSync(gypMakefile, 'utf8');
+    const code = /-DFA_CPU_ONLY_REASON=(\d+)/.exec(mk)?.[1];
+    const b = binding();
+    if (/-DFA_WITH_CUDA=1/.test(mk)) {
+      expect(b.cudaCompiled).toBe(true);
+      expect(b.cpuOnlyReason).toBeNull();
+    } else {
+      expect(b.cudaCompiled).toBe(false);
+      const name = Object.entries(config.CPU_ONLY_REASON_CODE).find(([, c]) => String(c) === code)?.[0] ?? 'unknown';
+      expect(b.cpuOnlyReason).toBe(name);
+    }
   });
 });

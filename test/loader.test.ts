@@ -8,7 +8,8 @@ import * as fs from 'fs';
 import * as os from 'os';
 import * as path from 'path';
 
-import { runNodeChild } from './helpers/child';
+import { cpuOnlyNotice, cpuOnlyReasonText } from '../lib/native';
+import { LIB_ENTRY, runNodeChild } from './helpers/child';
 
 const root = path.resolve(__dirname, '..');
 const prebuildDir = path.join(root, 'prebuilds', `${process.platform}-${process.arch}`);
@@ -96,5 +97,90 @@ describe('loading the native addon', () => {
     } finally {
       fs.rmSync(dir, { recursive: true, force: true });
     }
+  });
+});
+
+describe('the CPU-only notice names the reason the build recorded', () => {
+  test('FA_CUDA=0: names FA_CUDA=0 as the reason, not nvcc, and how to get a CUDA build', () => {
+    const notice = cpuOnlyNotice('disabled');
+    expect(notice.message).toBe(
+      'flash-attn-node was built without CUDA (FA_CUDA=0 requested a CPU-only build): only the CPU backend is available',
+    );
+    expect(notice.detail).toContain('FA_CUDA=1 npm rebuild flash-attn-node');
+    expect(notice.detail).toContain('FLASH_ATTN_NODE_QUIET=1');
+    expect(`${notice.message} ${notice.detail}`).not.toMatch(/nvcc/i);
+    expect(cpuOnlyReasonText('disabled')).toContain('FA_CUDA=0 requested a CPU-only build');
+    expect(cpuOnlyReasonText('disabled')).not.toMatch(/nvcc/i);
+  });
+
+  test('nvcc missing: names nvcc and where to point the build', () => {
+    const notice = cpuOnlyNotice('nvcc-not-found');
+    expect(notice.message).toContain('(nvcc was not found when the addon was built)');
+    expect(notice.message).not.toContain('FA_CUDA=0');
+    expect(notice.detail).toContain('install the CUDA toolkit, set CUDA_HOME');
+    expect(notice.detail).toContain('npm rebuild flash-attn-node');
+  });
+
+  test('nvcc without the static runtime: names libcudart_static.a', () => {
+    const notice = cpuOnlyNotice('cudart-not-found');
+    expect(notice.message).toContain('not the static CUDA runtime (libcudart_static.a)');
+    expect(notice.detail).toContain('install the full CUDA toolkit');
+    expect(notice.detail).toContain('npm rebuild flash-attn-node');
+  });
+
+  test('an unrecorded or unrecognised reason says so rather than guessing', () => {
+    for (const reason of ['unknown', undefined, null, 'something-else', 3, '__proto__', 'toString']) {
+      const notice = cpuOnlyNotice(reason);
+      expect(notice.message).toContain('(the build did not record why)');
+      expect(notice.detail).toContain('npm rebuild flash-attn-node');
+      expect(cpuOnlyReasonText(reason)).toContain('compiled without CUDA (the build did not record why)');
+    }
+  });
+
+  // The loader's wiring: the addon's cudaCompiled / cpuOnlyReason are replaced as it loads (a .node
+  // loader hook in a child process), so every reason is exercised whatever this checkout's build is.
+  const loadAs = (cpuOnlyReason: string | undefined): {
+    warnings: { name: string; code: string; message: string; detail: string }[];
+    cudaReason: string;
+    compiled: boolean;
+  } => {
+    const script = `
+      const Module = require('module');
+      const loadNode = Module._extensions['.node'];
+      Module._extensions['.node'] = (m, filename) => {
+        loadNode(m, filename);
+        m.exports.cudaCompiled = false;
+        ${cpuOnlyReason === undefined ? 'delete m.exports.cpuOnlyReason;' : `m.exports.cpuOnlyReason = ${JSON.stringify(cpuOnlyReason)};`}
+      };
+      const warnings = [];
+      process.on('warning', (w) => warnings.push({ name: w.name, code: w.code, message: w.message, detail: w.detail }));
+      const fa = require(${JSON.stringify(LIB_ENTRY)});
+      const b = fa.backends();
+      process.on('exit', () => process.stdout.write(JSON.stringify({ warnings, cudaReason: b.cuda.reason, compiled: b.cuda.compiled })));
+    `;
+    const child = runNodeChild(`${script}`, {
+      cwd: root, env: { FLASH_ATTN_NODE_QUIET: '' }, nodeArgs: ['--no-warnings'],
+    });
+    expect(child.stderr).toBe('');
+    expect(child.status).toBe(0);
+    return JSON.parse(child.stdout);
+  };
+
+  test.each([
+    ['disabled', 'FA_CUDA=0 requested a CPU-only build'],
+    ['nvcc-not-found', 'nvcc was not found when the addon was built'],
+    ['cudart-not-found', 'libcudart_static.a'],
+  ])('loading a CPU-only addon built with reason %s warns once with it, and backends().cuda.reason agrees', (reason, text) => {
+    const report = loadAs(reason);
+    expect(report.warnings).toEqual([{ name: 'Warning', code: 'FLASH_ATTN_NODE_CPU_ONLY', ...cpuOnlyNotice(reason) }]);
+    expect(report.warnings[0].message).toContain(text);
+    expect(report.compiled).toBe(false);
+    expect(report.cudaReason).toBe(cpuOnlyReasonText(reason));
+    expect(report.cudaReason).toContain(text);
+  });
+
+  test('an addon without cpuOnlyReason (built before it was recorded) gets the unrecorded-reason notice', () => {
+    const report = loadAs(undefined);
+    expect(report.warnings).toEqual([{ name: 'Warning', code: 'FLASH_ATTN_NODE_CPU_ONLY', ...cpuOnlyNotice('unknown') }]);
   });
 });

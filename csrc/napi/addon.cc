@@ -3,6 +3,8 @@
 
 #include <cmath>
 
+#include "cpu/cpu_isa.h"
+#include "runtime/build_info.h"
 #include "cpu/thread_pool.h"
 
 namespace fa::napi {
@@ -181,6 +183,19 @@ Napi::Value IsNativeBuffer(const Napi::CallbackInfo& info) {
   return Napi::Boolean::New(info.Env(), v.IsObject() && v.As<Napi::Object>().CheckTypeTag(&kBufferObjectTag));
 }
 
+// ---- build and CPU description ----
+
+// Why this build has no CUDA (runtime/build_info.h): "disabled" (FA_CUDA=0), "nvcc-not-found",
+// "cudart-not-found" (nvcc without libcudart_static.a), or "unknown" (a build that did not go through
+// build-config.js). Null in a CUDA build.
+Napi::Value CpuOnlyReason(Napi::Env env) {
+#ifdef FA_WITH_CUDA
+  return env.Null();
+#else
+  return Napi::String::New(env, kCpuOnlyReason);
+#endif
+}
+
 // ---- module ----
 
 Napi::Object Init(Napi::Env env, Napi::Object exports) {
@@ -192,7 +207,11 @@ Napi::Object Init(Napi::Env env, Napi::Object exports) {
   exports.Set("NativeBuffer", ctor);
   exports.Set("isNativeBuffer", Napi::Function::New<guarded<IsNativeBuffer, 1>>(env, "isNativeBuffer"));
   exports.Set("cudaCompiled", Napi::Boolean::New(env, Runtime::cuda_compiled()));
+  exports.Set("cpuOnlyReason", CpuOnlyReason(env));
   exports.Set("cpuThreads", Napi::Number::New(env, d->runtime->pool().size()));
+  // The instruction-set variant the CPU attention and matmul kernels run: they take
+  // cpu::detected_isa() (cpu/cpu_isa.h), the best one this CPU and OS support.
+  exports.Set("cpuSimd", Napi::String::New(env, cpu::isa_name(cpu::detected_isa())));
   InitTensorOps(env, exports);
   InitAttentionOps(env, exports);
   InitTimingOps(env, exports);

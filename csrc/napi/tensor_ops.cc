@@ -11,6 +11,7 @@
 #include "napi/copy_ops.h"
 #include "napi/dispatch.h"
 #include "napi/view_args.h"
+#include "runtime/build_info.h"
 
 #ifdef FA_WITH_CUDA
 #include "cuda/copy.h"
@@ -452,7 +453,7 @@ Napi::Value CudaDeviceCount(const Napi::CallbackInfo& info) {
   o.Set("reason", n > 0 ? Napi::Value(env.Null()) : Napi::String::New(env, why));
 #else
   o.Set("count", 0);
-  o.Set("reason", "this build of flash-attn-node was compiled without CUDA (nvcc was not found at install time)");
+  o.Set("reason", kCpuOnlyMessage);
 #endif
   return o;
 }

@@ -9,6 +9,7 @@
 
 #include "cpu/thread_pool.h"
 #include "runtime/error.h"
+#include "runtime/build_info.h"
 #include "runtime/format.h"
 
 namespace fa {
@@ -135,7 +136,7 @@ bool Runtime::cuda_available(std::string* why) {
   if (why) *why = cuda_why_;
   return false;
 #else
-  if (why) *why = "this build of flash-attn-node was compiled without CUDA (nvcc was not found at install time)";
+  if (why) *why = kCpuOnlyMessage;
   return false;
 #endif
 }

@@ -92,10 +92,15 @@ export interface GPTForwardOptions {
  * ```
  */
 export class GPT extends Module {
+  /** The architecture, every default filled in. */
   readonly config: ResolvedGPTConfig;
+  /** The token embedding [vocabSize, dModel], tied to the lm head. */
   readonly wte: Embedding;
+  /** The learned position embedding [blockSize, dModel], or null with rotary positions. */
   readonly wpe: Embedding | null;
+  /** The transformer blocks, in order. */
   readonly h: Block[];
+  /** The final norm before the lm head. */
   readonly ln_f: Norm;
   #positions: Tensor | null = null;
   readonly #linearOptions: { float32Precision: 'tf32' | 'highest' };

@@ -51,7 +51,13 @@ export class Embedding extends Module {
   readonly weight: Parameter;
   #ids: Tensor | null = null;
 
-  constructor(readonly vocab: number, readonly dim: number, options: LayerOptions) {
+  constructor(
+    /** Rows of the table: ids are in [0, vocab). */
+    readonly vocab: number,
+    /** Width of each row. */
+    readonly dim: number,
+    options: LayerOptions,
+  ) {
     super();
     checkDim(vocab, 'Embedding vocab');
     checkDim(dim, 'Embedding dim');
@@ -102,11 +108,18 @@ export class Linear extends Module {
   readonly weight: Parameter;
   /** [outFeatures] or null. */
   readonly bias: Parameter | null;
+  /** 'gelu': GELU (tanh) fused into the product's epilogue; 'none': the plain affine map. */
   readonly activation: 'none' | 'gelu';
   readonly #options: LinearOptions;
   #saved: { x: Tensor; pre: Tensor | null } | null = null;
 
-  constructor(readonly inFeatures: number, readonly outFeatures: number, options: LinearLayerOptions) {
+  constructor(
+    /** Width of the input's last dim. */
+    readonly inFeatures: number,
+    /** Width of the output's last dim. */
+    readonly outFeatures: number,
+    options: LinearLayerOptions,
+  ) {
     super();
     checkDim(inFeatures, 'Linear inFeatures');
     checkDim(outFeatures, 'Linear outFeatures');
@@ -167,12 +180,19 @@ export interface NormOptions extends Omit<LayerOptions, 'normal'> {
 
 /** LayerNorm over the last dim, weight 1 and (optional) bias 0 initially, as PyTorch's. */
 export class LayerNorm extends Module {
+  /** [dim], the model's dtype: the scale. */
   readonly weight: Parameter;
+  /** [dim] or null: the shift. */
   readonly bias: Parameter | null;
+  /** Added to the variance before the square root. */
   readonly eps: number;
   #saved: { x: Tensor; mean: Tensor; rstd: Tensor } | null = null;
 
-  constructor(readonly dim: number, options: NormOptions & { bias?: boolean }) {
+  constructor(
+    /** Width of the normalised last dim. */
+    readonly dim: number,
+    options: NormOptions & { bias?: boolean },
+  ) {
     super();
     checkDim(dim, 'LayerNorm dim');
     const o = normOptions(options, 'LayerNorm options', true);
@@ -219,11 +239,17 @@ export class LayerNorm extends Module {
 
 /** RMSNorm over the last dim (weight only, 1 initially). */
 export class RMSNorm extends Module {
+  /** [dim], the model's dtype: the scale. */
   readonly weight: Parameter;
+  /** Added to the mean square before the square root. */
   readonly eps: number;
   #saved: { x: Tensor; rstd: Tensor } | null = null;
 
-  constructor(readonly dim: number, options: NormOptions) {
+  constructor(
+    /** Width of the normalised last dim. */
+    readonly dim: number,
+    options: NormOptions,
+  ) {
     super();
     checkDim(dim, 'RMSNorm dim');
     const o = normOptions(options, 'RMSNorm options', false);
@@ -304,9 +330,13 @@ function residualStd(layers: number): number {
  * into the views of one packed gradient), and the output projection `c_proj`.
  */
 export class CausalSelfAttention extends Module {
+  /** The packed QKV projection, dModel → 3·dModel. */
   readonly c_attn: Linear;
+  /** The output projection, dModel → dModel. */
   readonly c_proj: Linear;
+  /** Attention heads (q, k and v alike). */
   readonly heads: number;
+  /** dModel / heads. */
   readonly headDim: number;
   readonly #rope: boolean;
   readonly #ropeBase: number;
@@ -398,8 +428,11 @@ export class CausalSelfAttention extends Module {
  * dModel); 'swiglu' is c_fc (dModel → 2·hidden: gate then value), silu(gate)·value, then c_proj.
  */
 export class MLP extends Module {
+  /** The first projection: dModel → hidden ('gelu', GELU fused) or dModel → 2·hidden ('swiglu'). */
   readonly c_fc: Linear;
+  /** The projection back, hidden → dModel. */
   readonly c_proj: Linear;
+  /** Which feed-forward network this is. */
   readonly kind: 'gelu' | 'swiglu';
   #saved: { u: Tensor | null; h: Tensor } | null = null;
 
@@ -462,9 +495,13 @@ export class MLP extends Module {
 
 /** A pre-norm transformer block: x + attn(ln_1(x)), then r + mlp(ln_2(r)). */
 export class Block extends Module {
+  /** The norm before attention. */
   readonly ln_1: Norm;
+  /** The causal self-attention. */
   readonly attn: CausalSelfAttention;
+  /** The norm before the MLP. */
   readonly ln_2: Norm;
+  /** The feed-forward network. */
   readonly mlp: MLP;
   #saved: { h1: Tensor; r: Tensor; h2: Tensor } | null = null;
 

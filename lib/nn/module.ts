@@ -173,9 +173,11 @@ export class ParameterGroup implements Disposable {
   readonly parameters: readonly Parameter[];
   /** Whether AdamW applies weight decay to the group. */
   readonly decay: boolean;
-  /** Flat storages: value (model dtype), grad (float32), master (float32 or null). */
+  /** Flat storage of the values (the model's dtype); each parameter's value is a view of it. */
   readonly value: Tensor;
+  /** Flat float32 storage of the gradients; each parameter's grad is a view of it. */
   readonly grad: Tensor;
+  /** Flat float32 master weights for 16-bit parameters, or null for float32 ones. */
   readonly master: Tensor | null;
 
   /** Packs `parameters` (one dtype, device and decay setting; each at most in one group). */
@@ -252,7 +254,9 @@ export function packParameters(parameters: readonly Parameter[]): ParameterGroup
 
 /** A parameter with its dotted name in the module tree (e.g. 'transformer.h.0.attn.c_attn.weight'). */
 export interface NamedParameter {
+  /** Its dotted path in the module tree (e.g. `transformer.h.0.attn.c_attn.weight`). */
   name: string;
+  /** The parameter itself. */
   parameter: Parameter;
 }
 

@@ -81,10 +81,15 @@ function wholeGroups(params: readonly Parameter[]): ParameterGroup[] | null {
 export class AdamW implements Disposable {
   readonly #slots: Slot[];
   readonly #lr: (step: number) => number;
+  /** First-moment decay. */
   readonly beta1: number;
+  /** Second-moment decay. */
   readonly beta2: number;
+  /** Added to the denominator. */
   readonly eps: number;
+  /** Decoupled weight decay, for the parameters that take it. */
   readonly weightDecay: number;
+  /** The global gradient norm clipping threshold; 0: no clipping. */
   readonly maxGradNorm: number;
   #step = 0;
   #norm: Tensor | null = null;

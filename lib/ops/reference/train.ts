@@ -118,7 +118,12 @@ export interface ReferenceLinearOptions extends TrainPrecisionOption {
 export function referenceLinear(
   x: TrainReferenceInput, w: TrainReferenceInput, bias: TrainReferenceInput | null, rows: number, inF: number, outF: number,
   options: ReferenceLinearOptions = {},
-): { out: Float64Array; pre: Float64Array } {
+): {
+  /** `[rows, outF]`: the result (after GELU with `gelu`). */
+  out: Float64Array;
+  /** `[rows, outF]`: the value before GELU (equal to `out` without it). */
+  pre: Float64Array;
+} {
   for (const [v, name] of [[rows, 'rows'], [inF, 'inF'], [outF, 'outF']] as const) refSize(v, name);
   refValues(x, 'x', rows * inF);
   refValues(w, 'w', outF * inF);
@@ -159,7 +164,14 @@ export interface ReferenceLinearBackwardOptions extends TrainPrecisionOption {
 export function referenceLinearBackward(
   dy: TrainReferenceInput, x: TrainReferenceInput, w: TrainReferenceInput, rows: number, inF: number, outF: number,
   options: ReferenceLinearBackwardOptions = {},
-): { dx: Float64Array; dweight: Float64Array; dbias: Float64Array } {
+): {
+  /** `[rows, inF]`: dy·W. */
+  dx: Float64Array;
+  /** `[outF, inF]`: the accumulator after the call, dweight0 + dyᵀ·x. */
+  dweight: Float64Array;
+  /** `[outF]`: the accumulator after the call, dbias0 + Σ_rows dy. */
+  dbias: Float64Array;
+} {
   for (const [v, name] of [[rows, 'rows'], [inF, 'inF'], [outF, 'outF']] as const) refSize(v, name);
   refValues(dy, 'dy', rows * outF);
   refValues(x, 'x', rows * inF);
@@ -215,7 +227,12 @@ export interface ReferenceCrossEntropyOptions extends TrainPrecisionOption {
 export function referenceCrossEntropy(
   logits: TrainReferenceInput, targets: TrainReferenceInput, rows: number, vocab: number,
   options: ReferenceCrossEntropyOptions = {},
-): { loss: Float64Array; dlogits: Float64Array } {
+): {
+  /** `[rows]` for 'none', else `[1]`. */
+  loss: Float64Array;
+  /** `[rows, vocab]`: the gradient of the reduced loss times gradScale. */
+  dlogits: Float64Array;
+} {
   refSize(rows, 'rows');
   refSize(vocab, 'vocab');
   refValues(logits, 'logits', rows * vocab);
@@ -295,7 +312,12 @@ export interface ReferenceAdamWOptions extends TrainPrecisionOption {
   /** Multiplies the gradient. Default 1. */
   gradScale?: number;
   /** The global gradient norm and the largest one let through, for clipping. */
-  clip?: { norm: number; maxNorm: number };
+  clip?: {
+    /** The global gradient norm of this step. */
+    norm: number;
+    /** The largest norm let through: gradients scale by maxNorm / norm when norm exceeds it. */
+    maxNorm: number;
+  };
   /** dtype of param. Default float32. */
   dtype?: DType;
 }
@@ -307,7 +329,16 @@ export interface ReferenceAdamWOptions extends TrainPrecisionOption {
  */
 export function referenceAdamW(
   state: ReferenceAdamWState, options: ReferenceAdamWOptions,
-): { param: Float64Array; master: Float64Array; m: Float64Array; v: Float64Array } {
+): {
+  /** The new parameter, rounded to `dtype` unless 'float64'. */
+  param: Float64Array;
+  /** The new unrounded weights. */
+  master: Float64Array;
+  /** The new first moment. */
+  m: Float64Array;
+  /** The new second moment. */
+  v: Float64Array;
+} {
   const st = refOptions<ReferenceAdamWState>(state, 'state', ['param', 'grad', 'm', 'v', 'master'], []);
   if (state === undefined) throw typeError('state to be an object with param, grad, m and v', 'undefined');
   const count = refLength(st.param, 'state.param');
