@@ -7,7 +7,7 @@
 import type { AttentionKernel, Device, DType } from '../lib';
 import { Pass, PASSES } from './flops';
 import { BwdVariant, CompareTarget, GridSettings, headsFor } from './grid';
-import { deviceDefaults, Preset, PRESETS } from './presets';
+import { deviceDefaults, Preset, PRESETS, RENAMED_PRESETS } from './presets';
 import type { TorchBackend } from './torch';
 
 /** A bad command line; the CLI prints the message and exits with status 2. */
@@ -245,7 +245,11 @@ export function parseArgs(argv: readonly string[], defaultDevice: Device = 'cpu'
       }
       case '--preset': {
         const v = value();
-        if (!Object.prototype.hasOwnProperty.call(PRESETS, v)) fail(flag, oneOf(Object.keys(PRESETS)), quote(v));
+        if (!Object.prototype.hasOwnProperty.call(PRESETS, v)) {
+          const renamed = Object.prototype.hasOwnProperty.call(RENAMED_PRESETS, v) ? RENAMED_PRESETS[v] : null;
+          const hint = renamed === null ? '' : ` (preset '${v}' was renamed to '${renamed}')`;
+          fail(flag, oneOf(Object.keys(PRESETS)), quote(v) + hint);
+        }
         preset = v;
         break;
       }

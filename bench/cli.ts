@@ -4,7 +4,7 @@
  *
  *   npx flash-attn-bench                           # the FA2 paper's grid on CUDA (a small grid on the CPU without a GPU)
  *   npx flash-attn-bench --seqlen 1k,4k --head-dim 128 --pass fwdbwd --compare torch,naive --chart out.svg
- *   npx flash-attn-bench --preset seed-fp32 --markdown
+ *   npx flash-attn-bench --preset fp32-memory-wall --markdown
  *
  * The pieces: bench/args.ts (flags), bench/presets.ts, bench/grid.ts (cells), bench/runner.ts
  * (measuring), bench/torch.ts (PyTorch SDPA), bench/report.ts (tables, JSON, CSV, markdown),

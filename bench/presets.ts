@@ -1,7 +1,9 @@
 /**
- * Named runs (`--preset NAME`, listed by `--list-presets`): the FA2 paper's grid, a small CPU grid,
- * and the configurations of the first design document (shared/seeds/000_*.txt), so that its numbers
- * can be set beside ours. Flags given with a preset override its values.
+ * Named runs (`--preset NAME`, listed by `--list-presets`): the grid of T. Dao, "FlashAttention-2:
+ * Faster Attention with Better Parallelism and Work Partitioning" (2023), a small CPU grid, and the
+ * configurations of K. Garimella, "Understanding the Forward and Backward Pass of FlashAttention2"
+ * (Triton kernels measured on an RTX 3090; code at github.com/kvgarimella/flashattention2-backward),
+ * so that their numbers can be set beside ours. Flags given with a preset override its values.
  * @packageDocumentation
  */
 import type { Device } from '../lib';
@@ -30,8 +32,11 @@ const CPU_SMALL: GridSettings = {
   repeats: 3, warmup: 1,
 };
 
-/** The document's configuration: batch 4, one head, head dim 64, seqlen 8192 (it names no head count). */
-const SEED_SHAPE: Partial<GridSettings> = { batch: 4, heads: 1, kvHeads: null, headDims: [64], seqlens: [8192], causal: [false] };
+/**
+ * The shape of Garimella's measurements: batch 4, one head, head dim 64, seqlen 8192 (the post names
+ * no head count; its tensors are (batch, seq, d)).
+ */
+const B4_H1_D64_8K: Partial<GridSettings> = { batch: 4, heads: 1, kvHeads: null, headDims: [64], seqlens: [8192], causal: [false] };
 
 /** Every preset, by name, in the order `--list-presets` shows them. */
 export const PRESETS: Readonly<Record<string, Preset>> = {
@@ -39,7 +44,8 @@ export const PRESETS: Readonly<Record<string, Preset>> = {
     name: 'fa2-grid',
     summary: 'the FA2 paper\'s grid: bf16, head dim 64 and 128, causal and not, seqlen 512-16k, fwd/bwd/fwdbwd (the default on CUDA)',
     details: [
-      'batch = 16384/seqlen, heads = 2048/headDim (16k tokens, model width 2048), as in FlashAttention-2 §4.1.',
+      'batch = 16384/seqlen, heads = 2048/headDim (16k tokens, model width 2048), as in §4.1 of T. Dao, "FlashAttention-2:',
+      'Faster Attention with Better Parallelism and Work Partitioning" (2023).',
       'Add --compare torch for PyTorch SDPA (flash, cuDNN, memory-efficient) on the same cells, --compare naive for the memory wall.',
     ],
     device: 'cuda',
@@ -52,47 +58,55 @@ export const PRESETS: Readonly<Record<string, Preset>> = {
     device: 'cpu',
     settings: CPU_SMALL,
   },
-  'seed-fp32': {
-    name: 'seed-fp32',
-    summary: 'the first design document\'s fp32 case: B4 H1 d64 seqlen 8192, fwd and fwdbwd, vs naive and PyTorch (efficient, math)',
+  'fp32-memory-wall': {
+    name: 'fp32-memory-wall',
+    summary: 'the N x N memory wall in fp32: B4 H1 d64 seqlen 8192, fwd and fwdbwd, vs naive and PyTorch (efficient, math)',
     details: [
-      'Document (RTX 3090): eager forward 23.5 ms, torch.compile 13.95 ms, Triton FA2 2.19 ms; eager/compile hold',
-      'the N x N matrices in memory (GiBs), FA2 a few MiB. On an H100 (toolchain notes): eager PyTorch 3.55 ms and',
-      '2.4 GB peak, SDPA memory-efficient 2.56 ms and 385 MB. "naive" is our S-materialising CUDA kernel, "torch-math"',
-      'PyTorch\'s unfused SDPA (the eager equivalent): both show the memory wall.',
+      'K. Garimella, "Understanding the Forward and Backward Pass of FlashAttention2" (github.com/kvgarimella/flashattention2-backward),',
+      'on an RTX 3090: eager forward 23.5 ms, torch.compile 13.95 ms, Triton FA2 2.19 ms; eager/compile hold the N x N',
+      'matrices in memory (GiBs), FA2 a few MiB. PyTorch on an H100: eager 3.55 ms and 2.4 GB peak, SDPA memory-efficient',
+      '2.56 ms and 385 MB. "naive" is our S-materialising CUDA kernel, "torch-math" PyTorch\'s unfused SDPA (the eager',
+      'equivalent): both show the wall.',
     ],
     device: 'cuda',
     settings: {
-      ...SEED_SHAPE, dtype: 'float32', passes: ['fwd', 'fwdbwd'], compare: ['naive', 'torch'], torchBackends: ['efficient', 'math'],
+      ...B4_H1_D64_8K, dtype: 'float32', passes: ['fwd', 'fwdbwd'], compare: ['naive', 'torch'], torchBackends: ['efficient', 'math'],
     },
   },
-  'seed-bf16': {
-    name: 'seed-bf16',
-    summary: 'the first design document\'s bf16 table: B4 H1 d64, seqlen 8k-64k, forward+backward vs PyTorch FA2',
+  'long-seq-bf16': {
+    name: 'long-seq-bf16',
+    summary: 'long sequences in bf16: B4 H1 d64, seqlen 8k-64k, forward+backward vs PyTorch FA2',
     details: [
-      'Document (RTX 3090, PyTorch 2.10 FA2 vs its Triton kernel, fwd+bwd ms): 8k 2.517 vs 3.351, 16k 7.749 vs 12.287,',
-      '32k 31.197 vs 46.403, 64k 111.403 vs 185.191. It states batch 4 and head dim 64 for its experiments but neither',
-      'a head count (1 assumed: its tensors are (batch, seq, d)) nor the mask of this table: both masks are run.',
+      'Garimella\'s bf16 table (RTX 3090, PyTorch 2.10 FA2 vs the post\'s Triton kernel, fwd+bwd ms): 8k 2.517 vs 3.351,',
+      '16k 7.749 vs 12.287, 32k 31.197 vs 46.403, 64k 111.403 vs 185.191. The post states batch 4 and head dim 64 but',
+      'neither a head count (1 assumed: its tensors are (batch, seq, d)) nor the mask of this table: both masks are run.',
     ],
     device: 'cuda',
     settings: {
-      ...SEED_SHAPE, dtype: 'bfloat16', seqlens: [8192, 16384, 32768, 65536], causal: [false, true], passes: ['fwdbwd'],
+      ...B4_H1_D64_8K, dtype: 'bfloat16', seqlens: [8192, 16384, 32768, 65536], causal: [false, true], passes: ['fwdbwd'],
       compare: ['torch'], torchBackends: ['flash'],
     },
   },
-  'seed-bwd-kernels': {
-    name: 'seed-bwd-kernels',
-    summary: 'backward variants at the document\'s shape (B4 H1 d64 seqlen 8192, bf16): single kernel (atomic dQ, and deterministic) vs two kernels',
+  'bwd-variants': {
+    name: 'bwd-variants',
+    summary: 'backward variants at B4 H1 d64 seqlen 8192, bf16: single kernel (atomic dQ, and deterministic) vs two kernels',
     details: [
-      'Document (RTX 3090, Triton): single-kernel backward with atomic dQ 28.9 ms, two-kernel backward (dQ pass, then',
+      'Garimella\'s Triton kernels (RTX 3090): single-kernel backward with atomic dQ 28.9 ms, two-kernel backward (dQ pass, then',
       'dK/dV pass; 12·N²·d instead of 10·N²·d FLOPs, no atomics) 6.53 ms. Ours, in bf16: the default backward (\'auto\':',
       'two kernels on Hopper) beside the single kernel with atomic dQ, its deterministic mode, and the two-kernel',
       'backward (Hopper, fp16/bf16: a dK/dV kernel, then a dQ kernel); the summary gives single-kernel ÷ two-kernel and',
       'deterministic ÷ single-kernel times.',
     ],
     device: 'cuda',
-    settings: { ...SEED_SHAPE, dtype: 'bfloat16', passes: ['bwd'], variants: ['single-kernel', 'deterministic', 'two-kernel'] },
+    settings: { ...B4_H1_D64_8K, dtype: 'bfloat16', passes: ['bwd'], variants: ['single-kernel', 'deterministic', 'two-kernel'] },
   },
+};
+
+/** Former preset names and the preset that runs the same configuration, for the hint an unknown `--preset` gets. */
+export const RENAMED_PRESETS: Readonly<Record<string, string>> = {
+  'seed-fp32': 'fp32-memory-wall',
+  'seed-bf16': 'long-seq-bf16',
+  'seed-bwd-kernels': 'bwd-variants',
 };
 
 /** The settings a run starts from on `device` when no preset is named: fa2-grid on CUDA, cpu-small on the CPU. */

@@ -611,7 +611,8 @@ function backwardSame(
 }
 
 /**
- * Naive attention backward from the seed-001 formulas, for the loss gradient `dout` of `out`.
+ * Naive attention backward from the standard gradient formulas (dV = Pᵀ·dO, dP = dO·Vᵀ, dS = P∘(dP − D),
+ * D = rowsum(dO∘O), dQ = dS·K·scale, dK = dSᵀ·Q·scale), for the loss gradient `dout` of `out`.
  * Recomputes the forward internally (its `out` and `lse` are returned too, identical to
  * {@link referenceAttention} with the same arguments).
  *

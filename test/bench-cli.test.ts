@@ -12,7 +12,7 @@ import { main } from '../bench/cli';
 import { passFlops } from '../bench/flops';
 import { BenchCell, buildCells, cellId, GridSettings, groupByInputs } from '../bench/grid';
 import { findDevicePeak, peakTflops } from '../bench/peaks';
-import { deviceDefaults, listPresets, PRESETS } from '../bench/presets';
+import { deviceDefaults, listPresets, PRESETS, RENAMED_PRESETS } from '../bench/presets';
 import {
   BenchReport, CSV_COLUMNS, DETERMINISTIC_MAX_RATIO, fmtBytes, formatCsv, formatMarkdown, formatText, headerLines, ratioSummary,
   ratioSummaryLines, variantRatioSummary,
@@ -138,12 +138,12 @@ describe('flags', () => {
     // The last of a repeated flag is the one that counts.
     expect(o(['--seqlen', '64', '--seqlen', '128'])).toEqual(['cpu-small', ['--seqlen 128']]);
     expect(o(['--seqlen', '64', '--seqlen', '256,512,1024,2048'])).toEqual(['cpu-small', []]);
-    expect(o(['--preset', 'seed-fp32', '--seqlen', '4096', '--dtype', 'fp32'])).toEqual(['seed-fp32', ['--seqlen 4096']]);
-    expect(o(['--preset', 'seed-fp32'])).toEqual(['seed-fp32', []]);
+    expect(o(['--preset', 'fp32-memory-wall', '--seqlen', '4096', '--dtype', 'fp32'])).toEqual(['fp32-memory-wall', ['--seqlen 4096']]);
+    expect(o(['--preset', 'fp32-memory-wall'])).toEqual(['fp32-memory-wall', []]);
     // Moving a CUDA preset to the CPU overrides it; its repeats are then measured against the CPU's default.
-    expect(o(['--preset', 'seed-fp32', '--device', 'cpu'])).toEqual(['seed-fp32', ['--device cpu']]);
-    expect(o(['--preset', 'seed-fp32', '--device', 'cpu', '--repeats', '20'])).toEqual(['seed-fp32', ['--device cpu', '--repeats 20']]);
-    expect(o(['--preset', 'seed-fp32', '--device', 'cpu', '--repeats', '3'])).toEqual(['seed-fp32', ['--device cpu']]);
+    expect(o(['--preset', 'fp32-memory-wall', '--device', 'cpu'])).toEqual(['fp32-memory-wall', ['--device cpu']]);
+    expect(o(['--preset', 'fp32-memory-wall', '--device', 'cpu', '--repeats', '20'])).toEqual(['fp32-memory-wall', ['--device cpu', '--repeats 20']]);
+    expect(o(['--preset', 'fp32-memory-wall', '--device', 'cpu', '--repeats', '3'])).toEqual(['fp32-memory-wall', ['--device cpu']]);
   });
 
   const cases: [string[], string, ('cpu' | 'cuda')?][] = [
@@ -172,7 +172,10 @@ describe('flags', () => {
     [['--compare', 'torch,jax'], '--compare: expected naive or torch (comma-separated) but received "torch,jax"'],
     [['--torch-backends', 'sdpa'], '--torch-backends: expected flash, cudnn, efficient or math (comma-separated) but received "sdpa"'],
     [['--variants', 'atomic'], '--variants: expected single-kernel, deterministic or two-kernel (comma-separated) but received "atomic"'],
-    [['--preset', 'nope'], '--preset: expected fa2-grid, cpu-small, seed-fp32, seed-bf16 or seed-bwd-kernels but received "nope"'],
+    [['--preset', 'nope'], '--preset: expected fa2-grid, cpu-small, fp32-memory-wall, long-seq-bf16 or bwd-variants but received "nope"'],
+    [['--preset', 'seed-fp32'], '--preset: expected fa2-grid, cpu-small, fp32-memory-wall, long-seq-bf16 or bwd-variants but received "seed-fp32" (preset \'seed-fp32\' was renamed to \'fp32-memory-wall\')'],
+    [['--preset', 'seed-bf16'], '--preset: expected fa2-grid, cpu-small, fp32-memory-wall, long-seq-bf16 or bwd-variants but received "seed-bf16" (preset \'seed-bf16\' was renamed to \'long-seq-bf16\')'],
+    [['--preset', 'seed-bwd-kernels'], '--preset: expected fa2-grid, cpu-small, fp32-memory-wall, long-seq-bf16 or bwd-variants but received "seed-bwd-kernels" (preset \'seed-bwd-kernels\' was renamed to \'bwd-variants\')'],
     [['--chart', 'out.png'], '--chart: expected a file name ending in .svg but received "out.png"'],
     [['--python', ''], '--python: expected a path to a Python interpreter but received ""'],
     [['--json=yes'], '--json: expected no value but received "yes"'],
@@ -232,8 +235,8 @@ describe('presets', () => {
     expect(settings(['--preset', 'cpu-small'], 'cuda')).toEqual(deviceDefaults('cpu'));
   });
 
-  test('seed-fp32: fp32 B4 H1 d64 S8192, fwd and fwdbwd, vs naive and torch efficient', () => {
-    const s = settings(['--preset', 'seed-fp32']);
+  test('fp32-memory-wall: fp32 B4 H1 d64 S8192, fwd and fwdbwd, vs naive and torch efficient', () => {
+    const s = settings(['--preset', 'fp32-memory-wall']);
     expect(s).toMatchObject({
       device: 'cuda', dtype: 'float32', batch: 4, heads: 1, headDims: [64], seqlens: [8192], causal: [false],
       passes: ['fwd', 'fwdbwd'], compare: ['naive', 'torch'], repeats: 20,
@@ -242,16 +245,16 @@ describe('presets', () => {
     expect(buildCells(s).map((c) => c.id)).toEqual(['fwd-fp32-d64-full-b4h1kv1-q8192k8192', 'fwdbwd-fp32-d64-full-b4h1kv1-q8192k8192']);
   });
 
-  test('seed-bf16: bf16 fwd+bwd at 8k-64k vs torch flash, the document\'s batch 4, d 64', () => {
-    const s = settings(['--preset', 'seed-bf16']);
+  test('long-seq-bf16: bf16 fwd+bwd at 8k-64k vs torch flash, batch 4, 1 head, d 64', () => {
+    const s = settings(['--preset', 'long-seq-bf16']);
     expect(s).toMatchObject({
       device: 'cuda', dtype: 'bfloat16', batch: 4, heads: 1, headDims: [64], seqlens: [8192, 16384, 32768, 65536],
       passes: ['fwdbwd'], compare: ['torch'], torchBackends: ['flash'],
     });
   });
 
-  test('seed-bwd-kernels asks for the single-kernel, deterministic and two-kernel variants beside ours', () => {
-    expect(settings(['--preset', 'seed-bwd-kernels'])).toMatchObject({
+  test('bwd-variants asks for the single-kernel, deterministic and two-kernel variants beside ours', () => {
+    expect(settings(['--preset', 'bwd-variants'])).toMatchObject({
       dtype: 'bfloat16', passes: ['bwd'], variants: ['single-kernel', 'deterministic', 'two-kernel'], batch: 4, seqlens: [8192],
     });
   });
@@ -281,15 +284,27 @@ describe('presets', () => {
   });
 
   test('flags override the preset; a CUDA preset on the CPU takes the CPU\'s timing defaults', () => {
-    const s = settings(['--seqlen', '4096', '--preset', 'seed-fp32', '--compare', 'torch']);
+    const s = settings(['--seqlen', '4096', '--preset', 'fp32-memory-wall', '--compare', 'torch']);
     expect(s).toMatchObject({ seqlens: [4096], dtype: 'float32', batch: 4, compare: ['torch'] });
-    expect(settings(['--preset', 'seed-fp32', '--device', 'cpu'])).toMatchObject({ device: 'cpu', repeats: 3, warmup: 1, seqlens: [8192] });
+    expect(settings(['--preset', 'fp32-memory-wall', '--device', 'cpu'])).toMatchObject({ device: 'cpu', repeats: 3, warmup: 1, seqlens: [8192] });
   });
 
   test('--list-presets describes every preset', () => {
     const text = listPresets();
     for (const name of Object.keys(PRESETS)) expect(text).toContain(name);
-    expect(Object.keys(PRESETS)).toEqual(['fa2-grid', 'cpu-small', 'seed-fp32', 'seed-bf16', 'seed-bwd-kernels']);
+    // Sources are cited by title.
+    expect(text).toContain('"FlashAttention-2:');
+    expect(text).toContain('"Understanding the Forward and Backward Pass of FlashAttention2"');
+    expect(text).not.toMatch(/seed|design doc/i);
+    expect(Object.keys(PRESETS)).toEqual(['fa2-grid', 'cpu-small', 'fp32-memory-wall', 'long-seq-bf16', 'bwd-variants']);
+  });
+
+  test('every former preset name points at a preset, and none is still a preset', () => {
+    expect(Object.keys(RENAMED_PRESETS).length).toBeGreaterThan(0);
+    for (const [old, current] of Object.entries(RENAMED_PRESETS)) {
+      expect(Object.keys(PRESETS)).toContain(current);
+      expect(Object.keys(PRESETS)).not.toContain(old);
+    }
   });
 });
 

@@ -35,10 +35,10 @@ describe('FA2 FLOP count', () => {
   });
 
   test('TFLOP/s is FLOPs per second / 1e12', () => {
-    // The seed document's fp32 case: B4 H1 S8192 D64 forward = 68,719,476,736 FLOPs; in 5.75 ms: 11.95 TFLOP/s.
-    const seed = { batch: 4, headsQ: 1, seqlenQ: 8192, seqlenK: 8192, headDim: 64, causal: false };
-    expect(forwardFlops(seed)).toBe(68_719_476_736);
-    expect(tflopsPerSecond(seed, 'fwd', 5.75)).toBeCloseTo(11.951, 3);
+    // The fp32-memory-wall preset's case: B4 H1 S8192 D64 forward = 68,719,476,736 FLOPs; in 5.75 ms: 11.95 TFLOP/s.
+    const wall = { batch: 4, headsQ: 1, seqlenQ: 8192, seqlenK: 8192, headDim: 64, causal: false };
+    expect(forwardFlops(wall)).toBe(68_719_476_736);
+    expect(tflopsPerSecond(wall, 'fwd', 5.75)).toBeCloseTo(11.951, 3);
     expect(tflopsPerSecond(shape, 'fwd', 1)).toBeCloseTo(0.067108864, 12);
   });
 });

@@ -692,7 +692,7 @@ int main(int argc, char** argv) {
     // 2 * 4 * 16411^2 = 2.15e9 > 2^31 elements of S (8.6 GB forward, 17.3 GB backward workspace).
     const Case wide{"S > 2^31 elements: 64-bit indexing", 2, 16411, 16411, 4, 2, 64, true, false};
     tally(run_case(wide, DType::kBFloat16, RunOptions{true, 0}, rng, stream));
-    // The benchmark's configuration (the first design document's): the memory-wall baseline.
+    // The benchmark's fp32-memory-wall configuration: the memory-wall baseline.
     const Case bench{"benchmark shape", 4, 8192, 8192, 1, 1, 64, false, false};
     tally(run_case(bench, DType::kFloat32, RunOptions{true, 10}, rng, stream));
   }

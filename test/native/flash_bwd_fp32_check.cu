@@ -53,8 +53,8 @@
 // the poison sits next to the hidden pairs of tiles that cross the diagonal (see main). A failing case
 // prints its first violations (element, expected class, value, clean value).
 // Then (unless --no-bench) timing (check_timing.h: median of 20 cudaEvent-timed single calls after
-// warm-up, and the median of 5 rounds of 20 calls queued back to back) of B4 H1 S8192 D64 (the first design document's
-// fp32 shape) and the FA2 grid (B*S = 16k, H*D = 2048, S 512 / 1k / 2k / 8k, D 64 / 128), causal and
+// warm-up, and the median of 5 rounds of 20 calls queued back to back) of B4 H1 S8192 D64 (the bench's
+// fp32-memory-wall shape) and the FA2 grid (B*S = 16k, H*D = 2048, S 512 / 1k / 2k / 8k, D 64 / 128), causal and
 // not, in both precisions (and tf32 deterministic), with the naive backward where its N^2 workspace stays
 // below 4 GiB; TFLOP/s = 2.5 * 4 B H S^2 D / t (halved when causal), FA2's count for the backward.
 #include <cuda_runtime.h>
