@@ -108,9 +108,10 @@ export interface AttentionBackwardOptions extends AttentionOptions {
    *   construction, for two more matrix products per tile (S and dP are recomputed). Hopper GPUs at
    *   head dims 32, 64 and 128 (after padding); elsewhere a RangeError says why.
    * - `'auto'` (default): `'two-kernel'` where it exists (float16 and bfloat16 on Hopper at head
-   *   dims 32, 64 and 128 after padding), else `'single-kernel'`. On an H200 (bf16, the
-   *   FlashAttention-2 grid, bench/RESULTS.md) the two kernels took 0.97× the single kernel's time
-   *   (0.93–1.03× per cell), with no float32 dq accumulator and deterministic results.
+   *   dims 32, 64 and 128 after padding), else `'single-kernel'`. On an H100 (bf16, the
+   *   FlashAttention-2 grid, 2026-11-26, bench/RESULTS.md) the single kernel took 1.06× the two
+   *   kernels' time (0.97–1.12× per cell); the two need no float32 dq accumulator and are
+   *   deterministic.
    *
    * The result's `algorithm` says which ran. The naive kernel and the CPU backend have one structure
    * each: they accept `'auto'` and `'single-kernel'`.
