@@ -5,6 +5,8 @@
 #pragma once
 #include <cstddef>
 
+#include "cuda/smem_limits.h"
+
 namespace fa::cuda::flash {
 
 // kKeyTiles warps along the K/V tile (16 keys each) times kDSplit warps along the head dim: warp w owns
@@ -72,7 +74,7 @@ struct FlashBwdFp32Traits {
   static_assert(kBlockM <= kNThreads, "one thread per query row loads lse and D");
   static_assert(kSmemPitch % 32 == kChunk && kDsPitch % 32 == kChunk,
                 "row pitches must be 4 mod 32 floats (conflict-free ldmatrix and scalar operand loads)");
-  static_assert(kSmemBytes <= 227 * 1024, "shared memory exceeds the sm_90 per-block limit");
+  static_assert(kSmemBytes <= kSm90MaxSmemPerBlock, "shared memory exceeds the sm_90 per-block limit");
 };
 
 }  // namespace fa::cuda::flash

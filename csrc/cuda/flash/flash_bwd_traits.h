@@ -4,6 +4,8 @@
 #pragma once
 #include <cstddef>
 
+#include "cuda/smem_limits.h"
+
 namespace fa::cuda::flash {
 
 // kKeyTiles warps along the K/V tile (16 keys each) times kDSplit warps along the head dim: warp w owns
@@ -64,7 +66,7 @@ struct FlashBwdTraits {
   static_assert(kBlockM <= kNThreads, "one thread per query row loads lse and D");
   static_assert((kSmemPitch * sizeof(Elem)) % 32 == 16 && (kDsPitch * sizeof(Elem)) % 32 == 16,
                 "row pitches must be odd numbers of 16-byte chunks (no ldmatrix conflicts)");
-  static_assert(kSmemBytes <= 227 * 1024, "shared memory exceeds the sm_90 per-block limit");
+  static_assert(kSmemBytes <= kSm90MaxSmemPerBlock, "shared memory exceeds the sm_90 per-block limit");
 };
 
 }  // namespace fa::cuda::flash

@@ -4,6 +4,8 @@
 #pragma once
 #include <cstddef>
 
+#include "cuda/smem_limits.h"
+
 namespace fa::cuda::flash {
 
 template <int kHeadDim_, int kBlockN_, int kNWarps_, bool kQInRegs_, int kMinBlocksPerSm_>
@@ -44,7 +46,7 @@ struct FlashFwdFp32Traits {
   static constexpr size_t kSmemBytes = (kQTileElems + 2 * kKvTileElems) * sizeof(float);
   // Every configuration fits the smallest per-block opt-in limit of the targets, 99 KiB on sm_86 and
   // sm_89 (sm_80: 163 KiB, sm_90: 227 KiB), so one build runs everywhere without a per-device table.
-  static constexpr size_t kPortableSmemBytes = 99 * 1024;
+  static constexpr size_t kPortableSmemBytes = kPortableMaxSmemPerBlock;
 
   static_assert(kHeadDim % 32 == 0, "the specialised head dim must be a multiple of 32 (pitch 4 mod 32 floats)");
   static_assert(kBlockN % (2 * kMmaN) == 0, "kBlockN must be a multiple of 16 (ldmatrix x4 covers two n8 tiles)");

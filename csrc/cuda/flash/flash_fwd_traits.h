@@ -4,6 +4,8 @@
 #pragma once
 #include <cstddef>
 
+#include "cuda/smem_limits.h"
+
 namespace fa::cuda::flash {
 
 template <int kHeadDim_, int kBlockM_, int kBlockN_, int kNWarps_, typename Elem_, bool kQInRegs_ = true>
@@ -48,7 +50,7 @@ struct FlashFwdTraits {
   static_assert((kBlockN * kChunksPerRow) % kNThreads == 0, "K/V tile chunks must split evenly over threads");
   static_assert((kSmemPitch * sizeof(Elem)) % 32 == 16,
                 "row pitch must be an odd number of 16-byte chunks (no ldmatrix conflicts)");
-  static_assert(kSmemBytes <= 227 * 1024, "shared memory exceeds the sm_80/sm_90 per-block limit");
+  static_assert(kSmemBytes <= kSm90MaxSmemPerBlock, "shared memory exceeds the sm_80/sm_90 per-block limit");
 };
 
 }  // namespace fa::cuda::flash

@@ -40,6 +40,7 @@
 #include "cuda/flash/hopper/wgmma.cuh"
 #include "cuda/flash/ptx.cuh"
 #include "cuda/gemm/gemm_common.cuh"
+#include "cuda/smem_limits.h"
 
 namespace fa::cuda::gemm_kernels {
 
@@ -106,7 +107,7 @@ struct Sm90Traits {
   static_assert(kPassCols % 8 == 0 && kPassCols * kEpiloguePasses == kBlockN, "passes of whole n8 fragments");
   static_assert(kWarpSpecialized || (kEpiloguePasses == 1 && kTileGroups == 1),
                 "the plain kernel's warpgroups share one tile, staged at once");
-  static_assert(kSmemBytes <= 227 * 1024, "an sm_90 block has at most 227 KiB of shared memory");
+  static_assert(kSmemBytes <= kSm90MaxSmemPerBlock, "an sm_90 block has at most 227 KiB of shared memory");
 };
 
 struct GemmTensorMaps {

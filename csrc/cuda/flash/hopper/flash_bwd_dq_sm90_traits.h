@@ -3,6 +3,8 @@
 #pragma once
 #include <cstddef>
 
+#include "cuda/smem_limits.h"
+
 namespace fa::cuda::flash::sm90 {
 
 template <int kHeadDim_, int kBlockN_, typename Elem_>
@@ -39,7 +41,7 @@ struct FlashBwdDqSm90Traits {
   static_assert(sizeof(Elem) == 2, "the wgmma path takes fp16 or bf16");
   static_assert(kHeadDim % 16 == 0 && kHeadDim <= 256, "head dim: a multiple of 16 up to 256");
   static_assert(kBlockN % 16 == 0 && kBlockN <= 256, "kBlockN: wgmma N of S and a multiple of the dQ k-step");
-  static_assert(kSmemBytes <= 227 * 1024, "shared memory exceeds the sm_90 per-block limit");
+  static_assert(kSmemBytes <= kSm90MaxSmemPerBlock, "shared memory exceeds the sm_90 per-block limit");
 };
 
 }  // namespace fa::cuda::flash::sm90

@@ -3,6 +3,8 @@
 #pragma once
 #include <cstddef>
 
+#include "cuda/smem_limits.h"
+
 namespace fa::cuda::flash::sm90 {
 
 template <int kHeadDim_, int kBlockM_, typename Elem_>
@@ -53,7 +55,7 @@ struct FlashBwdSm90Traits {
   static_assert(sizeof(Elem) == 2, "the wgmma path takes fp16 or bf16");
   static_assert(kHeadDim % 64 == 0 || kHeadDim == 32, "head dim: whole 64-column blocks (or 32)");
   static_assert(kBlockM == 64, "query tile: the wgmma M of dQ");
-  static_assert(kSmemBytes <= 227 * 1024, "shared memory exceeds the sm_90 per-block limit");
+  static_assert(kSmemBytes <= kSm90MaxSmemPerBlock, "shared memory exceeds the sm_90 per-block limit");
 };
 
 }  // namespace fa::cuda::flash::sm90

@@ -3,6 +3,8 @@
 #pragma once
 #include <cstddef>
 
+#include "cuda/smem_limits.h"
+
 namespace fa::cuda::flash::sm90 {
 
 template <int kHeadDim_, int kBlockN_, int kNWarpGroups_, int kStages_, typename Elem_, int kMinBlocksPerSm_ = 1>
@@ -38,8 +40,8 @@ struct FlashFwdSm90Traits {
   static_assert(kHeadDim % 16 == 0 && kHeadDim <= 256, "head dim: a multiple of 16 up to 256 (wgmma k, N)");
   static_assert(kBlockN % 16 == 0 && kBlockN <= 256, "kBlockN: wgmma N of S and a multiple of the P V k-step");
   static_assert(kStages >= 3, "the pipelined loop refills a stage two tiles after its use: 3 stages double-buffer");
-  static_assert(kSmemBytes <= 227 * 1024, "shared memory exceeds the sm_90 per-block limit");
-  static_assert(kMinBlocksPerSm * (kSmemBytes + 1024) <= 228 * 1024, "kMinBlocksPerSm blocks do not fit in one SM's shared memory");
+  static_assert(kSmemBytes <= kSm90MaxSmemPerBlock, "shared memory exceeds the sm_90 per-block limit");
+  static_assert(kMinBlocksPerSm * (kSmemBytes + kSmemReservedPerBlock) <= kSm90SmemPerSm, "kMinBlocksPerSm blocks do not fit in one SM's shared memory");
 };
 
 }  // namespace fa::cuda::flash::sm90
