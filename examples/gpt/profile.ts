@@ -5,8 +5,8 @@
  * For the model of a train.js preset, on random token ids, after warm-up steps:
  * - wall: milliseconds per step of a loop that synchronises only at its end (what train.js does
  *   between log points);
- * - host: for each section of the step (zeroGrad, forward, backward, optimizer), the milliseconds JS spends queuing it;
- * - device: for each section, the device time of its queued work, timed with events while the device is
+ * - host: for each call of the step (zeroGrad, forward, backward, optimizer), the milliseconds JS spends queuing it;
+ * - device: for each call, the device time of its queued work, timed with events while the device is
  *   still busy with earlier work (a backlog of fills queued first), so launch gaps from a slow host
  *   are not counted: this is the step's time if the host were free;
  * - calls: every native call a step makes, by name, with its count and host microseconds.
@@ -60,8 +60,8 @@ const median = (xs: number[]): number => {
   return s.length % 2 ? s[(s.length - 1) / 2] : (s[s.length / 2 - 1] + s[s.length / 2]) / 2;
 };
 
-type Section = 'zeroGrad' | 'forward' | 'backward' | 'optimizer';
-const SECTIONS: Section[] = ['zeroGrad', 'forward', 'backward', 'optimizer'];
+type StepCall = 'zeroGrad' | 'forward' | 'backward' | 'optimizer';
+const STEP_CALLS: StepCall[] = ['zeroGrad', 'forward', 'backward', 'optimizer'];
 
 export async function main(argv: readonly string[]): Promise<void> {
   const o = parse(argv);
@@ -77,16 +77,16 @@ export async function main(argv: readonly string[]): Promise<void> {
   const inputs = Tensor.fromInt32Array(ids, [p.batch, p.context], { device: o.device });
   const targets = Tensor.fromInt32Array(tgt, [p.batch, p.context], { device: o.device });
 
-  const sections: Record<Section, () => void> = {
+  const stepCalls: Record<StepCall, () => void> = {
     zeroGrad: () => opt.zeroGrad(),
     forward: () => model.forward(inputs, { targets }).dispose(),
     backward: () => model.backward(),
     optimizer: () => opt.step(),
   };
-  const step = (host?: Record<Section, number[]>): void => {
-    for (const s of SECTIONS) {
+  const step = (host?: Record<StepCall, number[]>): void => {
+    for (const s of STEP_CALLS) {
       const t = performance.now();
-      sections[s]();
+      stepCalls[s]();
       host?.[s].push(performance.now() - t);
     }
   };
@@ -101,20 +101,20 @@ export async function main(argv: readonly string[]): Promise<void> {
     return;
   }
 
-  // Wall time of steps queued back to back, and the host time of each section.
-  const host = Object.fromEntries(SECTIONS.map((s) => [s, [] as number[]])) as Record<Section, number[]>;
+  // Wall time of steps queued back to back, and the host time of each call.
+  const host = Object.fromEntries(STEP_CALLS.map((s) => [s, [] as number[]])) as Record<StepCall, number[]>;
   const t0 = performance.now();
   for (let i = 0; i < o.steps; i += 1) step(host);
   await synchronize(o.device);
   const wallMs = (performance.now() - t0) / o.steps;
 
-  // Device time of each section behind a backlog (CUDA), or its executor time (CPU).
-  const device = Object.fromEntries(SECTIONS.map((s) => [s, [] as number[]])) as Record<Section, number[]>;
+  // Device time of each call behind a backlog (CUDA), or its executor time (CPU).
+  const device = Object.fromEntries(STEP_CALLS.map((s) => [s, [] as number[]])) as Record<StepCall, number[]>;
   const ballast = o.device === 'cuda' ? Tensor.empty([256 * 1024 * 1024], { dtype: 'float32', device: o.device }) : null;
   for (let i = 0; i < o.steps; i += 1) {
     await synchronize(o.device);
     if (ballast) for (let j = 0; j < 200; j += 1) ballast.fill(j); // ~1 GiB each: a backlog of some 100 ms
-    for (const s of SECTIONS) device[s].push(await timeOnDevice(o.device, sections[s]));
+    for (const s of STEP_CALLS) device[s].push(await timeOnDevice(o.device, stepCalls[s]));
   }
   ballast?.dispose();
 
@@ -143,8 +143,8 @@ export async function main(argv: readonly string[]): Promise<void> {
   for (const [name, fn] of originals) b[name] = fn;
 
   const tokens = p.batch * p.context;
-  const hostMs = Object.fromEntries(SECTIONS.map((s) => [s, median(host[s])]));
-  const deviceMs = Object.fromEntries(SECTIONS.map((s) => [s, median(device[s])]));
+  const hostMs = Object.fromEntries(STEP_CALLS.map((s) => [s, median(host[s])]));
+  const deviceMs = Object.fromEntries(STEP_CALLS.map((s) => [s, median(device[s])]));
   const sum = (r: Record<string, number>): number => Object.values(r).reduce((a, x) => a + x, 0);
   const callRows = [...calls.entries()]
     .map(([name, c]) => ({ name, perStep: c.count / o.steps, usPerCall: c.us / c.count, usPerStep: c.us / o.steps }))
@@ -161,8 +161,8 @@ export async function main(argv: readonly string[]): Promise<void> {
     const f = (x: number): string => x.toFixed(2).padStart(8);
     process.stdout.write(`${o.preset} on ${o.device} (${dtype}, ${report.parameters} parameters, ${tokens} tokens/step), median of ${o.steps} steps\n`);
     process.stdout.write(`wall ${wallMs.toFixed(2)} ms/step (${Math.round(report.tokensPerSecond)} tokens/s)\n`);
-    process.stdout.write(`section      host ms  device ms\n`);
-    for (const s of SECTIONS) process.stdout.write(`${s.padEnd(10)} ${f(hostMs[s])} ${f(deviceMs[s])}\n`);
+    process.stdout.write(`call         host ms  device ms\n`);
+    for (const s of STEP_CALLS) process.stdout.write(`${s.padEnd(10)} ${f(hostMs[s])} ${f(deviceMs[s])}\n`);
     process.stdout.write(`${'total'.padEnd(10)} ${f(report.hostTotalMs)} ${f(report.deviceTotalMs)}\n`);
     process.stdout.write(`native calls per step: ${report.nativeCallsPerStep} (${(report.nativeUsPerStep / 1000).toFixed(2)} ms of host time)\n`);
     for (const r of callRows.slice(0, 25)) {
