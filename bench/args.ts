@@ -7,7 +7,7 @@
 import type { AttentionKernel, Device, DType } from '../lib';
 import { Pass, PASSES } from './flops';
 import { BwdVariant, CompareTarget, GridSettings, headsFor } from './grid';
-import { deviceDefaults, Preset, PRESETS, RENAMED_PRESETS } from './presets';
+import { defaultPresetName, deviceDefaults, Preset, PRESETS, RENAMED_PRESETS } from './presets';
 import type { TorchBackend } from './torch';
 
 /** A bad command line; the CLI prints the message and exits with status 2. */
@@ -138,7 +138,7 @@ function sameSetting(key: keyof GridSettings, a: GridSettings[keyof GridSettings
 
 /** The name of the preset a run starts from: `preset` if named, else the device's default. */
 export function basePresetName(preset: string | null, device: Device): string {
-  return preset ?? (device === 'cuda' ? 'fa2-grid' : 'cpu-small');
+  return preset ?? defaultPresetName(device);
 }
 
 

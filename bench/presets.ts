@@ -109,9 +109,14 @@ export const RENAMED_PRESETS: Readonly<Record<string, string>> = {
   'seed-bwd-kernels': 'bwd-variants',
 };
 
-/** The settings a run starts from on `device` when no preset is named: fa2-grid on CUDA, cpu-small on the CPU. */
+/** The preset a run on `device` starts from when none is named: fa2-grid on CUDA, cpu-small on the CPU. */
+export function defaultPresetName(device: Device): 'fa2-grid' | 'cpu-small' {
+  return device === 'cuda' ? 'fa2-grid' : 'cpu-small';
+}
+
+/** The settings a run starts from on `device` when no preset is named (those of {@link defaultPresetName}). */
 export function deviceDefaults(device: Device): GridSettings {
-  const base = device === 'cuda' ? FA2_GRID : CPU_SMALL;
+  const base = defaultPresetName(device) === 'fa2-grid' ? FA2_GRID : CPU_SMALL;
   return { ...base, seqlens: [...base.seqlens], headDims: [...base.headDims], causal: [...base.causal], passes: [...base.passes] };
 }
 
