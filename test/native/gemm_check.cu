@@ -34,9 +34,10 @@ namespace {
 
 int g_failures = 0;
 int g_cases = 0;
-// The sm90 tile configurations built (gemm_sm90.cu): 128 x 128, 64 x 128, 128 x 192, and the
-// warp-specialized 128 x 192 and 128 x 128.
-constexpr int kSm90Configs[] = {0, 3, 4, 12};
+// The sm90 tile configurations built (gemm_sm90.cu): 128 x 128, 64 x 128, 128 x 192, the
+// warp-specialized 128 x 128 with two tile groups, and the same with the TMA-store epilogue (calls
+// it cannot store run 12).
+constexpr int kSm90Configs[] = {0, 3, 4, 12, 16};
 
 // Device copy of a host tensor, at a byte offset from a 256-byte aligned allocation (offset 2 makes a
 // 16-bit tensor unaligned for 16-byte loads).
@@ -60,8 +61,9 @@ struct DeviceTensor {
 
 const char* path_name(const fg::GemmPlan& plan) {
   if (plan.path == fg::GemmPath::kSm90) {
-    static const char* const kNames[] = {"sm90/0", "sm90/1", "sm90/2",  "sm90/3",  "sm90/4", "sm90/5", "sm90/6",
-                                         "sm90/7", "sm90/8", "sm90/9", "sm90/10", "sm90/11", "sm90/12", "sm90/13"};
+    static const char* const kNames[] = {"sm90/0",  "sm90/1",  "sm90/2",  "sm90/3",  "sm90/4",  "sm90/5",
+                                         "sm90/6",  "sm90/7",  "sm90/8",  "sm90/9",  "sm90/10", "sm90/11",
+                                         "sm90/12", "sm90/13", "sm90/14", "sm90/15", "sm90/16"};
     constexpr int kCount = static_cast<int>(sizeof(kNames) / sizeof(kNames[0]));
     return plan.sm90_config >= 0 && plan.sm90_config < kCount ? kNames[plan.sm90_config] : "sm90/?";
   }
@@ -154,6 +156,26 @@ void check_path(std::mt19937_64& rng, const char* name, fg::PlanOverride force, 
       cs.pre_out = e % 3 != 0;
       check_case(cs, rng, force);
     }
+  // 16-bit C with 16-byte rows and beta = 0 (what the TMA-store epilogue takes): tails in M, N and
+  // K, C padded by 16 bytes, alpha, each bias, GELU with and without pre_out; then products of
+  // several tiles per persistent block.
+  for (DType ab : {DType::kFloat16, DType::kBFloat16})
+    for (int e = 0; e < 8; ++e) {
+      Case cs = make(e < 4 ? 300 : 1, e < 4 ? 200 : 1000, e % 2 ? 72 : 384, ab, ab, e & 1, e & 2);
+      cs.pad_c = e & 4 ? 8 : 0;
+      cs.alpha = e & 1 ? 0.5f : 1.0f;
+      cs.bias = e % 3;
+      cs.gelu = e >= 2;
+      cs.pre_out = e >= 5;
+      check_case(cs, rng, force);
+    }
+  for (DType ab : {DType::kFloat16, DType::kBFloat16}) {
+    Case cs = make(8200, 1152, 384, ab, ab, true, true);
+    check_case(cs, rng, force);
+    Case g = make(4100, 1536, 384, ab, ab, true, true);
+    g.bias = 1, g.gelu = true, g.pre_out = true;
+    check_case(g, rng, force);
+  }
   if (with_fp32) {  // 3xTF32
     for (int lay = 0; lay < 4; ++lay) {
       Case cs = make(200, 130, 1000, DType::kFloat32, DType::kFloat32, lay & 1, lay & 2);

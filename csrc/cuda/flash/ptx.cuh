@@ -14,8 +14,6 @@ __device__ __forceinline__ uint32_t smem_u32(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
 }
 
-// 16-byte global -> shared copy, bypassing L1. With `valid` false the 16 bytes are zero-filled and
-// nothing is read (src must still be a valid-looking address).
 // Barrier `id` (1-15; 0 is __syncthreads') among `threads` threads (a multiple of 32), e.g. the
 // consumer warpgroups of a warp-specialized kernel without its producer.
 __device__ __forceinline__ void named_barrier_sync(int id, int threads) {
@@ -26,6 +24,13 @@ __device__ __forceinline__ void named_barrier_arrive(int id, int threads) {
   asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
 }
 
+// One 32-bit word into shared memory at a shared-space address.
+__device__ __forceinline__ void st_shared_b32(uint32_t addr, uint32_t v) {
+  asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(addr), "r"(v) : "memory");
+}
+
+// 16-byte global -> shared copy, bypassing L1. With `valid` false the 16 bytes are zero-filled and
+// nothing is read (src must still be a valid-looking address).
 __device__ __forceinline__ void cp_async_16(uint32_t dst_smem, const void* src, bool valid) {
   const int src_bytes = valid ? 16 : 0;
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst_smem), "l"(src), "r"(src_bytes));

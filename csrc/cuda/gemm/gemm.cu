@@ -46,6 +46,10 @@ constexpr int kSm90WsConfig = 12;
 // H100, bf16, us (4 -> 12): fwd fc2 and dx fc (24 K tiles) 44.0 -> 37.7 and 40.5 -> 37.8; dx qkv
 // (18) 33.2 -> 33.0, fwd qkv (6) 39.2 -> 66.4.
 constexpr int64_t kSm90WsMinKTiles = 24;
+// Large products whose C the TMA-store epilogue can write (sm90_tma_store_ok) take configuration 16
+// at every K: H100, bf16, us (4 or 12 -> 16): fwd qkv 39.3 -> 28.0, fwd fc 50.2 -> 35.9, fwd fc2
+// 37.6 -> 32.7, dx qkv 33.5 -> 26.3, dx fc 37.3 -> 32.3, dx fc2 50.1 -> 36.0 (gemm_sm90.cu).
+constexpr int kSm90TmaConfig = 16;
 
 bool is_16bit(DType d) { return d == DType::kFloat16 || d == DType::kBFloat16; }
 
@@ -75,6 +79,12 @@ Device current_device() {
 }
 
 }  // namespace
+
+bool sm90_tma_store_ok(const GemmParams& p) {
+  const int64_t es = static_cast<int64_t>(dtype_size(p.c_dtype));
+  return is_16bit(p.c_dtype) && p.c_dtype == p.ab_dtype && p.beta == 0.0f && flash::aligned16(p.c) &&
+         (p.ldc * es) % 16 == 0 && (p.pre_out == nullptr || flash::aligned16(p.pre_out));
+}
 
 GemmPlan make_plan(const GemmParams& call, bool allow_workspace, const PlanOverride& force) {
   const Device dev = current_device();
@@ -107,8 +117,9 @@ GemmPlan make_plan(const GemmParams& call, bool allow_workspace, const PlanOverr
                     plan.vec;
   if (sm90) {
     plan.path = GemmPath::kSm90;
-    // Large products: 128 x 192 tiles (configuration 4, gemm_sm90.cu; the warp-specialized 12
-    // when K is long), or 128 x 128 (0) where 192-wide tiles would pad N more (the lm head, N = 65);
+    // Large products: the warp-specialized kernel with TMA stores (16, gemm_sm90.cu) where C allows
+    // them; else 128 x 192 tiles (4; the warp-specialized 12 when K is long), or 128 x 128 (0) where
+    // 192-wide tiles would pad N more (the lm head, N = 65);
     // products whose 128 x 128 tiles do not fill kSm90BigTileWaves of the SMs: the persistent
     // kernel (12) with split-K when K is long and a workspace is given, else 64 x 128 tiles (3).
     const Sm90Tile big = gemm_sm90_tile(0), wide = gemm_sm90_tile(4);
@@ -118,13 +129,11 @@ GemmPlan make_plan(const GemmParams& call, bool allow_workspace, const PlanOverr
     const bool small = big_tiles < kSm90BigTileWaves * sms;
     // K long enough for at least two splits of 128 x 128 tiles (the split rule below decides).
     const bool split_k = allow_workspace && ceil_div<int64_t>(p.k, bk) >= 2 * kMinKTilesPerSplit;
-    plan.sm90_config = force.tile >= 0 ? force.tile
-                       : small         ? (split_k ? kSm90WsConfig : 3)
-                       : wide_pads_less ? (ceil_div<int64_t>(p.k, bk) >= kSm90WsMinKTiles ? kSm90WsConfig : 4)
-                                        : 0;
-    const Sm90Tile t = gemm_sm90_tile(plan.sm90_config);
-    plan.block_m = t.block_m, plan.block_n = t.block_n, plan.block_k = t.block_k;
-    blocks_per_sm = t.blocks_per_sm;
+    plan.sm90_config = force.tile >= 0       ? force.tile
+                       : small               ? (split_k ? kSm90WsConfig : 3)
+                       : sm90_tma_store_ok(p) ? kSm90TmaConfig
+                       : wide_pads_less      ? (ceil_div<int64_t>(p.k, bk) >= kSm90WsMinKTiles ? kSm90WsConfig : 4)
+                                             : 0;
   } else {
     plan.path = GemmPath::kSm80;
     const int64_t large_tiles = ceil_div<int64_t>(p.m, 128) * ceil_div<int64_t>(p.n, 128);
@@ -134,21 +143,40 @@ GemmPlan make_plan(const GemmParams& call, bool allow_workspace, const PlanOverr
     plan.block_m = plan.block_n = plan.tile == Sm80Tile::kLarge ? 128 : 64;
     plan.block_k = p.ab_dtype == DType::kFloat32 ? 16 : 32;
   }
-  const int64_t tiles = ceil_div<int64_t>(p.m, plan.block_m) * ceil_div<int64_t>(p.n, plan.block_n);
-  const int64_t k_tiles = ceil_div<int64_t>(p.k, plan.block_k);
-  int splits = 1;
-  if (allow_workspace && tiles < kSplitBelowWaves * sms) {
-    // Several blocks per SM: about kSplitTargetBlocksPerSm of them on each. Persistent (one block per
-    // SM): as many work items as fit one wave, since a second, partial wave would cost a whole one.
-    const int64_t want = blocks_per_sm == 1 ? static_cast<int64_t>(sms) / tiles
-                                            : ceil_div<int64_t>(static_cast<int64_t>(kSplitTargetBlocksPerSm) * sms, tiles);
-    const int64_t most = k_tiles / kMinKTilesPerSplit;
-    splits = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>({want, most, kMaxSplits})));
+  // The tiles and K splits of the chosen tiles.
+  const auto split = [&] {
+    const int64_t tiles = ceil_div<int64_t>(p.m, plan.block_m) * ceil_div<int64_t>(p.n, plan.block_n);
+    const int64_t k_tiles = ceil_div<int64_t>(p.k, plan.block_k);
+    int splits = 1;
+    if (allow_workspace && tiles < kSplitBelowWaves * sms) {
+      // Several blocks per SM: about kSplitTargetBlocksPerSm of them on each. Persistent (one block
+      // per SM): as many work items as fit one wave, since a second, partial wave would cost a whole one.
+      const int64_t want = blocks_per_sm == 1 ? static_cast<int64_t>(sms) / tiles
+                                              : ceil_div<int64_t>(static_cast<int64_t>(kSplitTargetBlocksPerSm) * sms, tiles);
+      const int64_t most = k_tiles / kMinKTilesPerSplit;
+      splits = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>({want, most, kMaxSplits})));
+    }
+    if (force.splits > 0) splits = static_cast<int>(std::min<int64_t>(force.splits, k_tiles));
+    plan.k_tiles_per_split = static_cast<int>(ceil_div<int64_t>(k_tiles, splits));
+    plan.splits = static_cast<int>(ceil_div<int64_t>(k_tiles, plan.k_tiles_per_split));  // none empty
+    plan.blocks = tiles * plan.splits;
+  };
+  const auto use_sm90 = [&](int config) {
+    const Sm90Tile t = gemm_sm90_tile(config);
+    plan.sm90_config = config;
+    plan.block_m = t.block_m, plan.block_n = t.block_n, plan.block_k = t.block_k;
+    blocks_per_sm = t.blocks_per_sm;
+    split();
+    return t;
+  };
+  if (plan.path == GemmPath::kSm90) {
+    // A TMA-store configuration (an override's, too) that cannot store this call, or would split
+    // it, runs the staged epilogue of configuration 12 instead.
+    const Sm90Tile t = use_sm90(plan.sm90_config);
+    if (t.tma_store && (!sm90_tma_store_ok(p) || plan.splits > 1)) use_sm90(kSm90WsConfig);
+  } else {
+    split();
   }
-  if (force.splits > 0) splits = static_cast<int>(std::min<int64_t>(force.splits, k_tiles));
-  plan.k_tiles_per_split = static_cast<int>(ceil_div<int64_t>(k_tiles, splits));
-  plan.splits = static_cast<int>(ceil_div<int64_t>(k_tiles, plan.k_tiles_per_split));  // none empty
-  plan.blocks = tiles * plan.splits;
   plan.partial_offset = ws;
   if (plan.splits > 1) ws += static_cast<size_t>(plan.splits) * p.m * p.n * sizeof(float);
   plan.workspace_bytes = ws;

@@ -52,8 +52,12 @@ bool gemm_sm90_built();
 // of 64) and the blocks it keeps on one SM (persistent: 1).
 struct Sm90Tile {
   int block_m = 128, block_n = 128, block_k = 64, blocks_per_sm = 1;
+  bool tma_store = false;  // its epilogue stores C by TMA (only calls sm90_tma_store_ok accepts, unsplit)
 };
 Sm90Tile gemm_sm90_tile(int config);
+// Whether a call's C can take the TMA-store epilogue: 16-bit C (and pre_out) with 16-byte aligned
+// bases and rows, and beta = 0 (C is written, never read).
+bool sm90_tma_store_ok(const GemmParams& p);
 // Split-K reduction: C = epilogue(sum over splits of the partial slices), in split order.
 cudaError_t gemm_splitk_reduce(const GemmParams& p, const float* partial, int splits, cudaStream_t stream);
 

@@ -19,8 +19,9 @@ namespace {
 // queued mean of 20) for 0 / 3 / 4 and three configurations no longer built (128 x 64 with 4
 // stages, 128 x 256 with 3 stages and 1 block per SM, 64 x 192 with 2 stages and 3 blocks per SM):
 // fwd qkv 43.3 / 48.7 / 38.4 (51.9, 53.2, 45.3); fwd fc 51.6 / 64.6 / 49.1 (67.2, 60.5, 62.5); dx fc
-// 44.2 / 41.8 / 40.4 (49.2, 51.0, 57.8): more blocks per SM beat deeper pipelines at K = 384. The
-// planner (gemm.cu) takes 4 for large products, 12 for large ones with a long K and for small ones
+// 44.2 / 41.8 / 40.4 (49.2, 51.0, 57.8): more blocks per SM beat deeper pipelines at K = 384 when
+// the epilogue is staged. The planner (gemm.cu) takes 16 for large products with a 16-bit C it
+// can store by TMA; else 4 for large products, 12 for large ones with a long K and for small ones
 // split over a long K, 0 where 192-wide tiles would pad N more (the lm head), 3 for small ones
 // unsplit. Other values of a plan's sm90_config run 0.
 struct Sm90Config0 : Sm90ConfigBase {  // 128 x 128, 3 stages of 32 KiB
@@ -61,6 +62,30 @@ struct Sm90Config12 : Sm90ConfigBase {
   static constexpr int kEpiloguePasses = 4;
   static constexpr int kMmaBlocks = 2, kTileGroups = 2;
 };
+// Configuration 16: 12's tiles, stages and turns with the TMA-store epilogue (gemm_sm90_kernel.cuh:
+// each consumer warpgroup converts its tile to 16-bit in registers, 64 columns at a time, into its
+// own staging block, and goes on to its next tile while TMA stores it). Only for 16-bit C written
+// without reading it (sm90_tma_store_ok), unsplit; the planner's choice there for large products.
+// H100, bf16, us, queued means, 2026-11-26, against the staged epilogues (4, 12) and three other
+// TMA-store configurations measured in the same call (cooperative: both warpgroups on one tile,
+// 128 rows each; turns: each warpgroup on its own tiles, as 12):
+//                       16: 128 x 128, | 4     12    | 256 x 192, 3    256 x 128, 4    128 x 192, 4
+//                       6 stages, turns |             | (cooperative)   (cooperative)   (turns)
+//   fwd qkv (K = 384)        28.0       | 39.3   67.6 |     31.3            32.7            29.0
+//   fwd fc (K = 384)         35.9       | 50.2   87.6 |     39.0            38.0            35.9
+//   fwd fc2 (K = 1536)       32.7       | 44.1   37.6 |     38.0            41.2            33.3
+//   dx qkv (K = 1152)        26.3       | 33.5   33.6 |     29.7            33.0            27.6
+//   dx fc (K = 1536)         32.3       | 40.4   37.3 |     36.1            40.8            33.4
+//   dx fc2 (K = 384)         36.0       | 50.1   87.5 |     38.8            37.6            35.9
+//   fwd / dx proj            11.7       | 13.7   24.4 |     12.9            14.3            11.1
+// With the stores off the warpgroups' path, one warpgroup's epilogue hides under the other's main
+// loop even at K = 384, and 128 x 128 tiles beat the bigger ones whose L2 bytes are fewer: the
+// epilogue, not the bytes, was what limited the staged kernels.
+struct Sm90Config16 : Sm90ConfigBase {
+  static constexpr int kBlockM = 128, kBlockN = 128, kStages = 6;
+  static constexpr bool kWarpSpecialized = true, kTmaStore = true;
+  static constexpr int kMmaBlocks = 2, kTileGroups = 2;
+};
 
 template <typename Config>
 Sm90Tile tile_of() {
@@ -68,6 +93,7 @@ Sm90Tile tile_of() {
   t.block_m = Config::kBlockM;
   t.block_n = Config::kBlockN;
   t.blocks_per_sm = Config::kBlocksPerSm;
+  t.tma_store = Config::kTmaStore;
   return t;
 }
 
@@ -90,6 +116,12 @@ cudaError_t launch(const GemmParams& p, const GemmPlan& plan, float* partial, cu
     FA_CUDA_TRY(map2d(&maps.b, p.b, p.k, p.n, p.ldb, Traits::kBlockN));
   else
     FA_CUDA_TRY(map2d(&maps.b, p.b, p.n, p.k, p.ldb, Traits::kBlockK));
+  if constexpr (Traits::kTmaStore) {
+    // The planner picks these configurations only for calls they can store, unsplit.
+    if (!sm90_tma_store_ok(p) || partial != nullptr) return cudaErrorInvalidValue;
+    FA_CUDA_TRY(map2d(&maps.c, p.c, p.n, p.m, p.ldc, Traits::kStoreRows));
+    if (p.pre_out != nullptr) FA_CUDA_TRY(map2d(&maps.pre, p.pre_out, p.n, p.m, p.ldc, Traits::kStoreRows));
+  }
   if constexpr (kWs) {
     // Persistent: at most one block per SM, each walking work items gridDim.x apart.
     auto kernel = gemm_sm90_ws_kernel<Traits>;
@@ -119,6 +151,7 @@ cudaError_t by_config(const GemmParams& p, const GemmPlan& plan, float* partial,
   if (plan.sm90_config == 3) return by_layout<Elem, Sm90Config3>(p, plan, partial, stream);
   if (plan.sm90_config == 4) return by_layout<Elem, Sm90Config4>(p, plan, partial, stream);
   if (plan.sm90_config == 12) return by_layout<Elem, Sm90Config12>(p, plan, partial, stream);
+  if (plan.sm90_config == 16) return by_layout<Elem, Sm90Config16>(p, plan, partial, stream);
   return by_layout<Elem, Sm90Config0>(p, plan, partial, stream);
 }
 
@@ -137,6 +170,7 @@ Sm90Tile gemm_sm90_tile(int config) {
     case 3: return tile_of<Sm90Config3>();
     case 4: return tile_of<Sm90Config4>();
     case 12: return tile_of<Sm90Config12>();
+    case 16: return tile_of<Sm90Config16>();
     default: return tile_of<Sm90Config0>();
   }
 }

@@ -28,6 +28,9 @@
 // item while the consumers finish the last one. Groups take turns (named barriers) at the main
 // loop, in walk order, and at the epilogue's staging buffer, which the pipeline does not share: one
 // group finishes its tile, kBlockN / kEpiloguePasses columns at a time, while the next multiplies.
+// With the TMA-store epilogue (Sm90Traits::kTmaStore) each warpgroup instead converts its rows to
+// 16-bit in registers into a staging block of its own and leaves the stores to TMA: no turns at
+// the epilogue, and the warpgroup is back at the main loop as soon as its block is written.
 #pragma once
 #include <cuda.h>
 #include <cuda_runtime.h>
@@ -52,6 +55,7 @@ struct Sm90ConfigBase {
   static constexpr int kEpiloguePasses = 1;
   static constexpr int kMmaBlocks = 1;
   static constexpr int kTileGroups = 1;
+  static constexpr bool kTmaStore = false;
 };
 
 template <typename Elem_, typename Config, bool kAKMajor_, bool kBKMajor_>
@@ -94,8 +98,21 @@ struct Sm90Traits {
   // memory (and more when it needs more). The mbarriers come last: full per stage and,
   // warp-specialized, empty per stage.
   static constexpr int kPipeBytes = kStages * kStageBytes;
-  static constexpr int kStagingBytes = kStagedTileBytes<kBlockM, kPassCols>;
-  static constexpr int kDataBytes = kWarpSpecialized             ? kPipeBytes + kStagingBytes
+  // The TMA-store epilogue (warp-specialized kernel, 16-bit C written without reading it: the
+  // planner's choice, gemm.cu): each multiplying warpgroup converts its kStoreRows rows to 16-bit
+  // in registers, 64 columns at a time, into its own 128-byte-swizzled column block (the layout of
+  // the operand tiles), from which one of its threads issues a TMA store; the warpgroup goes on to
+  // its next tile while the store runs. The tile's bias waits in shared memory as fp32 (per
+  // warpgroup). Else the accumulators are staged as fp32 (gemm_common.cuh) and finished by the
+  // threads' own 16-byte stores.
+  static constexpr bool kTmaStore = Config::kTmaStore;
+  static constexpr int kStoreRows = kMmaBlocks * 64;
+  static constexpr int kStoreBlockBytes = kStoreRows * flash::sm90::kSw128RowBytes;
+  static constexpr int kStorePasses = kBlockN / flash::sm90::kSw128BlockCols;
+  static constexpr int kStagingBytes =
+      kTmaStore ? kWarpGroups * kStoreBlockBytes : kStagedTileBytes<kBlockM, kPassCols>;
+  static constexpr int kBiasBytes = kTmaStore ? kWarpGroups * kBlockN * 4 : 0;
+  static constexpr int kDataBytes = kWarpSpecialized             ? kPipeBytes + kStagingBytes + kBiasBytes
                                     : kPipeBytes > kStagingBytes ? kPipeBytes
                                                                  : kStagingBytes;
   static constexpr int kBarrierBytes = 8 * 2 * kStages;
@@ -107,12 +124,21 @@ struct Sm90Traits {
   static_assert(kPassCols % 8 == 0 && kPassCols * kEpiloguePasses == kBlockN, "passes of whole n8 fragments");
   static_assert(kWarpSpecialized || (kEpiloguePasses == 1 && kTileGroups == 1),
                 "the plain kernel's warpgroups share one tile, staged at once");
+  static_assert(!kTmaStore || (kWarpSpecialized && kEpiloguePasses == 1 && kPipeBytes % flash::sm90::kSw128AtomBytes == 0),
+                "TMA stores from the warp-specialized kernel, from swizzle-aligned column blocks");
   static_assert(kSmemBytes <= kSm90MaxSmemPerBlock, "an sm_90 block has at most 227 KiB of shared memory");
 };
 
+// The operands' maps; C's and pre_out's (boxes of 64 columns x kStoreRows rows) for the TMA-store
+// epilogue.
 struct GemmTensorMaps {
-  CUtensorMap a, b;
+  CUtensorMap a, b, c, pre;
 };
+
+// Named barriers of the warp-specialized kernel (0 is __syncthreads'): a tile group's staged
+// epilogue; the groups' turns at the main loop and at the staging buffer; a multiplying
+// warpgroup's TMA-store epilogue.
+inline constexpr int kEpilogueBarrier0 = 1, kMainloopTurn0 = 3, kStagingTurn0 = 5, kStoreBarrier0 = 7;
 
 // One work item: a kBlockM x kBlockN tile of C and a K split (N tile fastest, then M tile, then split).
 struct Sm90Work {
@@ -226,18 +252,94 @@ __device__ __forceinline__ void sm90_fence_acc(Sm90Acc<Traits>& acc) {
 
 // The epilogue of the warp-specialized kernel: kEpiloguePasses rounds of staging and finishing by
 // the kGroupThreads threads of tile group `group` (`gw`: the warpgroup's index in it, `gt`: the
-// thread's), in the group's own staging buffer, ordered by named barrier 1 + group (the first sync
-// of a pass waits until the group has finished reading the previous pass, or the previous tile).
+// thread's), in the staging buffer, ordered by named barrier kEpilogueBarrier0 + group (the first
+// sync of a pass waits until the group has finished reading the previous pass, or the previous tile).
 template <typename Traits, int kPass = 0>
 __device__ __forceinline__ void sm90_ws_epilogue(const GemmParams& p, float* staging, const Sm90Acc<Traits>& acc,
                                                  const Sm90Work& w, float* slice, int group, int gw, int gt) {
-  flash::named_barrier_sync(1 + group, Traits::kGroupThreads);
+  flash::named_barrier_sync(kEpilogueBarrier0 + group, Traits::kGroupThreads);
   sm90_stage_acc<Traits, kPass>(staging, acc, gw, gt % 128);
-  flash::named_barrier_sync(1 + group, Traits::kGroupThreads);
+  flash::named_barrier_sync(kEpilogueBarrier0 + group, Traits::kGroupThreads);
   finish_staged_tile<typename Traits::Elem, Traits::kBlockM, Traits::kPassCols, Traits::kGroupThreads>(
       p, staging, w.i0, w.j0 + kPass * Traits::kPassCols, slice, gt);
   if constexpr (kPass + 1 < Traits::kEpiloguePasses)
     sm90_ws_epilogue<Traits, kPass + 1>(p, staging, acc, w, slice, group, gw, gt);
+}
+
+// The TMA-store epilogue of multiplying warpgroup cw (rows [gw kStoreRows, (gw + 1) kStoreRows) of
+// tile w; `t`: the thread's index in the warpgroup), ordered by named barrier kStoreBarrier0 + cw.
+// Per 64-column block: alpha and the bias applied to the accumulators in place; pre_out's values
+// (when asked), then C's (after the activation), each written as 16-bit pairs into the staging
+// block `stage` at the 128-byte swizzle (chunk c of row r at chunk c ^ (r % 8): the 4 pairs x 8
+// rows of a warp's store hit 32 different banks) and stored by thread 0. Before a block is written
+// again, thread 0 waits until the previous store has read it.
+template <typename Traits>
+__device__ __forceinline__ void sm90_tma_epilogue(const GemmParams& p, const GemmTensorMaps& maps, uint32_t stage,
+                                                  float* bias_s, Sm90Acc<Traits>& acc, const Sm90Work& w, int cw,
+                                                  int gw, int t) {
+  using namespace flash::sm90;
+  using Elem = typename Traits::Elem;
+  constexpr int kBN = Traits::kBlockN, kCols = kSw128BlockCols, kChunks = kCols / 8;
+  const int bar_id = kStoreBarrier0 + cw;
+  const int warp = t / 32, lane = t % 32;
+  const bool gelu = p.activation == GemmActivation::kGeluTanh;
+  // The tile's bias, 0 past N; a barrier below orders these writes before the reads.
+  if (p.bias != nullptr) {
+    for (int c = t; c < kBN; c += 128) {
+      const int64_t col = w.j0 + c;
+      float b = 0.0f;
+      if (col < p.n)
+        b = p.bias_dtype == DType::kFloat32 ? static_cast<const float*>(p.bias)[col]
+                                            : to_float(static_cast<const Elem*>(p.bias)[col]);
+      bias_s[c] = b;
+    }
+    flash::named_barrier_sync(bar_id, 128);
+  }
+  const int row0 = w.i0 + gw * Traits::kStoreRows;
+  // One staging block (f applied to the pass's accumulators) and its store through `map`.
+  const auto store_block = [&](const CUtensorMap* map, int pass, auto f) {
+    if (t == 0) bulk_wait_read<0>();
+    flash::named_barrier_sync(bar_id, 128);
+#pragma unroll
+    for (int mb = 0; mb < Traits::kMmaBlocks; ++mb) {
+      const int row = mb * 64 + warp * 16 + lane / 4;  // and row + 8; both have row % 8 == lane / 4
+#pragma unroll
+      for (int c = 0; c < kChunks; ++c) {
+        const float* v = acc[mb][pass * kChunks + c];
+        const uint32_t addr =
+            stage + static_cast<uint32_t>(row * kSw128RowBytes + ((c ^ (lane / 4)) * 16) + (lane % 4) * 4);
+        flash::st_shared_b32(addr, flash::pack2<Elem>(f(v[0]), f(v[1])));
+        flash::st_shared_b32(addr + 8 * kSw128RowBytes, flash::pack2<Elem>(f(v[2]), f(v[3])));
+      }
+    }
+    fence_proxy_async_shared();
+    flash::named_barrier_sync(bar_id, 128);
+    if (t == 0) {
+      tma_store_4d(map, stage, w.j0 + pass * kCols, row0, 0, 0);
+      bulk_commit_group();
+    }
+  };
+#pragma unroll
+  for (int pass = 0; pass < Traits::kStorePasses; ++pass) {
+    if (p.alpha != 1.0f || p.bias != nullptr) {
+#pragma unroll
+      for (int c = 0; c < kChunks; ++c) {
+        const int col = pass * kCols + 8 * c + 2 * (lane % 4);
+        const float b0 = p.bias != nullptr ? bias_s[col] : 0.0f, b1 = p.bias != nullptr ? bias_s[col + 1] : 0.0f;
+#pragma unroll
+        for (int mb = 0; mb < Traits::kMmaBlocks; ++mb) {
+          float* v = acc[mb][pass * kChunks + c];
+          v[0] = p.alpha * v[0] + b0, v[1] = p.alpha * v[1] + b1;
+          v[2] = p.alpha * v[2] + b0, v[3] = p.alpha * v[3] + b1;
+        }
+      }
+    }
+    if (p.pre_out != nullptr) store_block(&maps.pre, pass, [](float x) { return x; });
+    if (gelu)
+      store_block(&maps.c, pass, [](float x) { return gelu_tanh(x); });
+    else
+      store_block(&maps.c, pass, [](float x) { return x; });
+  }
 }
 
 template <typename Traits>
@@ -321,6 +423,8 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
   const auto full = [&](int st) { return bar(st); };
   const auto empty = [&](int st) { return bar(kStages + st); };
   float* staging = reinterpret_cast<float*>(smem_raw + (base - flash::smem_u32(smem_raw)) + Traits::kPipeBytes);
+  const uint32_t staging_u32 = base + static_cast<uint32_t>(Traits::kPipeBytes);
+  float* bias_s = staging + Traits::kStagingBytes / 4;
 
   if (threadIdx.x == 0) {
     prefetch_tensor_map(&maps.a);
@@ -341,6 +445,10 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
     // the consumers have released that stage's use g - kStages (parity of the previous phase; a fresh
     // barrier counts its phase before the first as complete, so the first kStages waits pass).
     if (threadIdx.x == 0) {
+      if constexpr (Traits::kTmaStore) {
+        prefetch_tensor_map(&maps.c);
+        if (p.pre_out != nullptr) prefetch_tensor_map(&maps.pre);
+      }
       int64_t g = 0;
       for (int64_t item = blockIdx.x; item < items; item += gridDim.x) {
         const Sm90Work w = sm90_work<Traits>(p, item, k_tiles_per_split);
@@ -372,10 +480,10 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
       g += w.n_kt;
       continue;
     }
-    // Tile groups take turns at the main loop (named barrier 3 + group: this group's turn), so that
+    // Tile groups take turns at the main loop (named barrier kMainloopTurn0 + group), so that
     // a group waits for a stage's use only once the stage's previous use has arrived, as a parity
     // wait needs: the group before it has waited for every K tile up to this item's.
-    if (kTurns && j > 0) flash::named_barrier_sync(3 + group, kTurnThreads);
+    if (kTurns && j > 0) flash::named_barrier_sync(kMainloopTurn0 + group, kTurnThreads);
     Sm90Acc<Traits> acc;
     sm90_zero_acc<Traits>(acc);
     for (int it = 0; it < w.n_kt; ++it, ++g) {
@@ -387,17 +495,28 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
       wgmma_wait<1>();  // this thread's wgmma of the previous K tile are done
       if (it > 0) release(empty(static_cast<int>((g - 1) % kStages)));
     }
-    if (kTurns && !last) flash::named_barrier_arrive(3 + (group + 1) % Traits::kTileGroups, kTurnThreads);
+    if (kTurns && !last)
+      flash::named_barrier_arrive(kMainloopTurn0 + (group + 1) % Traits::kTileGroups, kTurnThreads);
     wgmma_wait<0>();
     sm90_fence_acc<Traits>(acc);
     if (w.n_kt > 0) release(empty(static_cast<int>((g - 1) % kStages)));
 
-    // The groups take turns at the one staging buffer too (named barrier 5 + group), in walk order.
-    if (kTurns && j > 0) flash::named_barrier_sync(5 + group, kTurnThreads);
-    float* slice = partial != nullptr ? partial + w.split * p.m * p.n : nullptr;
-    sm90_ws_epilogue<Traits>(p, staging, acc, w, slice, group, gw, gt);
-    if (kTurns && !last) flash::named_barrier_arrive(5 + (group + 1) % Traits::kTileGroups, kTurnThreads);
+    if constexpr (Traits::kTmaStore) {
+      // Each warpgroup its own staging block: no turns.
+      sm90_tma_epilogue<Traits>(p, maps, staging_u32 + static_cast<uint32_t>(cw * Traits::kStoreBlockBytes),
+                                bias_s + cw * Traits::kBlockN, acc, w, cw, gw, gt % 128);
+    } else {
+      // The groups take turns at the one staging buffer (named barrier kStagingTurn0 + group), in
+      // walk order.
+      if (kTurns && j > 0) flash::named_barrier_sync(kStagingTurn0 + group, kTurnThreads);
+      float* slice = partial != nullptr ? partial + w.split * p.m * p.n : nullptr;
+      sm90_ws_epilogue<Traits>(p, staging, acc, w, slice, group, gw, gt);
+      if (kTurns && !last)
+        flash::named_barrier_arrive(kStagingTurn0 + (group + 1) % Traits::kTileGroups, kTurnThreads);
+    }
   }
+  // The last stores must have read their staging blocks before the block's shared memory goes.
+  if (Traits::kTmaStore && gt % 128 == 0) bulk_wait_read<0>();
 #else
   __trap();  // only the sm_90a build has this kernel; the planner never selects it elsewhere
 #endif

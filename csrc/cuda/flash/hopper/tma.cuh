@@ -1,7 +1,8 @@
 // Tensor memory accelerator (TMA, sm_90) loads completing on shared-memory mbarriers: the wrappers
 // the Hopper FlashAttention kernels use to stream Q, K and V tiles without per-thread address
-// arithmetic. A tile load is issued by one thread; every consumer waits on the stage's mbarrier with
-// the phase parity of that use of the stage.
+// arithmetic; and the TMA stores of the GEMM's epilogue (below). A tile load is issued by one
+// thread; every consumer waits on the stage's mbarrier with the phase parity of that use of the
+// stage.
 //
 // Protocol per buffer use: the issuing thread arms the barrier with the bytes it expects
 // (mbarrier_arrive_expect_tx, the one arrival the barrier was initialised with), then issues the
@@ -49,6 +50,30 @@ __device__ __forceinline__ void tma_load_4d(uint32_t dst, const CUtensorMap* map
       "[%6];\n" ::"r"(dst),
       "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(bar)
       : "memory");
+}
+
+
+// ---- TMA stores (shared -> global) ----------------------------------------------------------------
+// Protocol per staging buffer: every thread that wrote the buffer runs fence_proxy_async_shared (its
+// generic-proxy writes become visible to TMA), a barrier, then one thread issues the store and
+// commits it as a bulk group. Before the buffer is written again, that thread waits until the
+// store has read it (bulk_wait_read), and a barrier passes that on. Boxes past the map's bounds
+// are clipped: nothing outside the tensor is written.
+__device__ __forceinline__ void fence_proxy_async_shared() {
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
+// 4-D box of `map` at coordinates (c0 innermost .. c3) from shared memory at src.
+__device__ __forceinline__ void tma_store_4d(const CUtensorMap* map, uint32_t src, int c0, int c1, int c2, int c3) {
+  asm volatile("cp.async.bulk.tensor.4d.global.shared::cta.bulk_group [%0, {%1, %2, %3, %4}], [%5];\n" ::"l"(
+                   reinterpret_cast<uint64_t>(map)),
+               "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(src)
+               : "memory");
+}
+__device__ __forceinline__ void bulk_commit_group() { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }
+// Blocks until at most kPending of this thread's committed store groups still read shared memory.
+template <int kPending>
+__device__ __forceinline__ void bulk_wait_read() {
+  asm volatile("cp.async.bulk.wait_group.read %0;\n" ::"n"(kPending) : "memory");
 }
 
 }  // namespace fa::cuda::flash::sm90
