@@ -72,4 +72,20 @@ __device__ __forceinline__ void mma_fp32_operands(float (&d)[4], const Tf32Opera
   mma_m16n8k8_tf32(d, a.big, b.big);
 }
 
+// D += A * B as mma_fp32_operands, with 3xTF32's two small-term products accumulated apart, in
+// d_small, which the caller adds to d once at the end. Each tensor-core accumulation rounds towards
+// zero; sharing one accumulator puts three such roundings on the running sum per k8 step (a K =
+// 129 linear went 1.0008x over ops-train.test's bound, twice a sequential fp32 product's error, on
+// one seed: H100, 2026-11-26; apart, it passes). Apart, the running sum takes one rounding per
+// step and the small terms' own roundings are 2^-11 smaller.
+template <Fp32Precision kPrecision>
+__device__ __forceinline__ void mma_fp32_operands_apart(float (&d)[4], float (&d_small)[4], const Tf32Operand<4>& a,
+                                                        const Tf32Operand<2>& b) {
+  if constexpr (kPrecision == Fp32Precision::kHighest) {
+    mma_m16n8k8_tf32(d_small, a.small, b.big);
+    mma_m16n8k8_tf32(d_small, a.big, b.small);
+  }
+  mma_m16n8k8_tf32(d, a.big, b.big);
+}
+
 }  // namespace fa::cuda::flash

@@ -110,13 +110,15 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSm)
   const int wm0 = (warp / Traits::kWarpsN) * Traits::kWarpTileM;
   const int wn0 = (warp % Traits::kWarpsN) * Traits::kWarpTileN;
 
-  float acc[kMTiles][kNTiles][4];
+  // acc_small: 3xTF32's small-term products (mma_fp32_operands_apart), added to acc after the main
+  // loop; unused, and compiled away, in every other mode.
+  float acc[kMTiles][kNTiles][4], acc_small[kMTiles][kNTiles][4];
 #pragma unroll
   for (int mt = 0; mt < kMTiles; ++mt)
 #pragma unroll
     for (int nt = 0; nt < kNTiles; ++nt)
 #pragma unroll
-      for (int e = 0; e < 4; ++e) acc[mt][nt][e] = 0.0f;
+      for (int e = 0; e < 4; ++e) acc[mt][nt][e] = acc_small[mt][nt][e] = 0.0f;
 
 #pragma unroll
   for (int s = 0; s < kStages - 1; ++s) {
@@ -198,12 +200,21 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSm)
 #pragma unroll
         for (int mt = 0; mt < kMTiles; ++mt)
 #pragma unroll
-          for (int nt = 0; nt < kNTiles; ++nt) flash::mma_fp32_operands<kPrecision>(acc[mt][nt], af[mt], bf[nt]);
+          for (int nt = 0; nt < kNTiles; ++nt)
+            flash::mma_fp32_operands_apart<kPrecision>(acc[mt][nt], acc_small[mt][nt], af[mt], bf[nt]);
       }
     }
   }
   cp_async_wait<0>();
   __syncthreads();  // every warp is done with the stages: they hold the staged epilogue now
+  if constexpr (std::is_same_v<Elem, float> && kPrecision == Fp32Precision::kHighest) {
+#pragma unroll
+    for (int mt = 0; mt < kMTiles; ++mt)
+#pragma unroll
+      for (int nt = 0; nt < kNTiles; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) acc[mt][nt][e] += acc_small[mt][nt][e];
+  }
 
   const int g = lane / 4, t = lane % 4;
   float* stage = reinterpret_cast<float*>(smem_raw);
