@@ -14,5 +14,5 @@ export const KERNEL_CODE = { auto: 0, flash: 1, naive: 2 } as const;
 export const FLOAT32_PRECISION_CODE = { tf32: 0, highest: 1 } as const;
 /** Cross-entropy's reduction (csrc/common/op_params.h Reduction). */
 export const REDUCTION_CODE = { none: 0, sum: 1, mean: 2 } as const;
-/** The attention backward's algorithm (csrc/napi/attention_ops.cc BwdAlgorithm). */
+/** The attention backward's algorithm (csrc/common/attention_params.h BwdAlgorithm). */
 export const BACKWARD_ALGORITHM_CODE = { auto: 0, 'single-kernel': 1, 'two-kernel': 2 } as const;

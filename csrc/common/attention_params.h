@@ -17,8 +17,17 @@
 #include <cstdint>
 
 #include "dtype.h"
+#include "enum_codes.h"
 
 namespace fa {
+
+// How the CUDA FlashAttention-2 backward computes dq (the planner resolves kAuto: cuda/flash/flash_plan.h).
+// The numbers are part of the JS contract (csrc/enums.json).
+enum class BwdAlgorithm : int32_t {
+  kAuto = codes::kBwdAlgorithmAuto,                  // the planner's choice
+  kSingleKernel = codes::kBwdAlgorithmSingleKernel,  // dK, dV and dQ in one kernel, dQ through atomic (or ordered) adds
+  kTwoKernel = codes::kBwdAlgorithmTwoKernel,        // a dK/dV kernel, then a dQ kernel (Hopper, head dims 32 / 64 / 128)
+};
 
 // log2(e): folds the natural-exp softmax into exp2 (seed 002).
 inline constexpr float kLog2e = 1.4426950408889634f;

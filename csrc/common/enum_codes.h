@@ -29,7 +29,7 @@ inline constexpr int32_t kReductionNone = 0;
 inline constexpr int32_t kReductionSum = 1;
 inline constexpr int32_t kReductionMean = 2;
 
-// The attention backward's algorithm (csrc/napi/attention_ops.cc BwdAlgorithm). JS: BACKWARD_ALGORITHM_CODE.
+// The attention backward's algorithm (csrc/common/attention_params.h BwdAlgorithm). JS: BACKWARD_ALGORITHM_CODE.
 inline constexpr int32_t kBwdAlgorithmAuto = 0;
 inline constexpr int32_t kBwdAlgorithmSingleKernel = 1;
 inline constexpr int32_t kBwdAlgorithmTwoKernel = 2;

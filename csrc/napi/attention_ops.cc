@@ -15,10 +15,7 @@
 #include "napi/view_args.h"
 #include "runtime/format.h"
 #ifdef FA_WITH_CUDA
-#include "cuda/flash/flash_bwd.h"
-#include "cuda/flash/flash_bwd_fp32.h"
-#include "cuda/flash/flash_fwd.h"
-#include "cuda/flash/flash_fwd_fp32.h"
+#include "cuda/flash/flash_plan.h"
 #include "cuda/naive_attention.h"
 #endif
 
@@ -31,13 +28,6 @@ enum class Kernel : int32_t {
   kAuto = codes::kKernelAuto,    // the fastest available on the device
   kFlash = codes::kKernelFlash,  // FlashAttention-2 (CPU: csrc/cpu; CUDA: csrc/cuda/flash)
   kNaive = codes::kKernelNaive,  // CUDA only: fp32 reference that materialises S (csrc/cuda/naive_attention.cu)
-};
-
-// How the CUDA FA2 backward computes dq. The numbers are part of the JS contract (csrc/enums.json).
-enum class BwdAlgorithm : int32_t {
-  kAuto = codes::kBwdAlgorithmAuto,                  // the planner's choice (attention_ops.cc below)
-  kSingleKernel = codes::kBwdAlgorithmSingleKernel,  // dK, dV and dQ in one kernel, dQ through atomic (or ordered) adds
-  kTwoKernel = codes::kBwdAlgorithmTwoKernel,        // a dK/dV kernel, then a dQ kernel (Hopper, head dims 32 / 64 / 128)
 };
 
 constexpr int64_t kMaxDim = std::numeric_limits<int32_t>::max();
@@ -337,26 +327,25 @@ Napi::Value AttentionForward(const Napi::CallbackInfo& info) {
   const char* flash_unsupported =
       "the CUDA FlashAttention-2 forward needs a GPU of compute capability 8.0 (sm_80) or newer";
 #ifdef FA_WITH_CUDA
-  const auto reason_for = [&](const AttentionFwdParams& pp) -> const char* {
-    if (dtype == DType::kFloat32) return cuda::flash_fwd_fp32_unsupported_reason(pp);
-    return cuda::flash_fwd_supported(pp) ? nullptr : flash_unsupported;
-  };
+  cuda::FwdPlan plan;  // the planner's (cuda/flash/flash_plan.h), for the call as given or staged
   if (device == Device::kCuda) {
-    const char* reason = reason_for(p);
-    if (reason != nullptr && requested != Kernel::kNaive && (needs_staging(q) || needs_staging(k) || needs_staging(v))) {
+    plan = cuda::plan_forward(p);
+    if (plan.unsupported != nullptr && requested != Kernel::kNaive &&
+        (needs_staging(q) || needs_staging(k) || needs_staging(v))) {
       AttentionFwdParams dense = p;  // the same call on contiguous staging buffers (pool-aligned like q's storage)
       fill_fwd_params(dense, d, dtype, scale, causal);
       void* base = q.t.buf->data();
       dense.q = dense.k = dense.v = base;
       dense.out = base;
       dense.fp32_precision = fp32_precision;
-      if (reason_for(dense) == nullptr) {
-        reason = nullptr;
+      const cuda::FwdPlan staged = cuda::plan_forward(dense);
+      if (staged.unsupported == nullptr) {
+        plan = staged;
         stage_views = true;
       }
     }
-    flash_ok = reason == nullptr;
-    if (reason != nullptr) flash_unsupported = reason;
+    flash_ok = plan.unsupported == nullptr;
+    if (plan.unsupported != nullptr) flash_unsupported = plan.unsupported;
   }
 #endif
   [[maybe_unused]] const Kernel kernel = resolve_kernel(requested, device, flash_ok, flash_unsupported);
@@ -377,10 +366,9 @@ Napi::Value AttentionForward(const Napi::CallbackInfo& info) {
   } else {
 #ifdef FA_WITH_CUDA
     rt.cuda().ensure_usable();
-    if (kernel == Kernel::kFlash && dtype == DType::kFloat32) {
-      check_launch(rt, cuda::flash_fwd_fp32(p, rt.cuda().stream()), "FlashAttention-2 forward (float32)", 0);
-    } else if (kernel == Kernel::kFlash) {
-      check_launch(rt, cuda::flash_fwd(p, rt.cuda().stream()), "FlashAttention-2 forward", 0);
+    if (kernel == Kernel::kFlash) {
+      check_launch(rt, cuda::run_forward(p, plan, rt.cuda().stream()),
+                   dtype == DType::kFloat32 ? "FlashAttention-2 forward (float32)" : "FlashAttention-2 forward", 0);
     } else {
       check_launch(rt, cuda::naive_attention_fwd(p, rt.cuda().stream()), "naive attention forward",
                    cuda::naive_attention_fwd_workspace_bytes(p));
@@ -559,23 +547,10 @@ Napi::Value AttentionBackward(const Napi::CallbackInfo& info) {
   const char* flash_unsupported =
       "the CUDA FlashAttention-2 backward needs a GPU of compute capability 8.0 (sm_80) or newer";
 #ifdef FA_WITH_CUDA
-  // Resolves 'auto' into pp.two_kernel and says why FlashAttention-2 cannot run pp (nullptr: it can).
-  const auto reason_for = [&](AttentionBwdParams& pp) -> const char* {
-    if (algorithm == BwdAlgorithm::kAuto && dtype != DType::kFloat32) {
-      // 'auto' takes the two-kernel backward wherever it exists (Hopper, head dims 32 / 64 / 128 after
-      // padding): on an H200 it took 0.97x the single kernel's time over the bf16 FA2 grid (0.93-1.03x per
-      // cell, bench/RESULTS.md, 2026-11-21, "our CUDA FlashAttention-2 backward vs PyTorch SDPA"), needs
-      // no fp32 dq accumulator and is deterministic.
-      pp.two_kernel = true;
-      if (cuda::flash_bwd_unsupported_reason(pp) != nullptr) pp.two_kernel = false;
-    }
-    return dtype != DType::kFloat32 ? cuda::flash_bwd_unsupported_reason(pp)
-           : pp.two_kernel ? "the two-kernel backward takes float16 and bfloat16 inputs (float32 has the "
-                             "single-kernel one)"
-                           : cuda::flash_bwd_fp32_unsupported_reason(pp);
-  };
+  cuda::BwdPlan plan;  // the planner's (cuda/flash/flash_plan.h): 'auto' resolved, for the call as given or staged
   if (device == Device::kCuda) {
-    const char* reason = reason_for(p);
+    plan = cuda::plan_backward(p, algorithm);
+    const char* reason = plan.unsupported;
     bool any_view = needs_staging(q) || needs_staging(k) || needs_staging(v) || needs_staging(out) ||
                     needs_staging(dout);
     for (int i = 0; i < 3; ++i) any_view = any_view || (given[i] && needs_staging(grads[i]));
@@ -586,14 +561,16 @@ Napi::Value AttentionBackward(const Napi::CallbackInfo& info) {
       void* base = q.t.buf->data();
       dense.q = dense.k = dense.v = dense.dout = base;
       dense.out = dense.dq = dense.dk = dense.dv = base;
-      if (reason_for(dense) == nullptr) {
+      const cuda::BwdPlan staged = cuda::plan_backward(dense, algorithm);
+      if (staged.unsupported == nullptr) {
         reason = nullptr;
         stage_views = true;
-        p.two_kernel = dense.two_kernel;
+        plan = staged;
       }
     }
     flash_ok = reason == nullptr;
     if (reason != nullptr) flash_unsupported = reason;
+    p.two_kernel = plan.two_kernel;
   }
 #endif
   const Kernel kernel = resolve_kernel(requested, device, flash_ok, flash_unsupported);
@@ -635,12 +612,10 @@ Napi::Value AttentionBackward(const Napi::CallbackInfo& info) {
   } else {
 #ifdef FA_WITH_CUDA
     rt.cuda().ensure_usable();
-    if (kernel == Kernel::kFlash && dtype == DType::kFloat32) {
-      check_launch(rt, cuda::flash_bwd_fp32(p, rt.cuda().stream()), "FlashAttention-2 backward (float32)",
-                   cuda::flash_bwd_fp32_workspace_bytes(p));
-    } else if (kernel == Kernel::kFlash) {
-      check_launch(rt, cuda::flash_bwd(p, rt.cuda().stream()), "FlashAttention-2 backward",
-                   cuda::flash_bwd_workspace_bytes(p));
+    if (kernel == Kernel::kFlash) {
+      check_launch(rt, cuda::run_backward(p, plan, rt.cuda().stream()),
+                   dtype == DType::kFloat32 ? "FlashAttention-2 backward (float32)" : "FlashAttention-2 backward",
+                   plan.workspace_bytes);
     } else {
       check_launch(rt, cuda::naive_attention_bwd(p, rt.cuda().stream()), "naive attention backward",
                    cuda::naive_attention_bwd_workspace_bytes(p));

@@ -20,6 +20,7 @@
 #include <cstdint>
 
 #include "cuda/cuda_utils.cuh"
+#include "cuda/device_props.h"
 #include "cuda/flash/flash_bwd_aux.cuh"
 #include "cuda/flash/flash_bwd_kernel.cuh"
 #include "cuda/flash/flash_bwd_plan.h"
@@ -66,11 +67,6 @@ flash::BwdWorkspacePlan workspace_plan(const AttentionBwdParams& p) {
   flash::BwdWorkspacePlan plan = flash::bwd_workspace_plan(p, block_n(padded), kDqRowMultiple, padded);
   if (p.two_kernel) plan.accum_bytes = 0;
   return plan;
-}
-
-bool use_sm90(const AttentionBwdParams& p) {
-  return flash::device_major() == 9 && flash_bwd_sm90_built() &&
-         flash_bwd_sm90_head_dim(flash::padded_head_dim(p.head_dim));
 }
 
 template <typename Elem, int kHeadDim, bool kIsCausal>
@@ -127,6 +123,11 @@ cudaError_t run(const AttentionBwdParams& p, const flash::FlashBwdWorkspace& ws,
 
 }  // namespace
 
+bool flash_bwd_runs_sm90(const AttentionBwdParams& p) {
+  return current_device_props().major == 9 && flash_bwd_sm90_built() &&
+         flash_bwd_sm90_head_dim(flash::padded_head_dim(p.head_dim));
+}
+
 const char* flash_bwd_unsupported_reason(const AttentionBwdParams& p) {
   if (p.dtype != DType::kFloat16 && p.dtype != DType::kBFloat16)
     return "flash_bwd takes float16 and bfloat16 inputs (float32 has its own kernel: flash_bwd_fp32.h)";
@@ -134,12 +135,13 @@ const char* flash_bwd_unsupported_reason(const AttentionBwdParams& p) {
   if (p.head_dim % 8 != 0 || padded == 0)
     return "this build has no FlashAttention-2 backward kernel for the head dim (FA_HEAD_DIMS left out every "
            "specialisation at least as large)";
-  if (flash::device_major() < kMinComputeMajor)
+  const DeviceProps props = current_device_props();
+  if (props.major < kMinComputeMajor)
     return "the CUDA FlashAttention-2 backward needs a GPU of compute capability 8.0 (sm_80) or newer";
-  if (p.two_kernel && !use_sm90(p))
+  if (p.two_kernel && !flash_bwd_runs_sm90(p))
     return "the two-kernel backward exists for Hopper GPUs (compute capability 9.0, sm_90a builds) at head dims "
            "32, 64 and 128 (after padding)";
-  if (smem_bytes(padded) > static_cast<size_t>(flash::device_attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin)))
+  if (smem_bytes(padded) > static_cast<size_t>(props.smem_optin))
     return "the GPU has less shared memory per block than the FlashAttention-2 backward kernel for this head dim "
            "needs";
   if (p.seqlen_q > INT32_MAX || p.seqlen_k > INT32_MAX || p.heads_q > INT32_MAX)
@@ -180,10 +182,10 @@ cudaError_t run_with_workspace(const AttentionBwdParams& p, bool sm90, cudaStrea
 
 }  // namespace
 
-const char* flash_bwd_path(const AttentionBwdParams& p) { return use_sm90(p) ? "sm90-wgmma" : "sm80-mma"; }
+const char* flash_bwd_path(const AttentionBwdParams& p) { return flash_bwd_runs_sm90(p) ? "sm90-wgmma" : "sm80-mma"; }
 
 cudaError_t flash_bwd(const AttentionBwdParams& p, cudaStream_t stream) {
-  return run_with_workspace(p, use_sm90(p), stream);
+  return run_with_workspace(p, flash_bwd_runs_sm90(p), stream);
 }
 
 cudaError_t flash_bwd_sm80(const AttentionBwdParams& p, cudaStream_t stream) {

@@ -46,6 +46,10 @@ size_t flash_bwd_workspace_bytes(const AttentionBwdParams& p);
 // dq, dk, dv (p.dtype) from dout, q, k, v, out and lse_in.
 cudaError_t flash_bwd(const AttentionBwdParams& p, cudaStream_t stream);
 
+// Whether flash_bwd runs p's main kernels on the Hopper (wgmma) path on the current device (head dims
+// 32 / 64 / 128 after padding on sm_90a builds), else the mma.sync one.
+bool flash_bwd_runs_sm90(const AttentionBwdParams& p);
+
 // The main kernel flash_bwd runs for p on the current device: "sm90-wgmma" or "sm80-mma".
 const char* flash_bwd_path(const AttentionBwdParams& p);
 

@@ -39,6 +39,7 @@
 #include <cstdint>
 
 #include "cuda/cuda_utils.cuh"
+#include "cuda/device_props.h"
 #include "cuda/flash/flash_bwd_aux.cuh"
 #include "cuda/flash/flash_bwd_fp32_kernel.cuh"
 #include "cuda/flash/flash_bwd_fp32_traits.h"
@@ -157,11 +158,9 @@ const char* flash_bwd_fp32_unsupported_reason(const AttentionBwdParams& p) {
   if (padded == 0)
     return "this build has no float32 FlashAttention-2 backward kernel for the head dim (FA_HEAD_DIMS left out "
            "every specialisation at least as large)";
-  int dev = 0, major = 0, smem_optin = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess ||
-      cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess ||
-      cudaDeviceGetAttribute(&smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) != cudaSuccess)
-    return "the CUDA device could not be queried";
+  const DeviceProps props = current_device_props();
+  if (!props.valid) return "the CUDA device could not be queried";
+  const int major = props.major, smem_optin = props.smem_optin;
   if (major < kMinComputeMajor)
     return "the CUDA FlashAttention-2 backward needs a GPU of compute capability 8.0 (sm_80) or newer";
   const LaunchShape shape = launch_shape_for(padded);

@@ -10,6 +10,7 @@
 
 #include "common/attention_params.h"
 #include "cuda/cuda_utils.cuh"
+#include "cuda/device_props.h"
 #include "cuda/flash/dq_accum.cuh"
 #include "cuda/flash/launch_checks.h"
 
@@ -31,7 +32,7 @@ inline constexpr size_t kDeterministicAccumBudget = size_t{256} << 20;
 // read-modify-writes. With at most 8 slices, few heads left SMs idle: B4 H1 d64 8k (4 KV heads) ran 32
 // blocks on 132 SMs, 3.67x the atomic mode's time (bf16, H200); 32 slices (256 MiB) fill one wave.
 inline int deterministic_splits(const AttentionBwdParams& p, int block_n, size_t slice_bytes) {
-  const int64_t sms = std::max(1, device_attribute(cudaDevAttrMultiProcessorCount));
+  const int64_t sms = std::max(1, current_device_props().sms);
   const int64_t tiles = ceil_div<int64_t>(p.seqlen_k, block_n);
   const int64_t heads = p.batch * p.heads_kv;
   const int64_t by_budget = static_cast<int64_t>(kDeterministicAccumBudget / std::max<size_t>(slice_bytes, 1));

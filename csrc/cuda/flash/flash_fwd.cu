@@ -18,6 +18,7 @@
 #include <cstdint>
 
 #include "cuda/cuda_utils.cuh"
+#include "cuda/device_props.h"
 #include "cuda/flash/flash_fwd_kernel.cuh"
 #include "cuda/flash/flash_fwd_traits.h"
 #include "cuda/flash/head_dims.h"
@@ -53,8 +54,6 @@ cudaError_t launch_sm80(const AttentionFwdParams& p, cudaStream_t stream) {
   return cudaGetLastError();
 }
 
-using flash::device_attribute;
-using flash::device_major;
 
 template <int kHeadDim>
 constexpr size_t sm80_smem_bytes() {
@@ -74,36 +73,47 @@ size_t sm80_smem_bytes(int padded) {
   }
 }
 
-bool use_sm90(int major) { return major == 9 && flash_fwd_sm90_built(); }
-
 }  // namespace
 
-bool flash_fwd_supported(const AttentionFwdParams& p) {
-  if (p.dtype != DType::kFloat16 && p.dtype != DType::kBFloat16) return false;
+bool flash_fwd_runs_sm90() { return current_device_props().major == 9 && flash_fwd_sm90_built(); }
+
+const char* flash_fwd_unsupported_reason(const AttentionFwdParams& p) {
+  if (p.dtype != DType::kFloat16 && p.dtype != DType::kBFloat16)
+    return "flash_fwd takes float16 and bfloat16 inputs (float32 has its own kernel: flash_fwd_fp32.h)";
   const int padded = flash::padded_head_dim(p.head_dim);
-  if (p.head_dim % 8 != 0 || padded == 0) return false;
-  const int major = device_major();
-  if (major < 8) return false;
-  if (!use_sm90(major) &&
-      sm80_smem_bytes(padded) > static_cast<size_t>(device_attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin)))
-    return false;
-  if (p.seqlen_q > INT32_MAX || p.seqlen_k > INT32_MAX) return false;  // row indices are int in the kernels
+  if (p.head_dim % 8 != 0 || padded == 0)
+    return "this build has no FlashAttention-2 forward kernel for the head dim (FA_HEAD_DIMS left out every "
+           "specialisation at least as large)";
+  const DeviceProps props = current_device_props();
+  if (props.major < 8)
+    return "the CUDA FlashAttention-2 forward needs a GPU of compute capability 8.0 (sm_80) or newer";
+  if (!flash_fwd_runs_sm90() && sm80_smem_bytes(padded) > static_cast<size_t>(props.smem_optin))
+    return "the GPU has less shared memory per block than the FlashAttention-2 forward kernel for this head dim "
+           "needs";
+  if (p.seqlen_q > INT32_MAX || p.seqlen_k > INT32_MAX)
+    return "seqlens must be below 2^31";  // row indices are int in the kernels
   // Blocks of the flattened grid, for the smaller (sm_80) tile: the larger one needs fewer.
-  if (ceil_div<int64_t>(p.seqlen_q, 64) * p.heads_q * p.batch > kMaxBlocks) return false;
+  if (ceil_div<int64_t>(p.seqlen_q, 64) * p.heads_q * p.batch > kMaxBlocks)
+    return "batch * headsQ * ceil(seqlenQ / 64) must be below 2^31";
   using flash::aligned16;
-  if (!aligned16(p.q) || !aligned16(p.k) || !aligned16(p.v) || !aligned16(p.out)) return false;
-  return flash::strides_multiple_of({p.q_batch_stride, p.q_row_stride, p.q_head_stride, p.k_batch_stride,
-                                     p.k_row_stride, p.k_head_stride, p.v_batch_stride, p.v_row_stride,
-                                     p.v_head_stride, p.o_batch_stride, p.o_row_stride, p.o_head_stride},
-                                    kAlignElems);
+  if (!aligned16(p.q) || !aligned16(p.k) || !aligned16(p.v) || !aligned16(p.out))
+    return "q, k, v and out must be 16-byte aligned";
+  if (!flash::strides_multiple_of({p.q_batch_stride, p.q_row_stride, p.q_head_stride, p.k_batch_stride,
+                                   p.k_row_stride, p.k_head_stride, p.v_batch_stride, p.v_row_stride,
+                                   p.v_head_stride, p.o_batch_stride, p.o_row_stride, p.o_head_stride},
+                                  kAlignElems))
+    return "every stride of q, k, v and out must be a multiple of 8 elements";
+  return nullptr;
 }
 
-const char* flash_fwd_path() { return use_sm90(device_major()) ? "sm90-wgmma" : "sm80-mma"; }
+bool flash_fwd_supported(const AttentionFwdParams& p) { return flash_fwd_unsupported_reason(p) == nullptr; }
+
+const char* flash_fwd_path() { return flash_fwd_runs_sm90() ? "sm90-wgmma" : "sm80-mma"; }
 
 cudaError_t flash_fwd(const AttentionFwdParams& p, cudaStream_t stream) {
   if (!flash_fwd_supported(p)) return cudaErrorNotSupported;
   FA_CUDA_TRY(cudaGetLastError());  // report an error left pending by earlier work
-  if (use_sm90(device_major())) return flash_fwd_sm90(p, stream);
+  if (flash_fwd_runs_sm90()) return flash_fwd_sm90(p, stream);
   return flash_fwd_sm80(p, stream);
 }
 

@@ -17,8 +17,15 @@
 
 namespace fa::cuda {
 
-// True when flash_fwd has a kernel for p (dtype, head_dim, alignment, grid limits) on the current device.
+// Why flash_fwd cannot run p on the current device (a sentence for an error message: dtype, head_dim,
+// alignment, grid limits), or nullptr when it can.
+const char* flash_fwd_unsupported_reason(const AttentionFwdParams& p);
+
+// True when flash_fwd has a kernel for p on the current device (flash_fwd_unsupported_reason is nullptr).
 bool flash_fwd_supported(const AttentionFwdParams& p);
+
+// Whether flash_fwd runs the Hopper (wgmma) kernels on the current device, else the mma.sync ones.
+bool flash_fwd_runs_sm90();
 
 // The path flash_fwd takes on the current device: "sm90-wgmma" or "sm80-mma".
 const char* flash_fwd_path();

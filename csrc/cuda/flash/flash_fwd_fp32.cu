@@ -33,6 +33,7 @@
 #include <cstdint>
 
 #include "cuda/cuda_utils.cuh"
+#include "cuda/device_props.h"
 #include "cuda/flash/flash_fwd_fp32_kernel.cuh"
 #include "cuda/flash/flash_fwd_fp32_traits.h"
 #include "cuda/flash/head_dims.h"
@@ -138,12 +139,9 @@ const char* flash_fwd_fp32_unsupported_reason(const AttentionFwdParams& p) {
     return "this build has no float32 FlashAttention-2 kernel for the head dim (FA_HEAD_DIMS left out every "
            "specialisation at least as large)";
   }
-  int dev = 0, major = 0, smem_optin = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess ||
-      cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess ||
-      cudaDeviceGetAttribute(&smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) != cudaSuccess) {
-    return "the CUDA device could not be queried";
-  }
+  const DeviceProps props = current_device_props();
+  if (!props.valid) return "the CUDA device could not be queried";
+  const int major = props.major, smem_optin = props.smem_optin;
   if (major < kMinComputeMajor) {
     return "the CUDA FlashAttention-2 forward needs a GPU of compute capability 8.0 (sm_80) or newer";
   }

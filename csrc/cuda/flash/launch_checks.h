@@ -1,6 +1,6 @@
 // Host-side checks the FA2 launchers share before they accept a call: 16-byte alignment of the
-// tensors (the cp.async / TMA granule), strides in whole granules, and attributes of the current
-// device. Plain C++ (CUDA runtime API only).
+// tensors (the cp.async / TMA granule) and strides in whole granules (the device's attributes:
+// cuda/device_props.h). Plain C++ (CUDA runtime API only).
 #pragma once
 #include <cuda_runtime_api.h>
 
@@ -19,15 +19,5 @@ inline bool strides_multiple_of(std::initializer_list<int64_t> strides, int64_t 
     if (s % elems != 0) return false;
   return true;
 }
-
-// An attribute of the current device, or 0 when it cannot be queried.
-inline int device_attribute(cudaDeviceAttr attr) {
-  int dev = 0, value = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess) return 0;
-  if (cudaDeviceGetAttribute(&value, attr, dev) != cudaSuccess) return 0;
-  return value;
-}
-
-inline int device_major() { return device_attribute(cudaDevAttrComputeCapabilityMajor); }
 
 }  // namespace fa::cuda::flash

@@ -18,6 +18,7 @@
 #include "common/copy_params.h"
 #include "cuda/copy.h"
 #include "cuda/cuda_utils.cuh"
+#include "cuda/device_props.h"
 #include "cuda/flash/launch_checks.h"
 #include "cuda/gemm/gemm.h"
 #include "cuda/gemm/gemm_common.cuh"
@@ -75,7 +76,8 @@ struct Device {
 };
 
 Device current_device() {
-  return {flash::device_major(), flash::device_attribute(cudaDevAttrMultiProcessorCount)};
+  const DeviceProps props = current_device_props();
+  return {props.major, props.sms};
 }
 
 }  // namespace
@@ -286,7 +288,7 @@ const char* gemm_unsupported_reason(const GemmParams& p) {
     return "the CUDA GEMM takes a float32 bias or one of the operands' dtype";
   if (p.lda < (p.a_k_major ? p.k : p.m) || p.ldb < (p.b_k_major ? p.k : p.n) || p.ldc < p.n)
     return "a leading dimension of the CUDA GEMM is smaller than its matrix's rows";
-  if (flash::device_major() < 8) return "the CUDA GEMM needs a GPU of compute capability 8.0 (Ampere) or newer";
+  if (current_device_props().major < 8) return "the CUDA GEMM needs a GPU of compute capability 8.0 (Ampere) or newer";
   return nullptr;
 }
 

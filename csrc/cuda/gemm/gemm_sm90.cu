@@ -6,6 +6,7 @@
 #include <algorithm>
 
 #include "cuda/cuda_utils.cuh"
+#include "cuda/device_props.h"
 #include "cuda/flash/launch_checks.h"
 #include "cuda/flash/hopper/tensor_map.h"
 #include "cuda/gemm/gemm_plan.h"
@@ -126,7 +127,7 @@ cudaError_t launch(const GemmParams& p, const GemmPlan& plan, float* partial, cu
     // Persistent: at most one block per SM, each walking work items gridDim.x apart.
     auto kernel = gemm_sm90_ws_kernel<Traits>;
     FA_CUDA_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Traits::kSmemBytes));
-    const int64_t sms = std::max(flash::device_attribute(cudaDevAttrMultiProcessorCount), 1);
+    const int64_t sms = std::max(current_device_props().sms, 1);
     const unsigned grid = static_cast<unsigned>(std::min<int64_t>(plan.blocks, sms));
     kernel<<<grid, Traits::kNThreads, Traits::kSmemBytes, stream>>>(p, maps, partial, plan.blocks, plan.k_tiles_per_split);
   } else {

@@ -1,0 +1,78 @@
+// The FlashAttention-2 planners (flash_plan.h).
+#include "cuda/flash/flash_plan.h"
+
+#include "cuda/flash/flash_bwd.h"
+#include "cuda/flash/flash_bwd_fp32.h"
+#include "cuda/flash/flash_fwd.h"
+#include "cuda/flash/flash_fwd_fp32.h"
+
+namespace fa::cuda {
+
+const char* flash_family_name(FlashFamily family) {
+  switch (family) {
+    case FlashFamily::kSm80Mma: return "sm80-mma";
+    case FlashFamily::kSm90Wgmma: return "sm90-wgmma";
+    case FlashFamily::kFp32Mma: return "fp32-mma";
+    default: return "none";
+  }
+}
+
+FwdPlan plan_forward(const AttentionFwdParams& p) {
+  FwdPlan plan;
+  if (p.dtype == DType::kFloat32) {
+    plan.unsupported = flash_fwd_fp32_unsupported_reason(p);
+    plan.family = FlashFamily::kFp32Mma;
+  } else {
+    plan.unsupported = flash_fwd_unsupported_reason(p);
+    plan.family = flash_fwd_runs_sm90() ? FlashFamily::kSm90Wgmma : FlashFamily::kSm80Mma;
+  }
+  if (plan.unsupported != nullptr) plan.family = FlashFamily::kNone;
+  return plan;
+}
+
+cudaError_t run_forward(const AttentionFwdParams& p, const FwdPlan& plan, cudaStream_t stream) {
+  switch (plan.family) {
+    case FlashFamily::kFp32Mma: return flash_fwd_fp32(p, stream);
+    case FlashFamily::kSm80Mma:
+    case FlashFamily::kSm90Wgmma: return flash_fwd(p, stream);  // the same rule (flash_fwd_runs_sm90) picks the path
+    default: return cudaErrorNotSupported;
+  }
+}
+
+BwdPlan plan_backward(const AttentionBwdParams& p, BwdAlgorithm algorithm) {
+  BwdPlan plan;
+  if (p.dtype == DType::kFloat32) {
+    plan.unsupported = algorithm == BwdAlgorithm::kTwoKernel
+                           ? "the two-kernel backward takes float16 and bfloat16 inputs (float32 has the "
+                             "single-kernel one)"
+                           : flash_bwd_fp32_unsupported_reason(p);
+    plan.family = FlashFamily::kFp32Mma;
+    if (plan.unsupported == nullptr) plan.workspace_bytes = flash_bwd_fp32_workspace_bytes(p);
+  } else {
+    AttentionBwdParams q = p;
+    q.two_kernel = algorithm == BwdAlgorithm::kTwoKernel;
+    if (algorithm == BwdAlgorithm::kAuto) {
+      q.two_kernel = true;
+      if (flash_bwd_unsupported_reason(q) != nullptr) q.two_kernel = false;
+    }
+    plan.two_kernel = q.two_kernel;
+    plan.unsupported = flash_bwd_unsupported_reason(q);
+    plan.family = flash_bwd_runs_sm90(q) ? FlashFamily::kSm90Wgmma : FlashFamily::kSm80Mma;
+    if (plan.unsupported == nullptr) plan.workspace_bytes = flash_bwd_workspace_bytes(q);
+  }
+  if (plan.unsupported != nullptr) plan.family = FlashFamily::kNone, plan.two_kernel = false;
+  return plan;
+}
+
+cudaError_t run_backward(const AttentionBwdParams& p, const BwdPlan& plan, cudaStream_t stream) {
+  AttentionBwdParams q = p;
+  q.two_kernel = plan.two_kernel;
+  switch (plan.family) {
+    case FlashFamily::kFp32Mma: return flash_bwd_fp32(q, stream);
+    case FlashFamily::kSm80Mma:
+    case FlashFamily::kSm90Wgmma: return flash_bwd(q, stream);  // the same rule (flash_bwd_runs_sm90) picks the path
+    default: return cudaErrorNotSupported;
+  }
+}
+
+}  // namespace fa::cuda
