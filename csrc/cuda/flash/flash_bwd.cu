@@ -22,6 +22,7 @@
 #include "cuda/cuda_utils.cuh"
 #include "cuda/device_props.h"
 #include "cuda/flash/flash_bwd_aux.cuh"
+#include "cuda/flash/flash_configs.h"
 #include "cuda/flash/flash_bwd_kernel.cuh"
 #include "cuda/flash/flash_bwd_plan.h"
 #include "cuda/flash/flash_bwd_traits.h"
@@ -38,16 +39,15 @@ constexpr int64_t kMaxBlocks = INT32_MAX;   // the flat grid's gridDim.x (2^31 -
 constexpr int kMinComputeMajor = 8;         // mma.sync m16n8k16 bf16, cp.async, ldmatrix: sm_80
 constexpr int kDqRowMultiple = 128;         // a multiple of every kernel's kBlockM: the accumulator's row padding
 
-template <int kHeadDim>
-struct Sm80BwdConfig {
-  static constexpr int kBlockM = 64;
-  static constexpr int kKeyTiles = kHeadDim <= 128 ? 8 : 4;
-  static constexpr int kDSplit = kHeadDim <= 128 ? 1 : 2;
-};
-
+// The traits of a compiled head dim's row of flash::kBwdSm80Configs (flash_configs.h).
 template <int kHeadDim, typename Elem>
-using Sm80BwdTraits = flash::FlashBwdTraits<kHeadDim, Sm80BwdConfig<kHeadDim>::kBlockM,
-                                            Sm80BwdConfig<kHeadDim>::kKeyTiles, Sm80BwdConfig<kHeadDim>::kDSplit, Elem>;
+struct Sm80BwdTraitsOf {
+  static constexpr flash::FlashConfig kC = flash::config_for(flash::kBwdSm80Configs, kHeadDim);
+  static_assert(kC.head_dim == kHeadDim, "every compiled head dim has a row");
+  using type = flash::FlashBwdTraits<kHeadDim, kC.block_m, kC.key_tiles, kC.d_split, Elem>;
+};
+template <int kHeadDim, typename Elem>
+using Sm80BwdTraits = typename Sm80BwdTraitsOf<kHeadDim, Elem>::type;
 
 size_t smem_bytes(int padded) {
   switch (padded) {
@@ -148,19 +148,8 @@ const char* flash_bwd_unsupported_reason(const AttentionBwdParams& p) {
     return "seqlens and heads must be below 2^31";  // row and head indices are int in the kernel
   if (ceil_div<int64_t>(p.seqlen_k, block_n(padded)) * p.heads_kv * p.batch > kMaxBlocks)
     return "batch * headsKV * ceil(seqlenK / keys per block) must be below 2^31";
-  using flash::aligned16;
-  if (!aligned16(p.q) || !aligned16(p.k) || !aligned16(p.v) || !aligned16(p.out) || !aligned16(p.dout) ||
-      !aligned16(p.dq) || !aligned16(p.dk) || !aligned16(p.dv))
-    return "q, k, v, out, dout and the gradients must be 16-byte aligned";
-  if (!flash::strides_multiple_of({p.q_batch_stride, p.q_row_stride, p.q_head_stride, p.k_batch_stride,
-                                   p.k_row_stride, p.k_head_stride, p.v_batch_stride, p.v_row_stride,
-                                   p.v_head_stride, p.o_batch_stride, p.o_row_stride, p.o_head_stride,
-                                   p.do_batch_stride, p.do_row_stride, p.do_head_stride, p.dq_batch_stride,
-                                   p.dq_row_stride, p.dq_head_stride, p.dk_batch_stride, p.dk_row_stride,
-                                   p.dk_head_stride, p.dv_batch_stride, p.dv_row_stride, p.dv_head_stride},
-                                  kAlignElems))
-    return "every stride of q, k, v, out, dout and the gradients must be a multiple of 8 elements";
-  return nullptr;
+  return flash::bwd_layout_reason(
+      p, kAlignElems, "every stride of q, k, v, out, dout and the gradients must be a multiple of 8 elements");
 }
 
 bool flash_bwd_supported(const AttentionBwdParams& p) { return flash_bwd_unsupported_reason(p) == nullptr; }

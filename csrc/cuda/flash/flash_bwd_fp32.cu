@@ -42,6 +42,7 @@
 #include "cuda/device_props.h"
 #include "cuda/flash/flash_bwd_aux.cuh"
 #include "cuda/flash/flash_bwd_fp32_kernel.cuh"
+#include "cuda/flash/flash_configs.h"
 #include "cuda/flash/flash_bwd_fp32_traits.h"
 #include "cuda/flash/flash_bwd_plan.h"
 #include "cuda/flash/head_dims.h"
@@ -57,33 +58,14 @@ constexpr int64_t kMaxBlocks = INT32_MAX;  // the flat grid's gridDim.x (2^31 - 
 constexpr int kHeadDimMultiple = 8;        // one mma k-step / n8 tile: the padding granule
 constexpr int kDqRowMultiple = 64;         // a multiple of every configuration's kBlockM: the accumulator's rows
 
-// Per specialised head dim (both precisions): FlashBwdFp32Traits<kHeadDim, kBlockM, kKeyTiles, kDSplit,
-// kStages, kMinBlocksPerSm>; measured ptxas numbers in the header comment.
+// Per specialised head dim (both precisions), the row of flash::kBwdFp32Configs (flash_configs.h):
+// FlashBwdFp32Traits<kHeadDim, kBlockM, kKeyTiles, kDSplit, kStages, kMinBlocksPerSm>; measured ptxas
+// numbers in the header comment.
 template <int kHeadDim>
-struct Fp32BwdConfig;
-template <>
-struct Fp32BwdConfig<32> {
-  using Traits = flash::FlashBwdFp32Traits<32, 32, 4, 1, 2, 2>;
-};
-template <>
-struct Fp32BwdConfig<64> {
-  using Traits = flash::FlashBwdFp32Traits<64, 32, 4, 1, 2, 2>;
-};
-template <>
-struct Fp32BwdConfig<96> {
-  using Traits = flash::FlashBwdFp32Traits<96, 32, 4, 2, 1, 1>;
-};
-template <>
-struct Fp32BwdConfig<128> {
-  using Traits = flash::FlashBwdFp32Traits<128, 16, 4, 2, 2, 1>;
-};
-template <>
-struct Fp32BwdConfig<192> {
-  using Traits = flash::FlashBwdFp32Traits<192, 32, 2, 2, 1, 2>;
-};
-template <>
-struct Fp32BwdConfig<256> {
-  using Traits = flash::FlashBwdFp32Traits<256, 16, 2, 2, 1, 2>;
+struct Fp32BwdConfig {
+  static constexpr flash::FlashConfig kC = flash::config_for(flash::kBwdFp32Configs, kHeadDim);
+  static_assert(kC.head_dim == kHeadDim, "every specialised head dim has a row");
+  using Traits = flash::FlashBwdFp32Traits<kHeadDim, kC.block_m, kC.key_tiles, kC.d_split, kC.stages, kC.blocks_per_sm>;
 };
 
 // What the host needs to know of a specialisation's configuration before launching it.
@@ -171,19 +153,8 @@ const char* flash_bwd_fp32_unsupported_reason(const AttentionBwdParams& p) {
     return "seqlens and heads must be below 2^31";  // row and head indices are int in the kernel
   if (ceil_div<int64_t>(p.seqlen_k, shape.block_n) * p.heads_kv * p.batch > kMaxBlocks)
     return "batch * headsKV * ceil(seqlenK / keys per block) must be below 2^31";
-  using flash::aligned16;
-  if (!aligned16(p.q) || !aligned16(p.k) || !aligned16(p.v) || !aligned16(p.out) || !aligned16(p.dout) ||
-      !aligned16(p.dq) || !aligned16(p.dk) || !aligned16(p.dv))
-    return "q, k, v, out, dout and the gradients must be 16-byte aligned";
-  if (!flash::strides_multiple_of({p.q_batch_stride, p.q_row_stride, p.q_head_stride, p.k_batch_stride,
-                                   p.k_row_stride, p.k_head_stride, p.v_batch_stride, p.v_row_stride,
-                                   p.v_head_stride, p.o_batch_stride, p.o_row_stride, p.o_head_stride,
-                                   p.do_batch_stride, p.do_row_stride, p.do_head_stride, p.dq_batch_stride,
-                                   p.dq_row_stride, p.dq_head_stride, p.dk_batch_stride, p.dk_row_stride,
-                                   p.dk_head_stride, p.dv_batch_stride, p.dv_row_stride, p.dv_head_stride},
-                                  kAlignElems))
-    return "every stride of q, k, v, out, dout and the gradients must be a multiple of 4 elements";
-  return nullptr;
+  return flash::bwd_layout_reason(
+      p, kAlignElems, "every stride of q, k, v, out, dout and the gradients must be a multiple of 4 elements");
 }
 
 size_t flash_bwd_fp32_workspace_bytes(const AttentionBwdParams& p) {

@@ -19,6 +19,7 @@
 
 #include "cuda/cuda_utils.cuh"
 #include "cuda/device_props.h"
+#include "cuda/flash/flash_configs.h"
 #include "cuda/flash/flash_fwd_kernel.cuh"
 #include "cuda/flash/flash_fwd_traits.h"
 #include "cuda/flash/head_dims.h"
@@ -32,20 +33,18 @@ namespace {
 constexpr int64_t kAlignElems = 8;  // 16 bytes of fp16 / bf16: the cp.async granule
 constexpr int64_t kMaxBlocks = INT32_MAX;  // gridDim.x limit; the grid is flattened into x
 
-// Per head dim (the compiled one): query rows per block, keys per tile, warps, Q in registers.
-template <int kHeadDim>
-struct Sm80Config {
-  static constexpr int kBlockM = kHeadDim <= 128 ? 64 : 128;
-  static constexpr int kBlockN = kHeadDim <= 128 ? 64 : 32;
-  static constexpr int kWarps = kHeadDim <= 128 ? 4 : 8;
-  static constexpr bool kQInRegs = kHeadDim <= 128;
+// The traits of a compiled head dim's row of flash::kFwdSm80Configs (flash_configs.h): query rows
+// per block, keys per tile, warps, Q in registers.
+template <int kHeadDim, typename Elem>
+struct Sm80Traits {
+  static constexpr flash::FlashConfig kC = flash::config_for(flash::kFwdSm80Configs, kHeadDim);
+  static_assert(kC.head_dim == kHeadDim, "every compiled head dim has a row");
+  using type = flash::FlashFwdTraits<kHeadDim, kC.block_m, kC.block_n, kC.warps, Elem, kC.q_in_regs>;
 };
 
 template <typename Elem, int kHeadDim, bool kIsCausal>
 cudaError_t launch_sm80(const AttentionFwdParams& p, cudaStream_t stream) {
-  using Config = Sm80Config<kHeadDim>;
-  using Traits = flash::FlashFwdTraits<kHeadDim, Config::kBlockM, Config::kBlockN, Config::kWarps, Elem,
-                                       Config::kQInRegs>;
+  using Traits = typename Sm80Traits<kHeadDim, Elem>::type;
   auto kernel = flash::flash_fwd_kernel<Traits, kIsCausal>;
   FA_CUDA_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                    static_cast<int>(Traits::kSmemBytes)));
@@ -57,8 +56,7 @@ cudaError_t launch_sm80(const AttentionFwdParams& p, cudaStream_t stream) {
 
 template <int kHeadDim>
 constexpr size_t sm80_smem_bytes() {
-  using C = Sm80Config<kHeadDim>;
-  return flash::FlashFwdTraits<kHeadDim, C::kBlockM, C::kBlockN, C::kWarps, __half, C::kQInRegs>::kSmemBytes;
+  return Sm80Traits<kHeadDim, __half>::type::kSmemBytes;
 }
 // Shared memory of the mma.sync kernel for a compiled head dim (sm_86 / sm_89 allow 99 KiB per block,
 // sm_80 163 KiB: the 192 and 256 configurations need the latter).
@@ -95,15 +93,7 @@ const char* flash_fwd_unsupported_reason(const AttentionFwdParams& p) {
   // Blocks of the flattened grid, for the smaller (sm_80) tile: the larger one needs fewer.
   if (ceil_div<int64_t>(p.seqlen_q, 64) * p.heads_q * p.batch > kMaxBlocks)
     return "batch * headsQ * ceil(seqlenQ / 64) must be below 2^31";
-  using flash::aligned16;
-  if (!aligned16(p.q) || !aligned16(p.k) || !aligned16(p.v) || !aligned16(p.out))
-    return "q, k, v and out must be 16-byte aligned";
-  if (!flash::strides_multiple_of({p.q_batch_stride, p.q_row_stride, p.q_head_stride, p.k_batch_stride,
-                                   p.k_row_stride, p.k_head_stride, p.v_batch_stride, p.v_row_stride,
-                                   p.v_head_stride, p.o_batch_stride, p.o_row_stride, p.o_head_stride},
-                                  kAlignElems))
-    return "every stride of q, k, v and out must be a multiple of 8 elements";
-  return nullptr;
+  return flash::fwd_layout_reason(p, kAlignElems, "every stride of q, k, v and out must be a multiple of 8 elements");
 }
 
 bool flash_fwd_supported(const AttentionFwdParams& p) { return flash_fwd_unsupported_reason(p) == nullptr; }

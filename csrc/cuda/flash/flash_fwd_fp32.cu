@@ -34,6 +34,7 @@
 
 #include "cuda/cuda_utils.cuh"
 #include "cuda/device_props.h"
+#include "cuda/flash/flash_configs.h"
 #include "cuda/flash/flash_fwd_fp32_kernel.cuh"
 #include "cuda/flash/flash_fwd_fp32_traits.h"
 #include "cuda/flash/head_dims.h"
@@ -50,35 +51,16 @@ constexpr int64_t kAlignElems = 4;            // 16 bytes of fp32: the cp.async 
 constexpr int64_t kMaxBlocks = INT32_MAX;     // the flat grid's gridDim.x (2^31 - 1)
 constexpr int kHeadDimMultiple = 8;           // one mma k-step / n8 tile: the padding granule
 
-// Per specialised head dim and precision: K/V tile rows, whether Q stays in registers, and the
+// Per specialised head dim and precision, the row of flash::kFwdFp32Tf32Configs or
+// kFwdFp32HighestConfigs (flash_configs.h): K/V tile rows, whether Q stays in registers, and the
 // __launch_bounds__ blocks per SM (the register cap); measured ptxas numbers in the header comment.
 // 3xTF32 holds the big/small halves of every operand: it keeps Q in shared memory from head dim 96 on.
 template <int kHeadDim, Fp32Precision kPrecision>
-struct Fp32FwdConfig;
-template <Fp32Precision kPrecision>
-struct Fp32FwdConfig<32, kPrecision> {
-  using Traits = flash::FlashFwdFp32Traits<32, 64, kFp32Warps, true, 3>;
-};
-template <Fp32Precision kPrecision>
-struct Fp32FwdConfig<64, kPrecision> {
-  static constexpr bool kTf32 = kPrecision == Fp32Precision::kTf32;
-  using Traits = flash::FlashFwdFp32Traits<64, kTf32 ? 64 : 32, kFp32Warps, true, kTf32 ? 2 : 3>;
-};
-template <Fp32Precision kPrecision>
-struct Fp32FwdConfig<96, kPrecision> {
-  using Traits = flash::FlashFwdFp32Traits<96, 32, kFp32Warps, kPrecision == Fp32Precision::kTf32, 2>;
-};
-template <Fp32Precision kPrecision>
-struct Fp32FwdConfig<128, kPrecision> {
-  using Traits = flash::FlashFwdFp32Traits<128, 32, kFp32Warps, kPrecision == Fp32Precision::kTf32, 2>;
-};
-template <Fp32Precision kPrecision>
-struct Fp32FwdConfig<192, kPrecision> {
-  using Traits = flash::FlashFwdFp32Traits<192, 32, kFp32Warps, false, 2>;
-};
-template <Fp32Precision kPrecision>
-struct Fp32FwdConfig<256, kPrecision> {
-  using Traits = flash::FlashFwdFp32Traits<256, 16, kFp32Warps, false, 2>;
+struct Fp32FwdConfig {
+  static constexpr flash::FlashConfig kC = flash::fwd_fp32_config(kPrecision, kHeadDim);
+  static_assert(kC.head_dim == kHeadDim && kC.warps == kFp32Warps && kC.block_m == kFp32BlockM,
+                "every specialised head dim has a row of kFp32Warps warps");
+  using Traits = flash::FlashFwdFp32Traits<kHeadDim, kC.block_n, kC.warps, kC.q_in_regs, kC.blocks_per_sm>;
 };
 
 // What the host needs to know of a specialisation's configuration before launching it.
@@ -155,16 +137,7 @@ const char* flash_fwd_fp32_unsupported_reason(const AttentionFwdParams& p) {
   if (grid_blocks(p, shape.block_m) > kMaxBlocks) {
     return "batch * headsQ * ceil(seqlenQ / 64) must be below 2^31 (one thread block per 64 query rows of a head)";
   }
-  using flash::aligned16;
-  if (!aligned16(p.q) || !aligned16(p.k) || !aligned16(p.v) || !aligned16(p.out)) {
-    return "q, k, v and out must be 16-byte aligned";
-  }
-  if (!flash::strides_multiple_of({p.q_batch_stride, p.q_row_stride, p.q_head_stride, p.k_batch_stride,
-                                   p.k_row_stride, p.k_head_stride, p.v_batch_stride, p.v_row_stride,
-                                   p.v_head_stride, p.o_batch_stride, p.o_row_stride, p.o_head_stride},
-                                  kAlignElems))
-    return "every stride of q, k, v and out must be a multiple of 4 elements";
-  return nullptr;
+  return flash::fwd_layout_reason(p, kAlignElems, "every stride of q, k, v and out must be a multiple of 4 elements");
 }
 
 bool flash_fwd_fp32_supported(const AttentionFwdParams& p) { return flash_fwd_fp32_unsupported_reason(p) == nullptr; }

@@ -5,6 +5,7 @@
 #include "cuda/flash/flash_bwd_fp32.h"
 #include "cuda/flash/flash_fwd.h"
 #include "cuda/flash/flash_fwd_fp32.h"
+#include "cuda/flash/head_dims.h"
 
 namespace fa::cuda {
 
@@ -26,7 +27,13 @@ FwdPlan plan_forward(const AttentionFwdParams& p) {
     plan.unsupported = flash_fwd_unsupported_reason(p);
     plan.family = flash_fwd_runs_sm90() ? FlashFamily::kSm90Wgmma : FlashFamily::kSm80Mma;
   }
-  if (plan.unsupported != nullptr) plan.family = FlashFamily::kNone;
+  const int padded = flash::padded_head_dim(p.head_dim);
+  switch (plan.family) {
+    case FlashFamily::kFp32Mma: plan.config = flash::fwd_fp32_config(p.fp32_precision, padded); break;
+    case FlashFamily::kSm90Wgmma: plan.config = flash::config_for(flash::kFwdSm90Configs, padded); break;
+    default: plan.config = flash::config_for(flash::kFwdSm80Configs, padded); break;
+  }
+  if (plan.unsupported != nullptr) plan.family = FlashFamily::kNone, plan.config = {};
   return plan;
 }
 
@@ -60,7 +67,13 @@ BwdPlan plan_backward(const AttentionBwdParams& p, BwdAlgorithm algorithm) {
     plan.family = flash_bwd_runs_sm90(q) ? FlashFamily::kSm90Wgmma : FlashFamily::kSm80Mma;
     if (plan.unsupported == nullptr) plan.workspace_bytes = flash_bwd_workspace_bytes(q);
   }
-  if (plan.unsupported != nullptr) plan.family = FlashFamily::kNone, plan.two_kernel = false;
+  const int padded = flash::padded_head_dim(p.head_dim);
+  switch (plan.family) {
+    case FlashFamily::kFp32Mma: plan.config = flash::config_for(flash::kBwdFp32Configs, padded); break;
+    case FlashFamily::kSm90Wgmma: plan.config = flash::config_for(flash::kBwdSm90Configs, padded); break;
+    default: plan.config = flash::config_for(flash::kBwdSm80Configs, padded); break;
+  }
+  if (plan.unsupported != nullptr) plan.family = FlashFamily::kNone, plan.two_kernel = false, plan.config = {};
   return plan;
 }
 

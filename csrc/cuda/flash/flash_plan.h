@@ -10,6 +10,7 @@
 #include <cstddef>
 
 #include "common/attention_params.h"
+#include "cuda/flash/flash_configs.h"
 
 namespace fa::cuda {
 
@@ -25,6 +26,7 @@ const char* flash_family_name(FlashFamily family);
 
 struct FwdPlan {
   FlashFamily family = FlashFamily::kNone;
+  flash::FlashConfig config{};        // the family's row for the call's padded head dim (flash_configs.h)
   const char* unsupported = nullptr;  // a sentence for an error message when family is kNone
 };
 FwdPlan plan_forward(const AttentionFwdParams& p);
@@ -33,6 +35,7 @@ cudaError_t run_forward(const AttentionFwdParams& p, const FwdPlan& plan, cudaSt
 
 struct BwdPlan {
   FlashFamily family = FlashFamily::kNone;  // of the main kernels
+  flash::FlashConfig config{};              // the main kernel's row for the padded head dim (flash_configs.h)
   // The algorithm: the two-kernel backward (dK/dV, then dQ without atomics) or the single kernel.
   // BwdAlgorithm::kAuto takes the two kernels wherever they exist (Hopper, fp16 / bf16, head dims
   // 32 / 64 / 128 after padding): on an H200 they took 0.97x the single kernel's time over the bf16

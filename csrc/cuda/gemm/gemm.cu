@@ -153,8 +153,9 @@ GemmPlan make_plan(const GemmParams& call, bool allow_workspace, const PlanOverr
     if (allow_workspace && tiles < kSplitBelowWaves * sms) {
       // Several blocks per SM: about kSplitTargetBlocksPerSm of them on each. Persistent (one block
       // per SM): as many work items as fit one wave, since a second, partial wave would cost a whole one.
-      const int64_t want = blocks_per_sm == 1 ? static_cast<int64_t>(sms) / tiles
-                                              : ceil_div<int64_t>(static_cast<int64_t>(kSplitTargetBlocksPerSm) * sms, tiles);
+      const int64_t want =
+          blocks_per_sm == 1 ? static_cast<int64_t>(sms) / tiles
+                             : ceil_div<int64_t>(static_cast<int64_t>(kSplitTargetBlocksPerSm) * sms, tiles);
       const int64_t most = k_tiles / kMinKTilesPerSplit;
       splits = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>({want, most, kMaxSplits})));
     }

@@ -15,6 +15,7 @@
 #include <cuda_runtime.h>
 
 #include "cuda/cuda_utils.cuh"
+#include "cuda/flash/flash_configs.h"
 #include "cuda/flash/hopper/flash_bwd_dq_sm90_kernel.cuh"
 #include "cuda/flash/hopper/flash_bwd_sm90_kernel.cuh"
 #include "cuda/flash/hopper/tensor_map.h"
@@ -23,13 +24,15 @@
 namespace fa::cuda {
 namespace {
 
-constexpr int kSm90BlockM = 64;
-
+// The rows of flash::kBwdSm90Configs (the main kernel: query rows per step) and kBwdDqSm90Configs
+// (the two-kernel backward's dQ kernel: keys per K/V tile; 128 query rows per block, 2 warpgroups),
+// flash_configs.h. A head dim without a row has no Hopper backward.
 template <int kHeadDim>
-constexpr bool kSm90Supported = kHeadDim == 32 || kHeadDim == 64 || kHeadDim == 128;
-
-// The dQ kernel of the two-kernel backward: 128 query rows per block (2 warpgroups), 64-key K/V tiles.
-constexpr int kDqBlockN = 64;
+constexpr flash::FlashConfig kSm90Config = flash::config_for(flash::kBwdSm90Configs, kHeadDim);
+template <int kHeadDim>
+constexpr flash::FlashConfig kDqSm90Config = flash::config_for(flash::kBwdDqSm90Configs, kHeadDim);
+template <int kHeadDim>
+constexpr bool kSm90Supported = kSm90Config<kHeadDim>.head_dim == kHeadDim;
 
 CUtensorMapDataType map_type(const AttentionBwdParams& p) {
   return p.dtype == DType::kFloat16 ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16;
@@ -56,7 +59,7 @@ cudaError_t launch(const AttentionBwdParams& p, const flash::FlashBwdWorkspace& 
   if constexpr (!kSm90Supported<kHeadDim>) {
     return cudaErrorNotSupported;
   } else {
-    using Traits = flash::sm90::FlashBwdSm90Traits<kHeadDim, kSm90BlockM, Elem>;
+    using Traits = flash::sm90::FlashBwdSm90Traits<kHeadDim, kSm90Config<kHeadDim>.block_m, Elem>;
     flash::sm90::BwdTensorMaps maps;
     FA_CUDA_TRY(make_bwd_maps(&maps, p, Traits::kBlockM, Traits::kBlockN));
     auto kernel = flash::sm90::flash_bwd_sm90_kernel<Traits, kIsCausal, kComputeDq>;
@@ -74,7 +77,8 @@ cudaError_t launch_dq(const AttentionBwdParams& p, const float* d_rows, cudaStre
   if constexpr (!kSm90Supported<kHeadDim>) {
     return cudaErrorNotSupported;
   } else {
-    using Traits = flash::sm90::FlashBwdDqSm90Traits<kHeadDim, kDqBlockN, Elem>;
+    static_assert(kDqSm90Config<kHeadDim>.head_dim == kHeadDim, "the dQ kernel has the main kernel's head dims");
+    using Traits = flash::sm90::FlashBwdDqSm90Traits<kHeadDim, kDqSm90Config<kHeadDim>.block_n, Elem>;
     flash::sm90::BwdDqTensorMaps maps;
     FA_CUDA_TRY(make_bwd_maps(&maps, p, Traits::kBlockM, Traits::kBlockN));
     auto kernel = flash::sm90::flash_bwd_dq_sm90_kernel<Traits, kIsCausal>;
@@ -97,7 +101,7 @@ bool flash_bwd_sm90_built() {
 }
 
 bool flash_bwd_sm90_head_dim(int padded_head_dim) {
-  return padded_head_dim == 32 || padded_head_dim == 64 || padded_head_dim == 128;
+  return flash::config_for(flash::kBwdSm90Configs, padded_head_dim).head_dim != 0;
 }
 
 cudaError_t flash_bwd_sm90(const AttentionBwdParams& p, const flash::FlashBwdWorkspace& ws, cudaStream_t stream) {

@@ -32,27 +32,21 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include "cuda/flash/flash_configs.h"
 #include "cuda/flash/hopper/flash_fwd_sm90_launch.cuh"
 #include "cuda/flash/static_switch.h"
 
 namespace fa::cuda {
 namespace {
 
-// Per head dim: keys per tile, warpgroups (64 query rows each), K/V stages, thread blocks per SM.
-template <int kHeadDim>
-struct Sm90Config {
-  static constexpr bool kSmall = kHeadDim <= 64;
-  static constexpr int kBlockN = kSmall ? 64 : kHeadDim <= 128 ? 128 : kHeadDim <= 192 ? 64 : 32;
-  static constexpr int kWarpGroups = 2;
-  static constexpr int kStages = 3;
-  static constexpr int kBlocksPerSm = kSmall ? 2 : 1;
-};
-
+// Per head dim, the row of flash::kFwdSm90Configs (flash_configs.h): keys per tile, warpgroups (64
+// query rows, 4 warps each), K/V stages, thread blocks per SM.
 template <typename Elem, int kHeadDim, bool kIsCausal>
 cudaError_t launch(const AttentionFwdParams& p, cudaStream_t stream) {
-  using C = Sm90Config<kHeadDim>;
+  constexpr flash::FlashConfig kC = flash::config_for(flash::kFwdSm90Configs, kHeadDim);
+  static_assert(kC.head_dim == kHeadDim && kC.warps % 4 == 0, "every compiled head dim has a row of warpgroups");
   using Traits =
-      flash::sm90::FlashFwdSm90Traits<kHeadDim, C::kBlockN, C::kWarpGroups, C::kStages, Elem, C::kBlocksPerSm>;
+      flash::sm90::FlashFwdSm90Traits<kHeadDim, kC.block_n, kC.warps / 4, kC.stages, Elem, kC.blocks_per_sm>;
   return launch_flash_fwd_sm90<Traits, kIsCausal>(p, stream);
 }
 
