@@ -56,6 +56,7 @@
 #include "cuda/flash/fragment_softmax.cuh"
 #include "cuda/flash/ptx.cuh"
 #include "cuda/flash/tile_load.cuh"
+#include "cuda/flash/tile_scheduler.cuh"
 
 namespace fa::cuda::flash {
 
@@ -284,11 +285,9 @@ __global__ void __launch_bounds__(Traits::kNThreads) flash_bwd_kernel(const Atte
   // Atomic mode: one K/V tile per block. Deterministic mode: block `split` of ws.splits takes the tiles
   // split, split + splits, ... in turn, so its dQ adds go to its own accumulator slice, in a fixed order.
   const uint32_t tile_stride = p.deterministic ? static_cast<uint32_t>(ws.splits) : static_cast<uint32_t>(n_blocks);
-  const int first_tile = static_cast<int>(blockIdx.x % tile_stride);
-  // 32-bit division (the launcher keeps the grid below 2^31 blocks): a 64-bit one is a slow call.
-  const uint32_t bh = blockIdx.x / tile_stride;
-  const int head_kv = static_cast<int>(bh % static_cast<uint32_t>(p.heads_kv));
-  const int64_t batch = bh / static_cast<uint32_t>(p.heads_kv);
+  const KeyTileWork tile = key_tile_work(p, tile_stride);  // tile_scheduler.cuh
+  const int first_tile = tile.first_tile, head_kv = tile.head_kv;
+  const int64_t batch = tile.batch;
   const int group = static_cast<int>(p.heads_q / p.heads_kv);
   const int diag = seqlen_k - seqlen_q;  // causal: row i sees keys j <= i + diag
   float* const dq_accum = ws.dq_accum + (p.deterministic ? first_tile * ws.split_stride : 0);

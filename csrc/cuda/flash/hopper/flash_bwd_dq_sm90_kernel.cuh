@@ -32,6 +32,7 @@
 #include "cuda/flash/hopper/tma.cuh"
 #include "cuda/flash/hopper/wgmma.cuh"
 #include "cuda/flash/ptx.cuh"
+#include "cuda/flash/tile_scheduler.cuh"
 
 namespace fa::cuda::flash::sm90 {
 
@@ -60,13 +61,9 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSm)
 
   const int seqlen_q = static_cast<int>(p.seqlen_q), seqlen_k = static_cast<int>(p.seqlen_k);
   const int head_dim = static_cast<int>(p.head_dim);
-  const int m_blocks = (seqlen_q + kBlockM - 1) / kBlockM;
-  const int m_block = m_blocks - 1 - static_cast<int>(blockIdx.x % m_blocks);  // heaviest causal tiles first
-  const uint32_t bh = blockIdx.x / static_cast<uint32_t>(m_blocks);
-  const int head = static_cast<int>(bh % static_cast<uint32_t>(p.heads_q));
-  const int64_t batch = bh / static_cast<uint32_t>(p.heads_q);
-  const int head_kv = head / static_cast<int>(p.heads_q / p.heads_kv);
-  const int m0 = m_block * kBlockM;
+  const QueryTileWork tile = query_tile_work<kBlockM>(p);  // tile_scheduler.cuh
+  const int m0 = tile.m0, head = tile.head, head_kv = tile.head_kv;
+  const int64_t batch = tile.batch;
   const int diag = seqlen_k - seqlen_q;
 
   const int wg = warp_uniform_int(static_cast<int>(threadIdx.x) / 128);

@@ -41,6 +41,7 @@
 #include "cuda/flash/hopper/tma.cuh"
 #include "cuda/flash/hopper/wgmma.cuh"
 #include "cuda/flash/ptx.cuh"
+#include "cuda/flash/tile_scheduler.cuh"
 
 namespace fa::cuda::flash::sm90 {
 
@@ -85,10 +86,9 @@ __global__ void __launch_bounds__(Traits::kNThreads, kComputeDq ? 1 : Traits::kD
   // whatever p.deterministic says (its workspace has no splits: ws.splits is 0).
   const bool split_tiles = kComputeDq && p.deterministic;
   const uint32_t tile_stride = split_tiles ? static_cast<uint32_t>(ws.splits) : static_cast<uint32_t>(n_blocks);
-  const int first_tile = static_cast<int>(blockIdx.x % tile_stride);
-  const uint32_t bh = blockIdx.x / tile_stride;
-  const int head_kv = static_cast<int>(bh % static_cast<uint32_t>(p.heads_kv));
-  const int64_t batch = bh / static_cast<uint32_t>(p.heads_kv);
+  const KeyTileWork tile = key_tile_work(p, tile_stride);  // tile_scheduler.cuh
+  const int first_tile = tile.first_tile, head_kv = tile.head_kv;
+  const int64_t batch = tile.batch;
   const int group = static_cast<int>(p.heads_q / p.heads_kv);
   const int diag = seqlen_k - seqlen_q;
   float* const dq_accum = ws.dq_accum + (split_tiles ? first_tile * ws.split_stride : 0);
