@@ -34,6 +34,7 @@
 #include "cuda/flash/nonfinite_pv.cuh"
 #include "cuda/flash/mma_tf32.cuh"
 #include "cuda/flash/ptx.cuh"
+#include "cuda/flash/tile_scheduler.cuh"
 
 namespace fa::cuda::flash {
 
@@ -80,17 +81,9 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSm)
 
   const int seqlen_q = static_cast<int>(p.seqlen_q), seqlen_k = static_cast<int>(p.seqlen_k);
   const int head_dim = static_cast<int>(p.head_dim);
-  const int heads_q = static_cast<int>(p.heads_q);
-  // One flat grid (batch * heads may exceed gridDim.y/z's 65535): query tiles fastest, so the blocks of
-  // one head run side by side and share its K/V in L2; heaviest (causal) query tile of each head first.
-  const int m_blocks = (seqlen_q + kBlockM - 1) / kBlockM;
-  const int m_block = m_blocks - 1 - static_cast<int>(blockIdx.x % static_cast<uint32_t>(m_blocks));
-  // 32-bit divisions (the launcher keeps the grid below 2^31 blocks): a 64-bit one is a slow call.
-  const uint32_t bh = blockIdx.x / static_cast<uint32_t>(m_blocks);
-  const int head = static_cast<int>(bh % static_cast<uint32_t>(heads_q));
-  const int batch = static_cast<int>(bh / static_cast<uint32_t>(heads_q));
-  const int head_kv = head / (heads_q / static_cast<int>(p.heads_kv));
-  const int m0 = m_block * kBlockM;
+  const QueryTileWork tile = query_tile_work<kBlockM>(p);  // tile_scheduler.cuh
+  const int m0 = tile.m0, head = tile.head, head_kv = tile.head_kv;
+  const int64_t batch = tile.batch;
   const int diag = seqlen_k - seqlen_q;  // causal: row i sees keys j <= i + diag
   // k-steps of S and n8 tiles of O inside head_dim (all of them unless head_dim is padded).
   const int d_steps = head_dim / kMmaK;
@@ -99,7 +92,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSm)
   const float* k = static_cast<const float*>(p.k) + batch * p.k_batch_stride + head_kv * p.k_head_stride;
   const float* v = static_cast<const float*>(p.v) + batch * p.v_batch_stride + head_kv * p.v_head_stride;
   float* out = static_cast<float*>(p.out) + batch * p.o_batch_stride + head * p.o_head_stride;
-  float* lse = p.lse + (static_cast<int64_t>(batch) * heads_q + head) * p.seqlen_q;
+  float* lse = p.lse + (batch * p.heads_q + head) * p.seqlen_q;
 
   const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
   const int g = lane / 4, t = lane % 4;  // mma fragment row group and thread-in-group
