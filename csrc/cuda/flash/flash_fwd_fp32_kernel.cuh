@@ -99,9 +99,8 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSm)
   const int warp_row0 = warp * Traits::kMmaM;
 
   // K/V tiles [0, n_blocks): causal skips every tile entirely above the diagonal.
-  int n_end = seqlen_k;
-  if (kIsCausal) n_end = min(seqlen_k, m0 + kBlockM + diag);  // last row of the tile sees keys < m0+kBlockM+diag
-  const int n_blocks = n_end > 0 ? (n_end + kBlockN - 1) / kBlockN : 0;
+  const KeyRange keys = query_tile_keys<kIsCausal, kBlockM, kBlockN>(m0, seqlen_k, diag);
+  const int n_end = keys.end, n_blocks = keys.tiles;
 
   // O accumulator (16, kHeadDim) per warp as kOTiles n8 tiles (unscaled); the running max and sums of
   // this thread's rows g and g + 8.

@@ -62,9 +62,8 @@ __global__ void __launch_bounds__(Traits::kNThreads) flash_fwd_kernel(const Atte
   const int warp_row0 = warp * Traits::kRowsPerWarp;
 
   // K/V tiles [0, n_blocks): causal skips every tile entirely above the diagonal.
-  int n_end = seqlen_k;
-  if (kIsCausal) n_end = min(seqlen_k, m0 + kBlockM + diag);  // last row of the tile sees keys < m0+kBlockM-1+diag+1
-  const int n_blocks = n_end > 0 ? (n_end + kBlockN - 1) / kBlockN : 0;
+  const KeyRange keys = query_tile_keys<kIsCausal, kBlockM, kBlockN>(m0, seqlen_k, diag);
+  const int n_end = keys.end, n_blocks = keys.tiles;
 
   float o_acc[kRowTiles][kOTiles][4];
 #pragma unroll

@@ -29,6 +29,7 @@
 #include "cuda/flash/bwd_nonfinite.cuh"
 #include "cuda/flash/fragment_softmax.cuh"
 #include "cuda/flash/hopper/flash_bwd_dq_sm90_traits.h"
+#include "cuda/flash/hopper/kv_load.cuh"
 #include "cuda/flash/hopper/tma.cuh"
 #include "cuda/flash/hopper/wgmma.cuh"
 #include "cuda/flash/ptx.cuh"
@@ -82,8 +83,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSm)
     dval[h] = row < seqlen_q ? d_rows[stat] : 0.0f;
   }
 
-  const int n_end = kIsCausal ? min(seqlen_k, m0 + kBlockM + diag) : seqlen_k;
-  const int n_blocks = n_end > 0 ? (n_end + kBlockN - 1) / kBlockN : 0;
+  const int n_blocks = query_tile_keys<kIsCausal, kBlockM, kBlockN>(m0, seqlen_k, diag).tiles;
 
   float dq[kDqTiles][4];
 #pragma unroll
@@ -101,15 +101,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSm)
 
   // K/V tile j into stage j % kStages (thread 0).
   const auto issue_kv = [&](int j) {
-    const int st = j % kStages;
-    const uint32_t off = static_cast<uint32_t>(st * Traits::kKvTileBytes);
-    mbarrier_arrive_expect_tx(bar_kv(st), static_cast<uint32_t>(2 * Traits::kKvTileBytes));
-#pragma unroll
-    for (int cb = 0; cb < Traits::kColBlocks; ++cb) {
-      const uint32_t cb_off = off + static_cast<uint32_t>(cb * kBlockN * kSw128RowBytes);
-      tma_load_4d(sK + cb_off, &maps.k, bar_kv(st), cb * kSw128BlockCols, j * kBlockN, head_kv, static_cast<int>(batch));
-      tma_load_4d(sV + cb_off, &maps.v, bar_kv(st), cb * kSw128BlockCols, j * kBlockN, head_kv, static_cast<int>(batch));
-    }
+    load_kv_tile<Traits>(&maps.k, &maps.v, sK, sV, bar_kv, j, head_kv, static_cast<int>(batch));
   };
 
   if (n_blocks > 0) {
