@@ -322,19 +322,8 @@ __global__ void __launch_bounds__(Traits::kNThreads) flash_bwd_kernel(const Atte
 
     // Loads iteration it's Q, dO tiles (cp.async, not committed) and its lse (base 2) and D rows.
     const auto load_iter = [&](int it, int stage) {
-      const int head = head_kv * group + it / m_count;
-      const int m0 = (m_begin + it % m_count) * kBlockM;
-      const Elem* q = static_cast<const Elem*>(p.q) + batch * p.q_batch_stride + head * p.q_head_stride;
-      const Elem* dout = static_cast<const Elem*>(p.dout) + batch * p.do_batch_stride + head * p.do_head_stride;
-      load_tile_async<Traits, kBlockM>(sQ + stage * Traits::kQTileElems, q, p.q_row_stride, m0, seqlen_q, head_dim);
-      load_tile_async<Traits, kBlockM>(sdO + stage * Traits::kQTileElems, dout, p.do_row_stride, m0, seqlen_q, head_dim);
-      if (threadIdx.x < kBlockM) {
-        const int row = m0 + static_cast<int>(threadIdx.x);
-        const int64_t stat = (batch * p.heads_q + head) * p.seqlen_q + row;
-        // Rows past seqlen_q have no lse or D to read: placeholders, as they see no key (P, dS selected to 0).
-        sLse2[stage * kBlockM + threadIdx.x] = row < seqlen_q ? p.lse_in[stat] * kLog2e : INFINITY;
-        sD[stage * kBlockM + threadIdx.x] = row < seqlen_q ? ws.d[stat] : 0.0f;
-      }
+      load_bwd_query_step<Traits, kBlockM>(p, ws.d, sQ, sdO, sLse2, sD, stage, head_kv * group + it / m_count,
+                                           (m_begin + it % m_count) * kBlockM, batch, seqlen_q, head_dim);
     };
 
     if (iters > 0) {

@@ -34,27 +34,10 @@
 #include "cuda/flash/nonfinite_pv.cuh"
 #include "cuda/flash/mma_tf32.cuh"
 #include "cuda/flash/ptx.cuh"
+#include "cuda/flash/tile_load.cuh"
 #include "cuda/flash/tile_scheduler.cuh"
 
 namespace fa::cuda::flash {
-
-// Copies rows [row0, row0 + kRows) of a [seq, head_dim] fp32 slice (row stride in elements) into shared
-// memory of pitch kSmemPitch, 16 bytes per cp.async; rows >= seq_limit and columns >= head_dim are
-// zero-filled (so masked V rows and padded columns hold exact zeros, never stale data).
-template <typename Traits, int kRows>
-__device__ __forceinline__ void load_tile_fp32_async(float* smem, const float* gmem, int64_t row_stride, int row0,
-                                                     int seq_limit, int head_dim) {
-  constexpr int kIters = kRows * Traits::kChunksPerRow / Traits::kNThreads;
-#pragma unroll
-  for (int it = 0; it < kIters; ++it) {
-    const int c = static_cast<int>(threadIdx.x) + it * Traits::kNThreads;
-    const int r = c / Traits::kChunksPerRow;
-    const int col = (c % Traits::kChunksPerRow) * Traits::kChunk;
-    const bool valid = row0 + r < seq_limit && col < head_dim;
-    const float* src = valid ? gmem + static_cast<int64_t>(row0 + r) * row_stride + col : gmem;
-    cp_async_16(smem_u32(smem + r * Traits::kSmemPitch + col), src, valid);
-  }
-}
 
 // A operand (16 rows x 8 of head_dim) of k-step ks of S = Q K^T for this warp's rows, from shared memory.
 // ldmatrix x4 matrices: (rows 0-7, d 0-3) = a0, (rows 8-15, d 0-3) = a1, (rows 0-7, d 4-7) = a2,
@@ -115,8 +98,8 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSm)
 
   if (n_blocks > 0) {
     // Prologue: Q and K tile 0 in one cp.async group; V tile 0 is issued by the loop.
-    load_tile_fp32_async<Traits, kBlockM>(sQ, q, p.q_row_stride, m0, seqlen_q, head_dim);
-    load_tile_fp32_async<Traits, kBlockN>(sK, k, p.k_row_stride, 0, seqlen_k, head_dim);
+    load_tile_async<Traits, kBlockM>(sQ, q, p.q_row_stride, m0, seqlen_q, head_dim);
+    load_tile_async<Traits, kBlockN>(sK, k, p.k_row_stride, 0, seqlen_k, head_dim);
     cp_async_commit();
     cp_async_wait<0>();
     __syncthreads();
@@ -140,7 +123,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSm)
         cp_async_wait<0>();  // K tile nb (the only group in flight) has landed
         __syncthreads();     // ... for every thread; and every warp is done reading V tile nb - 1
       }
-      load_tile_fp32_async<Traits, kBlockN>(sV, v, p.v_row_stride, n0, seqlen_k, head_dim);
+      load_tile_async<Traits, kBlockN>(sV, v, p.v_row_stride, n0, seqlen_k, head_dim);
       cp_async_commit();
 
       // S = Q K^T: (16, kBlockN) per warp as kSTiles n8 accumulators.
@@ -195,7 +178,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSm)
       cp_async_wait<0>();  // V tile nb has landed
       __syncthreads();     // ... for every thread; and every warp is done reading K tile nb
       if (nb + 1 < n_blocks) {
-        load_tile_fp32_async<Traits, kBlockN>(sK, k, p.k_row_stride, n0 + kBlockN, seqlen_k, head_dim);
+        load_tile_async<Traits, kBlockN>(sK, k, p.k_row_stride, n0 + kBlockN, seqlen_k, head_dim);
         cp_async_commit();
       }
       // O += P V: S's n8 tile nt (keys n0 + 8nt ..) is k-step nt, with A's k column t = key 2t and

@@ -10,6 +10,7 @@ namespace fa::cuda::flash {
 
 template <int kHeadDim_, int kBlockN_, int kNWarps_, bool kQInRegs_, int kMinBlocksPerSm_>
 struct FlashFwdFp32Traits {
+  using Elem = float;                         // tile_load.cuh's element type
   static constexpr int kHeadDim = kHeadDim_;  // the specialisation; the call's head_dim may be smaller
   static constexpr int kBlockN = kBlockN_;    // key / value rows per K/V tile
   static constexpr int kNWarps = kNWarps_;

@@ -3,8 +3,10 @@
 // count and the shared-memory geometry: kNThreads, kChunk (elements per 16-byte copy), kChunksPerRow
 // (kHeadDim / kChunk) and kSmemPitch (elements per shared-memory row).
 #pragma once
+#include <cmath>
 #include <cstdint>
 
+#include "common/attention_params.h"
 #include "cuda/flash/ptx.cuh"
 
 namespace fa::cuda::flash {
@@ -24,6 +26,28 @@ __device__ __forceinline__ void load_tile_async(typename Traits::Elem* smem, con
     const bool valid = row0 + r < seq_limit && col < head_dim;
     const typename Traits::Elem* src = valid ? gmem + static_cast<int64_t>(row0 + r) * row_stride + col : gmem;
     cp_async_16(smem_u32(smem + r * Traits::kSmemPitch + col), src, valid);
+  }
+}
+
+// The query side of one step of the backward's main loop (the mma.sync kernels, fp16 / bf16 and
+// float32): the Q and dO rows of query tile m0 of head `head` (cp.async, not committed) into stage
+// `stage` of sQ and sdO, and the tile's lse (base 2) and D rows into sLse2 and sD. Rows past
+// seqlen_q get placeholders (lse +inf, D 0): they see no key, so P and dS select 0 for them.
+template <typename Traits, int kBlockM>
+__device__ __forceinline__ void load_bwd_query_step(const AttentionBwdParams& p, const float* d,
+                                                    typename Traits::Elem* sQ, typename Traits::Elem* sdO,
+                                                    float* sLse2, float* sD, int stage, int head, int m0,
+                                                    int64_t batch, int seqlen_q, int head_dim) {
+  using Elem = typename Traits::Elem;
+  const Elem* q = static_cast<const Elem*>(p.q) + batch * p.q_batch_stride + head * p.q_head_stride;
+  const Elem* dout = static_cast<const Elem*>(p.dout) + batch * p.do_batch_stride + head * p.do_head_stride;
+  load_tile_async<Traits, kBlockM>(sQ + stage * Traits::kQTileElems, q, p.q_row_stride, m0, seqlen_q, head_dim);
+  load_tile_async<Traits, kBlockM>(sdO + stage * Traits::kQTileElems, dout, p.do_row_stride, m0, seqlen_q, head_dim);
+  if (threadIdx.x < kBlockM) {
+    const int row = m0 + static_cast<int>(threadIdx.x);
+    const int64_t stat = (batch * p.heads_q + head) * p.seqlen_q + row;
+    sLse2[stage * kBlockM + threadIdx.x] = row < seqlen_q ? p.lse_in[stat] * kLog2e : INFINITY;
+    sD[stage * kBlockM + threadIdx.x] = row < seqlen_q ? d[stat] : 0.0f;
   }
 }
 
