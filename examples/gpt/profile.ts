@@ -5,8 +5,8 @@
  * For the model of a train.js preset, on random token ids, after warm-up steps:
  * - wall: milliseconds per step of a loop that synchronises only at its end (what train.js does
  *   between log points);
- * - host: for each call of the step (zeroGrad, forward, backward, optimizer), the milliseconds JS spends queuing it;
- * - device: for each call, the device time of its queued work, timed with events while the device is
+ * - host: the milliseconds JS spends queuing zeroGrad, forward, backward and the optimizer update;
+ * - device: for each of those four, the device time of its queued work, timed with events while the device is
  *   still busy with earlier work (a backlog of fills queued first), so launch gaps from a slow host
  *   are not counted: this is the step's time if the host were free;
  * - calls: every native call a step makes, by name, with its count and host microseconds.
@@ -108,7 +108,8 @@ export async function main(argv: readonly string[]): Promise<void> {
   await synchronize(o.device);
   const wallMs = (performance.now() - t0) / o.steps;
 
-  // Device time of each call behind a backlog (CUDA), or its executor time (CPU).
+  // Device time of zeroGrad, forward, backward and the update behind a backlog (CUDA), or their
+  // executor time (CPU).
   const device = Object.fromEntries(STEP_CALLS.map((s) => [s, [] as number[]])) as Record<StepCall, number[]>;
   const ballast = o.device === 'cuda' ? Tensor.empty([256 * 1024 * 1024], { dtype: 'float32', device: o.device }) : null;
   for (let i = 0; i < o.steps; i += 1) {
