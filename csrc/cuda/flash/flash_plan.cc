@@ -9,15 +9,6 @@
 
 namespace fa::cuda {
 
-const char* flash_family_name(FlashFamily family) {
-  switch (family) {
-    case FlashFamily::kSm80Mma: return "sm80-mma";
-    case FlashFamily::kSm90Wgmma: return "sm90-wgmma";
-    case FlashFamily::kFp32Mma: return "fp32-mma";
-    default: return "none";
-  }
-}
-
 FwdPlan plan_forward(const AttentionFwdParams& p) {
   FwdPlan plan;
   if (p.dtype == DType::kFloat32) {
@@ -56,14 +47,15 @@ BwdPlan plan_backward(const AttentionBwdParams& p, BwdAlgorithm algorithm) {
     plan.family = FlashFamily::kFp32Mma;
     if (plan.unsupported == nullptr) plan.workspace_bytes = flash_bwd_fp32_workspace_bytes(p);
   } else {
+    // 'auto' tries the two kernels first and falls back to the single kernel where they cannot run.
     AttentionBwdParams q = p;
-    q.two_kernel = algorithm == BwdAlgorithm::kTwoKernel;
-    if (algorithm == BwdAlgorithm::kAuto) {
-      q.two_kernel = true;
-      if (flash_bwd_unsupported_reason(q) != nullptr) q.two_kernel = false;
+    q.two_kernel = algorithm != BwdAlgorithm::kSingleKernel;
+    plan.unsupported = flash_bwd_unsupported_reason(q);
+    if (algorithm == BwdAlgorithm::kAuto && plan.unsupported != nullptr) {
+      q.two_kernel = false;
+      plan.unsupported = flash_bwd_unsupported_reason(q);
     }
     plan.two_kernel = q.two_kernel;
-    plan.unsupported = flash_bwd_unsupported_reason(q);
     plan.family = flash_bwd_runs_sm90(q) ? FlashFamily::kSm90Wgmma : FlashFamily::kSm80Mma;
     if (plan.unsupported == nullptr) plan.workspace_bytes = flash_bwd_workspace_bytes(q);
   }

@@ -21,8 +21,6 @@ enum class FlashFamily : int {
   kSm90Wgmma,  // wgmma + TMA, fp16 / bf16, Hopper on sm_90a builds
   kFp32Mma,    // mma.sync on TF32 (or 3xTF32), float32, sm_80+
 };
-// "sm80-mma", "sm90-wgmma", "fp32-mma" or "none".
-const char* flash_family_name(FlashFamily family);
 
 struct FwdPlan {
   FlashFamily family = FlashFamily::kNone;
