@@ -1,8 +1,8 @@
 // NaN / ±Inf in Q, K or dO at the hidden pairs of the backward's products (bug B2 of issue 6), for the
 // FA2 backward kernels (sm_80 mma.sync, float32 TF32, sm_90a wgmma dK/dV and dQ).
 //
-// bwd_mask.cuh selects P = dS = 0 at hidden pairs, but three products still multiply those zeros by
-// their other operand, and 0 * NaN = 0 * Inf = NaN:
+// The kernels select P = dS = 0 at hidden pairs (mask.cuh), but three products still multiply those
+// zeros by their other operand, and 0 * NaN = 0 * Inf = NaN:
 //   dV_j += sum_i P_ij dO_i     a non-finite dO_i[d] reaches the keys that row i does not see
 //   dK_j += sum_i dS_ij Q_i     a non-finite Q_i[d] likewise
 //   dQ_i += sum_j dS_ij K_j     a non-finite K_j[d] reaches the rows that do not see key j

@@ -13,7 +13,7 @@
 //   dP^T = V_j dO_i^T                (16 keys, kBlockM): A = V, B = dO
 //   P^T  = 2^(S^T scale log2e - lse_i log2e)   no online softmax
 //   dS^T = P^T o (dP^T - D_i)
-//   hidden pairs (bwd_mask.cuh: keys >= seqlen_k, query rows >= seqlen_q, causal keys past the row's
+//   hidden pairs (mask.cuh: keys >= seqlen_k, query rows >= seqlen_q, causal keys past the row's
 //   diagonal): P^T = dS^T = 0 by a select (0 * NaN would leak otherwise), on tiles that hold one only
 //   dV  += P^T dO_i                  P^T's accumulator as the A operand, B = dO (scalar loads)
 //   dK  += dS^T Q_i                  dS^T likewise, B = Q (scalar loads)
@@ -66,10 +66,10 @@
 #include <type_traits>
 
 #include "common/attention_params.h"
-#include "cuda/flash/bwd_mask.cuh"
 #include "cuda/flash/bwd_nonfinite.cuh"
 #include "cuda/flash/dq_accum.cuh"
 #include "cuda/flash/flash_bwd_fp32_traits.h"
+#include "cuda/flash/mask.cuh"
 #include "cuda/flash/mma_tf32.cuh"
 #include "cuda/flash/ptx.cuh"
 #include "cuda/flash/tile_load.cuh"
@@ -124,11 +124,11 @@ __device__ __forceinline__ int fresh_thread_index() {
 // there), P from sPt (P^T [key][query] in sdS, stored for this) as the product multiplied it. A runtime
 // loop over the rows: P from the registers of S^T would need unrolled, compile-time register indices
 // (quad shuffles per row and register) for every row.
-template <typename Traits, bool kIsCausal, Fp32Precision kPrecision>
+template <typename Traits, Fp32Precision kPrecision, typename Mask>
 __device__ __forceinline__ void add_nonfinite_do_dv(float (&dv)[Traits::kKvTiles][4], const float* sPt,
                                                     const float* lse2, const float* dvec, const float* dout,
-                                                    int64_t row_stride, int m0, int n0, int seqlen_q, int seqlen_k,
-                                                    int diag, int head_dim) {
+                                                    int64_t row_stride, int m0, int n0, const Mask& mask,
+                                                    int head_dim) {
   const int tid = fresh_thread_index();
   const int warp = tid / 32, g = tid % 32 / 4, t = tid % 4;
   const int key_row0 = warp % Traits::kKeyTiles * Traits::kMmaM;
@@ -136,12 +136,12 @@ __device__ __forceinline__ void add_nonfinite_do_dv(float (&dv)[Traits::kKvTiles
 #pragma unroll 1
   for (int qi = 0; qi < Traits::kBlockM; ++qi) {
     const int row = m0 + qi;
-    if (!bwd_row_suspect(row, seqlen_q, lse2[qi], dvec[qi])) continue;
+    if (!bwd_row_suspect(row, mask.seqlen_q, lse2[qi], dvec[qi])) continue;
     const float* orow = dout + static_cast<int64_t>(row) * row_stride + kv_col0 + 2 * t;
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       const int key = key_row0 + g + 8 * h;
-      if (bwd_hidden<kIsCausal>(row, n0 + key, seqlen_q, seqlen_k, diag)) continue;
+      if (mask.hidden(row, n0 + key)) continue;
       const float pij = mma_operand_value<kPrecision>(sPt[key * Traits::kDsPitch + qi]);
 #pragma unroll
       for (int dt = 0; dt < Traits::kKvTiles; ++dt) {
@@ -159,11 +159,10 @@ __device__ __forceinline__ void add_nonfinite_do_dv(float (&dv)[Traits::kKvTiles
 // fragment layouts; dq[dt][e] is row m0 + dq_row0 + g + 8 (e / 2), column dq_col0 + 8 dt + 2t + e % 2).
 // dS from sdS as the product read it; K from sK (never written during the loop: the original values,
 // and zeros past seqlen_k and head_dim, which add nothing). Row g + 8h sees the tile's keys below
-// key_end[h] (bwd_hidden as a bound: none past seqlen_q, none past seqlen_k or the row's diagonal).
-template <typename Traits, Fp32Precision kPrecision>
+// key_end[h] (AttentionMask::hidden as a bound: none past seqlen_q, none past seqlen_k or the row's diagonal).
+template <typename Traits, Fp32Precision kPrecision, typename Mask>
 __device__ __forceinline__ void dq_product_nonfinite_k(float (&dq)[Traits::kDqTiles][4], const float* sdS,
-                                                       const float* sK, int m0, int n0, int seqlen_q, int seqlen_k,
-                                                       int diag) {
+                                                       const float* sK, int m0, int n0, const Mask& mask) {
   constexpr int kPitch = Traits::kSmemPitch, kDsPitch = Traits::kDsPitch, kMmaK = Traits::kMmaK, kMmaN = Traits::kMmaN;
   constexpr int kBlockN = Traits::kBlockN;
   const int tid = fresh_thread_index();
@@ -188,7 +187,7 @@ __device__ __forceinline__ void dq_product_nonfinite_k(float (&dq)[Traits::kDqTi
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     const int row = m0 + dq_row0 + g + 8 * h;
-    key_end[h] = row < seqlen_q ? min(seqlen_k, row + diag + 1) - n0 : 0;
+    key_end[h] = row < mask.seqlen_q ? mask.key_end(row) - n0 : 0;
   }
   const int keys = min(kBlockN, max(key_end[0], key_end[1]));  // row g + 8 may lie past seqlen_q
 #pragma unroll 1
@@ -240,7 +239,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSm)
   const int first_tile = tile.first_tile, head_kv = tile.head_kv;
   const int64_t batch = tile.batch;
   const int group = static_cast<int>(p.heads_q / p.heads_kv);
-  const int diag = seqlen_k - seqlen_q;  // causal: row i sees keys j <= i + diag
+  const AttentionMask<kIsCausal> mask(seqlen_q, seqlen_k);  // mask.cuh
   float* const dq_accum = ws.dq_accum + (p.deterministic ? first_tile * ws.split_stride : 0);
 
   const float* k = static_cast<const float*>(p.k) + batch * p.k_batch_stride + head_kv * p.k_head_stride;
@@ -259,7 +258,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSm)
     const int n0 = n_block * kBlockN;
     // Query tiles that see some key of this tile: causal starts at the first row whose diagonal reaches n0.
     const int m_blocks = (seqlen_q + kBlockM - 1) / kBlockM;
-    const int m_begin = kIsCausal ? min(m_blocks, max(0, n0 - diag) / kBlockM) : 0;
+    const int m_begin = mask.template first_query_tile<kBlockM>(n0, m_blocks);
     const int m_count = m_blocks - m_begin;
     const int iters = m_count * group;  // (query head of the group, query tile) pairs, head-major
 
@@ -288,7 +287,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSm)
       load_iter(0, 0);
       cp_async_commit();
       if constexpr (kIsCausal) {
-        if (n0 + kBlockN - 1 > m_begin * kBlockM + diag) {
+        if (mask.template crosses<kBlockM, kBlockN>(m_begin * kBlockM, n0)) {
           // Each thread scans the K chunks that it copied itself (tile_nonfinite deals them as
           // load_tile_async does), visible to it after its own wait: the vote is the only barrier.
           cp_async_wait<0>();
@@ -304,7 +303,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSm)
       const int head = head_kv * group + it / m_count;
       const int m0 = (m_begin + it % m_count) * kBlockM;
       // The query tile holds hidden pairs with real data (bug B2's rare paths run on such tiles only).
-      const bool crosses_diag = kIsCausal && n0 + kBlockN - 1 > m0 + diag;
+      const bool crosses_diag = mask.template crosses<kBlockM, kBlockN>(m0, n0);
       cp_async_wait<0>();
       // Barrier: tile it has landed everywhere; iteration it - 1 is done with the other stage and sdS.
       // Causal: it also votes whether a row of a crossing tile may hold NaN / ±Inf in q or dO (its lse or
@@ -370,7 +369,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSm)
       // x = S^T scale_log2 is rounded before lse2 is subtracted (__fmul_rn: ptxas would contract a plain
       // multiply and subtract into one fma and change P's bits). On a tile that holds a hidden pair
       // (`masked`, a std::bool_constant: the other tiles compile without the test), a hidden element
-      // gets P^T = dS^T = 0 by selects (bwd_mask.cuh), whatever S, lse, dP and D hold.
+      // gets P^T = dS^T = 0 by selects (mask.cuh), whatever S, lse, dP and D hold.
       const auto p_and_ds = [&](auto masked) {
         constexpr bool kMasked = decltype(masked)::value;
 #pragma unroll
@@ -381,13 +380,13 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSm)
             const float pe = exp2_approx(__fmul_rn(st[j][e], p.scale_log2) - lse2[qcol]);
             const float ds = pe * (dpt[j][e] - dvec[qcol]);
             const bool hidden =
-                kMasked & bwd_hidden<kIsCausal>(m0 + qcol, n0 + key_row0 + g + 8 * (e / 2), seqlen_q, seqlen_k, diag);
+                kMasked & mask.hidden(m0 + qcol, n0 + key_row0 + g + 8 * (e / 2));
             st[j][e] = hidden ? 0.0f : pe;
             dpt[j][e] = hidden ? 0.0f : ds;
           }
         }
       };
-      if (bwd_tile_needs_mask<kBlockM, kBlockN, kIsCausal>(m0, n0, seqlen_q, seqlen_k, diag))
+      if (mask.template bwd_tile_needs_mask<kBlockM, kBlockN>(m0, n0))
         p_and_ds(std::true_type{});
       else
         p_and_ds(std::false_type{});
@@ -470,8 +469,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSm)
       if constexpr (kIsCausal) {
         if (q_do_suspect) {
           const float* dout = static_cast<const float*>(p.dout) + batch * p.do_batch_stride + head * p.do_head_stride;
-          add_nonfinite_do_dv<Traits, kIsCausal, kPrecision>(dv, sdS, lse2, dvec, dout, p.do_row_stride, m0, n0,
-                                                             seqlen_q, seqlen_k, diag, head_dim);
+          add_nonfinite_do_dv<Traits, kPrecision>(dv, sdS, lse2, dvec, dout, p.do_row_stride, m0, n0, mask, head_dim);
           __syncthreads();  // P^T is read before dS^T lands
         }
       }
@@ -495,7 +493,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSm)
       // pairs (dq_product_nonfinite_k). The same mma in the same order otherwise, so every dq element
       // without such a term is bit-identical to the common loop's.
       if (kIsCausal && crosses_diag && *sKNonfinite) {
-        dq_product_nonfinite_k<Traits, kPrecision>(dq, sdS, sK, m0, n0, seqlen_q, seqlen_k, diag);
+        dq_product_nonfinite_k<Traits, kPrecision>(dq, sdS, sK, m0, n0, mask);
       } else {
         // Unrolled by 2, as the k-steps of S^T.
 #pragma unroll 2

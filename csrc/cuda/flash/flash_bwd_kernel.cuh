@@ -12,7 +12,7 @@
 //   dP^T = V_j dO_i^T                (16 keys, kBlockM): A = V, B = dO
 //   P^T  = 2^(S^T scale log2e - lse_i log2e)   no online softmax
 //   dS^T = P^T o (dP^T - D_i)
-//   hidden pairs (bwd_mask.cuh: keys >= seqlen_k, query rows >= seqlen_q, causal keys past the row's
+//   hidden pairs (mask.cuh: keys >= seqlen_k, query rows >= seqlen_q, causal keys past the row's
 //   diagonal): P^T = dS^T = 0 by a select (0 * NaN would leak otherwise), on tiles that hold one only
 //   dV  += P^T dO_i                  P^T re-packed in registers as the A operand, B = dO (ldmatrix.trans)
 //   dK  += dS^T Q_i                  dS^T likewise, B = Q (ldmatrix.trans)
@@ -49,11 +49,11 @@
 #include <type_traits>
 
 #include "common/attention_params.h"
-#include "cuda/flash/bwd_mask.cuh"
 #include "cuda/flash/bwd_nonfinite.cuh"
 #include "cuda/flash/dq_accum.cuh"
 #include "cuda/flash/flash_bwd_traits.h"
 #include "cuda/flash/fragment_softmax.cuh"
+#include "cuda/flash/mask.cuh"
 #include "cuda/flash/ptx.cuh"
 #include "cuda/flash/tile_load.cuh"
 #include "cuda/flash/tile_scheduler.cuh"
@@ -153,11 +153,11 @@ __device__ __forceinline__ uint32_t* do_class_slot(typename Traits::Elem* sQ, in
 // is updated in place, column tile by column tile: a loop unrolled over this thread's columns, or adding
 // the terms to dv, spilled registers in the common path. Runs after the barrier that follows the dS^T
 // store, so the warp's class bits are visible to all its lanes.
-template <typename Traits>
+template <typename Traits, typename Mask>
 __device__ __forceinline__ void add_nonfinite_do_terms(typename Traits::Elem* sQ, typename Traits::Elem* sdS,
                                                        const typename Traits::Elem* dout, int64_t row_stride,
                                                        const float* sLse2, const float* sD, int it, int m0, int n0,
-                                                       int seqlen_q, int seqlen_k, int diag, int head_dim) {
+                                                       const Mask& mask, int head_dim) {
   using Elem = typename Traits::Elem;
   static_assert(Traits::kBlockM % 32 == 0, "the tile's rows are flagged 32 at a time (one ballot)");
   const RareThread<Traits> th;
@@ -170,7 +170,7 @@ __device__ __forceinline__ void add_nonfinite_do_terms(typename Traits::Elem* sQ
 #pragma unroll 1
   for (int r0 = 0; r0 < Traits::kBlockM; r0 += 32) {
     const int rl = r0 + th.lane;
-    uint32_t rows = __ballot_sync(0xffffffffu, bwd_row_suspect(m0 + rl, seqlen_q, lse2[rl], dvec[rl]));
+    uint32_t rows = __ballot_sync(0xffffffffu, bwd_row_suspect(m0 + rl, mask.seqlen_q, lse2[rl], dvec[rl]));
     while (rows != 0u) {
       const int r = r0 + __ffs(rows) - 1;
       rows &= rows - 1u;
@@ -178,7 +178,7 @@ __device__ __forceinline__ void add_nonfinite_do_terms(typename Traits::Elem* sQ
       bool visible[2], positive[2];
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
-        visible[h] = !bwd_hidden<true>(row, n0 + key_t0 + 8 * h, seqlen_q, seqlen_k, diag);
+        visible[h] = !mask.hidden(row, n0 + key_t0 + 8 * h);
         positive[h] = (*p_class_bits<Traits>(sdS, key_t0 + 8 * h, th.warp, r % 8 / 2) >> (2 * (r / 8) + r % 2)) & 1u;
       }
       const Elem* orow = dout + static_cast<int64_t>(row) * row_stride;
@@ -224,11 +224,11 @@ __device__ __forceinline__ void add_nonfinite_do_classes(float (&dv)[Traits::kKv
 // warp's columns (32 keys per ballot). K comes from sK (unmodified, the same data as K in global memory),
 // dS from sdS [key][query] as the product's A operand read it (Elem); both after the barrier that
 // follows the dS^T store.
-template <typename Traits>
+template <typename Traits, typename Mask>
 __device__ __forceinline__ void add_nonfinite_k_terms(float (&dq)[Traits::kDqTiles][4],
                                                       const typename Traits::Elem* sK,
                                                       const typename Traits::Elem* sdS, int n0, int m0,
-                                                      int seqlen_q, int seqlen_k, int diag) {
+                                                      const Mask& mask) {
   using Elem = typename Traits::Elem;
   constexpr int kPitch = Traits::kSmemPitch, kDsPitch = Traits::kDsPitch;
   static_assert(Traits::kBlockN % 32 == 0, "the tile's keys are flagged 32 at a time (one ballot)");
@@ -248,7 +248,7 @@ __device__ __forceinline__ void add_nonfinite_k_terms(float (&dq)[Traits::kDqTil
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         const int rt = th.dq_row0 + th.g + 8 * h;
-        if (bwd_hidden<true>(m0 + rt, n0 + kk, seqlen_q, seqlen_k, diag)) continue;
+        if (mask.hidden(m0 + rt, n0 + kk)) continue;
         const float ds = to_float(sdS[kk * kDsPitch + rt]);
 #pragma unroll
         for (int jt = 0; jt < Traits::kDqTiles; ++jt)
@@ -289,7 +289,7 @@ __global__ void __launch_bounds__(Traits::kNThreads) flash_bwd_kernel(const Atte
   const int first_tile = tile.first_tile, head_kv = tile.head_kv;
   const int64_t batch = tile.batch;
   const int group = static_cast<int>(p.heads_q / p.heads_kv);
-  const int diag = seqlen_k - seqlen_q;  // causal: row i sees keys j <= i + diag
+  const AttentionMask<kIsCausal> mask(seqlen_q, seqlen_k);  // mask.cuh
   float* const dq_accum = ws.dq_accum + (p.deterministic ? first_tile * ws.split_stride : 0);
 
   const Elem* k = static_cast<const Elem*>(p.k) + batch * p.k_batch_stride + head_kv * p.k_head_stride;
@@ -308,7 +308,7 @@ __global__ void __launch_bounds__(Traits::kNThreads) flash_bwd_kernel(const Atte
     const int n0 = n_block * kBlockN;
     // Query tiles that see some key of this tile: causal starts at the first row whose diagonal reaches n0.
     const int m_blocks = (seqlen_q + kBlockM - 1) / kBlockM;
-    const int m_begin = kIsCausal ? min(m_blocks, max(0, n0 - diag) / kBlockM) : 0;
+    const int m_begin = mask.template first_query_tile<kBlockM>(n0, m_blocks);
     const int m_count = m_blocks - m_begin;
     const int iters = m_count * group;  // (query head of the group, query tile) pairs, head-major
 
@@ -343,7 +343,7 @@ __global__ void __launch_bounds__(Traits::kNThreads) flash_bwd_kernel(const Atte
       // copied itself (visible to it after its wait) and the block votes once per K/V tile. The barrier
       // every iteration needs votes on the tile's rows flagged by lse or D (each row's thread wrote the
       // stage's lse2 and D itself).
-      const bool crosses = kIsCausal && n0 + kBlockN - 1 > m0 + diag;
+      const bool crosses = mask.template crosses<kBlockM, kBlockN>(m0, n0);
       bool rows_nonfinite = false;
       if constexpr (kIsCausal) {
         if (it == 0)
@@ -414,7 +414,7 @@ __global__ void __launch_bounds__(Traits::kNThreads) flash_bwd_kernel(const Atte
 #pragma unroll
           for (int h = 0; h < 2; ++h) {
             const int key = n0 + key_row0 + g + 8 * h;
-            lo[h] = kIsCausal ? key - diag - m0 - 2 * t : INT_MIN;
+            lo[h] = kIsCausal ? mask.first_row(key) - m0 - 2 * t : INT_MIN;
             hi[h] = key < seqlen_k ? seqlen_q - m0 - 2 * t : INT_MIN;
           }
         }
@@ -435,7 +435,7 @@ __global__ void __launch_bounds__(Traits::kNThreads) flash_bwd_kernel(const Atte
           }
         }
       };
-      if (bwd_tile_needs_mask<kBlockM, kBlockN, kIsCausal>(m0, n0, seqlen_q, seqlen_k, diag))
+      if (mask.template bwd_tile_needs_mask<kBlockM, kBlockN>(m0, n0))
         p_and_ds(std::true_type{});
       else
         p_and_ds(std::false_type{});
@@ -534,7 +534,7 @@ __global__ void __launch_bounds__(Traits::kNThreads) flash_bwd_kernel(const Atte
       };
       if (kIsCausal && crosses && *k_nonfinite_flag<Traits>(sV) != 0u) {
         dq_product(std::true_type{});
-        add_nonfinite_k_terms<Traits>(dq, sK, sdS, n0, m0, seqlen_q, seqlen_k, diag);
+        add_nonfinite_k_terms<Traits>(dq, sK, sdS, n0, m0, mask);
       } else {
         dq_product(std::false_type{});
       }
@@ -547,8 +547,7 @@ __global__ void __launch_bounds__(Traits::kNThreads) flash_bwd_kernel(const Atte
       }
       if (rows_nonfinite) {  // dO's visible terms, here where only dK and dV stay live
         const Elem* dout = static_cast<const Elem*>(p.dout) + batch * p.do_batch_stride + head * p.do_head_stride;
-        add_nonfinite_do_terms<Traits>(sQ, sdS, dout, p.do_row_stride, sLse2, sD, it, m0, n0, seqlen_q, seqlen_k,
-                                       diag, head_dim);
+        add_nonfinite_do_terms<Traits>(sQ, sdS, dout, p.do_row_stride, sLse2, sD, it, m0, n0, mask, head_dim);
       }
     }
 

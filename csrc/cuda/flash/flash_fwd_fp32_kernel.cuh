@@ -29,8 +29,10 @@
 #include <cstdint>
 
 #include "common/attention_params.h"
+#include "cuda/flash/epilogue.cuh"
 #include "cuda/flash/flash_fwd_fp32_traits.h"
 #include "cuda/flash/fragment_softmax.cuh"
+#include "cuda/flash/mask.cuh"
 #include "cuda/flash/nonfinite_pv.cuh"
 #include "cuda/flash/mma_tf32.cuh"
 #include "cuda/flash/ptx.cuh"
@@ -67,7 +69,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSm)
   const QueryTileWork tile = query_tile_work<kBlockM>(p);  // tile_scheduler.cuh
   const int m0 = tile.m0, head = tile.head, head_kv = tile.head_kv;
   const int64_t batch = tile.batch;
-  const int diag = seqlen_k - seqlen_q;  // causal: row i sees keys j <= i + diag
+  const AttentionMask<kIsCausal> mask(seqlen_q, seqlen_k);  // mask.cuh
   // k-steps of S and n8 tiles of O inside head_dim (all of them unless head_dim is padded).
   const int d_steps = head_dim / kMmaK;
 
@@ -82,7 +84,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSm)
   const int warp_row0 = warp * Traits::kMmaM;
 
   // K/V tiles [0, n_blocks): causal skips every tile entirely above the diagonal.
-  const KeyRange keys = query_tile_keys<kIsCausal, kBlockM, kBlockN>(m0, seqlen_k, diag);
+  const KeyRange keys = mask.template query_tile_keys<kBlockM, kBlockN>(m0);
   const int n_end = keys.end, n_blocks = keys.tiles;
 
   // O accumulator (16, kHeadDim) per warp as kOTiles n8 tiles (unscaled); the running max and sums of
@@ -169,8 +171,9 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSm)
       // S * scale_log2 rounded once, max over x, P = 2^(x - max) in place of S). This thread holds rows
       // r0 (e = 0, 1) and r0 + 8 (e = 2, 3), keys n0 + 8 nt + 2t + (e & 1).
       const int r0 = m0 + warp_row0 + g;
-      const bool need_mask = n0 + kBlockN > seqlen_k || (kIsCausal && n0 + kBlockN - 1 > m0 + diag);
-      if (need_mask) mask_scores<kSTiles, kIsCausal>(s, n0 + 2 * t, r0, seqlen_k, diag);
+      const bool need_mask =
+          mask.template fwd_tile_needs_mask<kBlockN>(n0, mask.template crosses<kBlockM, kBlockN>(m0, n0));
+      if (need_mask) mask.mask_scores(s, n0 + 2 * t, r0);
       float rescale[2];
       softmax.update(s, p.scale_log2, rescale);
       scale_rows(o_acc, rescale);
@@ -188,7 +191,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSm)
       // epilogue adds them back to the rows that do (nonfinite_pv.cuh). Done in registers here, not
       // by barrier_zero_tile_nonfinite's shared-memory scan and vote: at the register cap of the 'highest'
       // kernels (d32 / d64) that scan made ptxas spill 4-108 bytes.
-      const bool crosses_diag = kIsCausal && n0 + kBlockN - 1 > m0 + diag;
+      const bool crosses_diag = mask.template crosses<kBlockM, kBlockN>(m0, n0);
 #pragma unroll
       for (int nt = 0; nt < kSTiles; ++nt) {
         const float pf[4] = {s[nt][0], s[nt][2], s[nt][1], s[nt][3]};
@@ -212,30 +215,14 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSm)
     }
   }
 
-  // Epilogue: O / l and lse (OnlineSoftmax::finish). Rows that see no key: O = 0, lse = +inf; rows
-  // whose l is NaN or 0: NaN.
+  // Epilogue: O / l and lse (epilogue.cuh). Rows that see no key: O = 0, lse = +inf; rows whose l is
+  // NaN or 0: NaN.
   const int r_lo = m0 + warp_row0 + g;
-  // Keys of the tiles that crossed the diagonal (a tile crosses when its last key > m0 + diag).
+  // Keys of the tiles that crossed the diagonal (mask.cuh).
   if (kIsCausal && __any_sync(0xffffffffu, v_nonfinite))
-    add_nonfinite_v<float, kOTiles, kIsCausal>(o_acc, v, p.v_row_stride, max(0, m0 + diag + 2 - kBlockN), n_end, r_lo,
-                                               diag, head_dim, lane);
-  const bool sees_key[2] = {row_sees_key<kIsCausal>(r_lo, seqlen_k, diag), row_sees_key<kIsCausal>(r_lo + 8, seqlen_k, diag)};
-  float inv_l[2], row_lse[2];
-  softmax.finish(sees_key, inv_l, row_lse);
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    const int row = m0 + warp_row0 + g + h * 8;
-    if (row < seqlen_q) {
-      float* orow = out + static_cast<int64_t>(row) * p.o_row_stride;
-#pragma unroll
-      for (int dt = 0; dt < kOTiles; ++dt) {
-        if (dt >= d_steps) continue;  // no stores beyond head_dim
-        *reinterpret_cast<float2*>(orow + dt * kMmaN + 2 * t) =
-            make_float2(o_acc[dt][2 * h] * inv_l[h], o_acc[dt][2 * h + 1] * inv_l[h]);
-      }
-      if (t == 0) lse[row] = row_lse[h];
-    }
-  }
+    add_nonfinite_v<float, kOTiles>(o_acc, v, p.v_row_stride, mask.template crossing_keys_begin<kBlockN>(m0), n_end,
+                                    r_lo, mask, head_dim, lane);
+  write_fwd_rows<float>(o_acc, softmax, mask, r_lo, t, out, p.o_row_stride, lse, head_dim);
 }
 
 }  // namespace fa::cuda::flash

@@ -23,8 +23,10 @@
 #include <cstdint>
 
 #include "common/attention_params.h"
+#include "cuda/flash/epilogue.cuh"
 #include "cuda/flash/flash_fwd_traits.h"
 #include "cuda/flash/fragment_softmax.cuh"
+#include "cuda/flash/mask.cuh"
 #include "cuda/flash/nonfinite_pv.cuh"
 #include "cuda/flash/ptx.cuh"
 #include "cuda/flash/tile_load.cuh"
@@ -49,7 +51,7 @@ __global__ void __launch_bounds__(Traits::kNThreads) flash_fwd_kernel(const Atte
   const QueryTileWork tile = query_tile_work<kBlockM>(p);  // tile_scheduler.cuh
   const int m0 = tile.m0, head = tile.head, head_kv = tile.head_kv;
   const int64_t batch = tile.batch;
-  const int diag = seqlen_k - seqlen_q;  // causal: row i sees keys j <= i + diag
+  const AttentionMask<kIsCausal> mask(seqlen_q, seqlen_k);  // mask.cuh
 
   const Elem* q = static_cast<const Elem*>(p.q) + batch * p.q_batch_stride + head * p.q_head_stride;
   const Elem* k = static_cast<const Elem*>(p.k) + batch * p.k_batch_stride + head_kv * p.k_head_stride;
@@ -62,7 +64,7 @@ __global__ void __launch_bounds__(Traits::kNThreads) flash_fwd_kernel(const Atte
   const int warp_row0 = warp * Traits::kRowsPerWarp;
 
   // K/V tiles [0, n_blocks): causal skips every tile entirely above the diagonal.
-  const KeyRange keys = query_tile_keys<kIsCausal, kBlockM, kBlockN>(m0, seqlen_k, diag);
+  const KeyRange keys = mask.template query_tile_keys<kBlockM, kBlockN>(m0);
   const int n_end = keys.end, n_blocks = keys.tiles;
 
   float o_acc[kRowTiles][kOTiles][4];
@@ -116,8 +118,8 @@ __global__ void __launch_bounds__(Traits::kNThreads) flash_fwd_kernel(const Atte
       }
       const int n0 = nb * kBlockN;
       // Masking only on tiles that cross seqlen_k or (causal) the diagonal of some row of this block.
-      const bool crosses_diag = kIsCausal && n0 + kBlockN - 1 > m0 + diag;
-      const bool need_mask = n0 + kBlockN > seqlen_k || crosses_diag;
+      const bool crosses_diag = mask.template crosses<kBlockM, kBlockN>(m0, n0);
+      const bool need_mask = mask.template fwd_tile_needs_mask<kBlockN>(n0, crosses_diag);
       // The tile is visible to every thread after this barrier. On a tile that crosses the diagonal
       // the barrier also votes on NaN / ±Inf in V: zeroed for the product, added back in the epilogue
       // to the rows that see their key (nonfinite_pv.cuh).
@@ -160,7 +162,7 @@ __global__ void __launch_bounds__(Traits::kNThreads) flash_fwd_kernel(const Atte
         }
 
         const int r0 = m0 + warp_row0 + rt * 16 + g;  // this thread's rows: r0, r0 + 8
-        if (need_mask) mask_scores<kSTiles, kIsCausal>(s, n0 + 2 * t, r0, seqlen_k, diag);
+        if (need_mask) mask.mask_scores(s, n0 + 2 * t, r0);
         float rescale[2];
         softmax[rt].update(s, p.scale_log2, rescale);
         scale_rows(o_acc[rt], rescale);
@@ -189,29 +191,13 @@ __global__ void __launch_bounds__(Traits::kNThreads) flash_fwd_kernel(const Atte
     }
   }
 
-  // Epilogue: O / l and lse. Rows that see no key: O = 0, lse = +inf (finish()).
+  // Epilogue: O / l and lse (epilogue.cuh). Rows that see no key: O = 0, lse = +inf.
 #pragma unroll
   for (int rt = 0; rt < kRowTiles; ++rt) {
     const int r0 = m0 + warp_row0 + rt * 16 + g;
     if (v_nonfinite_from < n_end)
-      add_nonfinite_v<Elem, kOTiles, kIsCausal>(o_acc[rt], v, p.v_row_stride, v_nonfinite_from, n_end, r0, diag,
-                                                head_dim, lane);
-    const bool sees_key[2] = {row_sees_key<kIsCausal>(r0, seqlen_k, diag), row_sees_key<kIsCausal>(r0 + 8, seqlen_k, diag)};
-    float inv_l[2], row_lse[2];
-    softmax[rt].finish(sees_key, inv_l, row_lse);
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const int row = m0 + warp_row0 + rt * 16 + g + h * 8;
-      if (row < seqlen_q) {
-        Elem* orow = out + static_cast<int64_t>(row) * p.o_row_stride;
-#pragma unroll
-        for (int nt = 0; nt < kOTiles; ++nt)
-          if (nt * 8 + 2 * t < head_dim)
-            *reinterpret_cast<uint32_t*>(orow + nt * 8 + 2 * t) =
-                pack2<Elem>(o_acc[rt][nt][2 * h] * inv_l[h], o_acc[rt][nt][2 * h + 1] * inv_l[h]);
-        if (t == 0) lse[row] = row_lse[h];
-      }
-    }
+      add_nonfinite_v<Elem, kOTiles>(o_acc[rt], v, p.v_row_stride, v_nonfinite_from, n_end, r0, mask, head_dim, lane);
+    write_fwd_rows<Elem>(o_acc[rt], softmax[rt], mask, r0, t, out, p.o_row_stride, lse, head_dim);
   }
 }
 

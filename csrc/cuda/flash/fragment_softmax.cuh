@@ -1,7 +1,8 @@
-// Masking and the online softmax over one thread's piece of a score accumulator, shared by the
-// mma.sync (sm_80) and wgmma (sm_90a) FlashAttention kernels: both hold S in the m16n8 accumulator
-// layout, s[j][e] = row (g + 8 (e / 2)), column (8 j + 2 t + e % 2) of the warp's 16-row slice, with
-// g = lane / 4 and t = lane % 4. The 4 threads of a group (same g) share a row.
+// The online softmax over one thread's piece of a score accumulator (masked before it by
+// AttentionMask::mask_scores, mask.cuh), shared by the mma.sync (sm_80) and wgmma (sm_90a)
+// FlashAttention kernels: both hold S in the m16n8 accumulator layout, s[j][e] = row (g + 8 (e / 2)),
+// column (8 j + 2 t + e % 2) of the warp's 16-row slice, with g = lane / 4 and t = lane % 4. The 4
+// threads of a group (same g) share a row.
 //
 // Numerics: the scaled score x = s * scale_log2 is rounded once, the running max is taken over x and
 // P = 2^(x - max). So two keys with equal scores get bit-equal P, and an unchanged max rescales by
@@ -14,22 +15,6 @@
 #include "cuda/flash/ptx.cuh"
 
 namespace fa::cuda::flash {
-
-// Sets to -inf every element whose key column is not visible from its row: columns >= seqlen_k and,
-// when causal, columns > row + diag (bottom-right alignment). col0 is the tile's first key column
-// plus this thread's 2 t; row0 its row g (row g + 8 is the other half).
-template <int kTiles, bool kIsCausal>
-__device__ __forceinline__ void mask_scores(float (&s)[kTiles][4], int col0, int row0, int seqlen_k, int diag) {
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    const int limit = kIsCausal ? min(seqlen_k, row0 + h * 8 + diag + 1) : seqlen_k;
-#pragma unroll
-    for (int j = 0; j < kTiles; ++j)
-#pragma unroll
-      for (int e = 0; e < 2; ++e)
-        if (col0 + j * 8 + e >= limit) s[j][2 * h + e] = -INFINITY;
-  }
-}
 
 // Running max (in scaled base-2 units) and partial row sums of the thread's two rows.
 struct OnlineSoftmax {
@@ -70,8 +55,8 @@ struct OnlineSoftmax {
   }
 
   // Full row sums; inv_l[h] (the factor of row h of O) and lse[h] in natural log. A row ends by its
-  // structure, not by l: one that sees no key (sees_key[h] false, row_sees_key) gets inv_l = 0 and
-  // lse = +inf (O = 0). One that sees keys gets 1 / l and max + log l, and when l is NaN (a NaN or
+  // structure, not by l: one that sees no key (sees_key[h] false, AttentionMask::row_sees_key) gets
+  // inv_l = 0 and lse = +inf (O = 0). One that sees keys gets 1 / l and max + log l, and when l is NaN (a NaN or
   // +inf score) or 0 (every score -inf: softmax's 0/0) that is NaN, as standard attention gives:
   // O = O * (1 / 0) = 0 * inf = NaN, and lse NaN. (Taking !(l > 0) for "no key" instead made such
   // rows look empty: O = 0, lse = +inf, and the backward then dropped their NaN.)
@@ -86,14 +71,6 @@ struct OnlineSoftmax {
     }
   }
 };
-
-// Whether query row `row` sees any key: seqlen_k > 0 and, when causal, row + diag >= 0 (key 0 is
-// visible; diag = seqlen_k - seqlen_q, bottom-right alignment). The structure that finish() ends a
-// row by.
-template <bool kIsCausal>
-__device__ __forceinline__ bool row_sees_key(int row, int seqlen_k, int diag) {
-  return seqlen_k > 0 && (!kIsCausal || row + diag >= 0);
-}
 
 // Multiplies rows h of an m16n8-layout accumulator by scale[h].
 template <int kTiles>

@@ -55,18 +55,19 @@ __device__ __forceinline__ bool barrier_zero_tile_nonfinite(Elem* tile) {
 // Step 3, in the epilogue, for one warp's 16 rows: o is the warp's m16n8-layout O accumulator,
 // o[nt][2 h + e] = row row0 + 8 h, column 8 nt + 2 t + e (t = lane % 4). For every key in
 // [key_begin, key_end) whose V row holds NaN / ±Inf (found here, 32 keys per ballot), the rows that see
-// the key (causal: key <= row + diag) get V[key, d] added to each of their columns d < head_dim where
-// it is NaN or ±Inf. V itself, not P * V: for a key a row sees with a finite score P > 0, and
-// P * (±Inf) = ±Inf and P * NaN = NaN whatever P's size, so the sum's class is the same; and the
-// terms do not depend on the running max, so they can wait for the end of the loop instead of keeping
-// registers live through it (ptxas spilled in the causal kernels when the correction ran per tile).
+// the key (not off the band of `mask`, an AttentionMask: causal, key <= row + diag) get V[key, d] added
+// to each of their columns d < head_dim where it is NaN or ±Inf. V itself, not P * V: for a key a row
+// sees with a finite score P > 0, and P * (±Inf) = ±Inf and P * NaN = NaN whatever P's size, so the
+// sum's class is the same; and the terms do not depend on the running max, so they can wait for the
+// end of the loop instead of keeping registers live through it (ptxas spilled in the causal kernels
+// when the correction ran per tile).
 // Adding a key's terms twice changes nothing (±Inf + ±Inf, NaN + x), so the range may include keys
 // whose terms the product already added. Where standard attention differs: a key whose score is
 // -inf (P = 0 exactly: a -inf in k) and whose V is ±Inf gives NaN there (0 * Inf) and ±Inf here.
-template <typename Elem, int kOTiles, bool kIsCausal>
+template <typename Elem, int kOTiles, typename Mask>
 __device__ __forceinline__ void add_nonfinite_v(float (&o)[kOTiles][4], const Elem* v, int64_t row_stride,
-                                                int key_begin, int key_end, int row0, int diag, int head_dim,
-                                                int lane) {
+                                                int key_begin, int key_end, int row0, const Mask& mask,
+                                                int head_dim, int lane) {
   constexpr int kPerChunk = 16 / static_cast<int>(sizeof(Elem));
   const int t = lane % 4;
 #pragma unroll 1
@@ -86,7 +87,7 @@ __device__ __forceinline__ void add_nonfinite_v(float (&o)[kOTiles][4], const El
       const Elem* vrow = v + static_cast<int64_t>(key) * row_stride;
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
-        if (kIsCausal && key > row0 + 8 * h + diag) continue;
+        if (mask.off_band(row0 + 8 * h, key)) continue;
 #pragma unroll
         for (int nt = 0; nt < kOTiles; ++nt)
 #pragma unroll

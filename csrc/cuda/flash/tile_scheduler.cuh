@@ -31,18 +31,6 @@ __device__ __forceinline__ QueryTileWork query_tile_work(const AttentionFwdParam
   return w;
 }
 
-// The keys a query tile of kBlockM rows starting at row m0 reads: [0, end), all of them or, causal,
-// up to the last row's diagonal (row i sees keys j <= i + diag); `tiles`: that range in K/V tiles
-// of kBlockN keys (0 when a causal tile sees no key).
-struct KeyRange {
-  int end, tiles;
-};
-template <bool kIsCausal, int kBlockM, int kBlockN>
-__device__ __forceinline__ KeyRange query_tile_keys(int m0, int seqlen_k, int diag) {
-  const int end = kIsCausal ? min(seqlen_k, m0 + kBlockM + diag) : seqlen_k;
-  return {end, end > 0 ? (end + kBlockN - 1) / kBlockN : 0};
-}
-
 // Grids of K/V tiles (the backward's main kernels): one block per (K/V tile, KV head, batch), tiles
 // fastest. tile_stride blocks per KV head: with one K/V tile each (the tiles' count), or, in
 // deterministic mode, block first_tile taking tiles first_tile, first_tile + tile_stride, ... in turn.

@@ -9,7 +9,7 @@
 //   S  = Q K^T      wgmma m64 n kBlockN, A = Q (K-major), B = K (K-major), from shared memory
 //   dP = dO V^T     likewise
 //   P = 2^(S c - lse2) with lse2 and D per row (two rows per thread, in registers); dS = P o (dP - D);
-//   hidden pairs (bwd_mask.cuh: keys >= seqlen_k, rows >= seqlen_q, causal keys past the row's
+//   hidden pairs (mask.cuh: keys >= seqlen_k, rows >= seqlen_q, causal keys past the row's
 //   diagonal) get dS = 0 by a select (0 * NaN would leak otherwise), on tiles that hold one only
 //   dQ += dS K      wgmma rs: A = dS from registers, B = K (MN-major)
 // NaN / ±Inf in K on tiles that cross the diagonal: a rare path zeroes them for dQ += dS K and adds
@@ -25,13 +25,14 @@
 #include <type_traits>
 
 #include "common/attention_params.h"
-#include "cuda/flash/bwd_mask.cuh"
 #include "cuda/flash/bwd_nonfinite.cuh"
+#include "cuda/flash/epilogue.cuh"
 #include "cuda/flash/fragment_softmax.cuh"
 #include "cuda/flash/hopper/flash_bwd_dq_sm90_traits.h"
 #include "cuda/flash/hopper/kv_load.cuh"
 #include "cuda/flash/hopper/tma.cuh"
 #include "cuda/flash/hopper/wgmma.cuh"
+#include "cuda/flash/mask.cuh"
 #include "cuda/flash/ptx.cuh"
 #include "cuda/flash/tile_scheduler.cuh"
 
@@ -65,7 +66,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSm)
   const QueryTileWork tile = query_tile_work<kBlockM>(p);  // tile_scheduler.cuh
   const int m0 = tile.m0, head = tile.head, head_kv = tile.head_kv;
   const int64_t batch = tile.batch;
-  const int diag = seqlen_k - seqlen_q;
+  const AttentionMask<kIsCausal> mask(seqlen_q, seqlen_k);  // mask.cuh
 
   const int wg = warp_uniform_int(static_cast<int>(threadIdx.x) / 128);
   const int warp = (static_cast<int>(threadIdx.x) / 32) % 4, lane = static_cast<int>(threadIdx.x) % 32;
@@ -83,7 +84,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSm)
     dval[h] = row < seqlen_q ? d_rows[stat] : 0.0f;
   }
 
-  const int n_blocks = query_tile_keys<kIsCausal, kBlockM, kBlockN>(m0, seqlen_k, diag).tiles;
+  const int n_blocks = mask.template query_tile_keys<kBlockM, kBlockN>(m0).tiles;
 
   float dq[kDqTiles][4];
 #pragma unroll
@@ -158,7 +159,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSm)
 
       // dS = P o (dP - D), P = 2^(S c - lse2). Element (j, e): row row0 + 8 (e / 2), key n0 + 8 j + 2 t + e % 2.
       // On a tile that holds a hidden pair (`masked`, a std::bool_constant: the other tiles compile without
-      // the test), a hidden element gets dS = 0 by a select (bwd_mask.cuh), whatever S, lse, dP, D hold.
+      // the test), a hidden element gets dS = 0 by a select (mask.cuh), whatever S, lse, dP, D hold.
       const auto ds_of_tile = [&](auto masked) {
         constexpr bool kMasked = decltype(masked)::value;
         // The keys that row h sees: offsets below end[h] from n0 + 2 t, so that element (j, e) compares its
@@ -168,7 +169,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSm)
 #pragma unroll
           for (int h = 0; h < 2; ++h) {
             const int row = row0 + 8 * h;
-            end[h] = row < seqlen_q ? (kIsCausal ? min(seqlen_k, row + diag + 1) : seqlen_k) - n0 - 2 * t : INT_MIN;
+            end[h] = row < seqlen_q ? mask.key_end(row) - n0 - 2 * t : INT_MIN;
           }
         }
 #pragma unroll
@@ -182,7 +183,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSm)
             dp[j][e] = hidden ? 0.0f : ds;
           }
       };
-      if (bwd_tile_needs_mask<kBlockM, kBlockN, kIsCausal>(m0, n0, seqlen_q, seqlen_k, diag))
+      if (mask.template bwd_tile_needs_mask<kBlockM, kBlockN>(m0, n0))
         ds_of_tile(std::true_type{});
       else
         ds_of_tile(std::false_type{});
@@ -222,7 +223,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSm)
               if (isfinite(x)) continue;
 #pragma unroll
               for (int h = 0; h < 2; ++h)
-                if (n0 + j <= row0 + 8 * h + diag) dq[jt][2 * h + e] += ds[h] * x;
+                if (!mask.off_band(row0 + 8 * h, n0 + j)) dq[jt][2 * h + e] += ds[h] * x;
             }
         }
         __syncthreads();  // the zeroed tile is in place for the tensor cores
@@ -240,26 +241,20 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSm)
       wgmma_wait<0>();
       fence_operands(dq);
     };
-    if (kIsCausal && n0 + kBlockN - 1 > m0 + diag)
+    if (mask.template crosses<kBlockM, kBlockN>(m0, n0))
       tile(std::true_type{});
     else
       tile(std::false_type{});
   }
 
-  // Epilogue: dq * scale, rounded to Elem.
+  // Epilogue: dq * scale, rounded to Elem (epilogue.cuh).
   Elem* dq_out = static_cast<Elem*>(p.dq) + batch * p.dq_batch_stride + head * p.dq_head_stride;
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     const int row = row0 + 8 * h;
-    if (row >= seqlen_q) continue;
-    Elem* drow = dq_out + static_cast<int64_t>(row) * p.dq_row_stride;
-#pragma unroll
-    for (int j = 0; j < kDqTiles; ++j) {
-      const int col = 8 * j + 2 * t;
-      if (col < head_dim)
-        *reinterpret_cast<uint32_t*>(drow + col) =
-            pack2<Elem>(dq[j][2 * h] * p.softmax_scale, dq[j][2 * h + 1] * p.softmax_scale);
-    }
+    if (row < seqlen_q)
+      store_fragment_row<Elem>(dq, h, p.softmax_scale, dq_out + static_cast<int64_t>(row) * p.dq_row_stride, 2 * t,
+                               head_dim);
   }
 #else
   __trap();  // only the sm_90a build has this kernel; the launcher never selects it elsewhere

@@ -10,7 +10,7 @@
 //   S^T  = K_w Q_i^T     wgmma m64 n kBlockM, A = K (K-major), B = Q (K-major), from shared memory
 //   dP^T = V_w dO_i^T    likewise
 //   P^T = 2^(S^T c - lse2), dS^T = P^T o (dP^T - D)   (accumulator layout: per warp the m16n8 layout,
-//                        queries along columns); hidden pairs (bwd_mask.cuh: keys >= seqlen_k, query
+//                        queries along columns); hidden pairs (mask.cuh: keys >= seqlen_k, query
 //                        rows >= seqlen_q, causal keys past the row's diagonal) get P^T = dS^T = 0 by a
 //                        select (0 * NaN would leak otherwise), on tiles that hold one only
 //   dV  += P^T dO_i      wgmma rs: A = P^T from registers, B = dO (MN-major)
@@ -32,7 +32,6 @@
 #include <type_traits>
 
 #include "common/attention_params.h"
-#include "cuda/flash/bwd_mask.cuh"
 #include "cuda/flash/bwd_nonfinite.cuh"
 #include "cuda/flash/dq_accum.cuh"
 #include "cuda/flash/fragment_softmax.cuh"
@@ -40,6 +39,7 @@
 #include "cuda/flash/hopper/sw128_nonfinite.cuh"
 #include "cuda/flash/hopper/tma.cuh"
 #include "cuda/flash/hopper/wgmma.cuh"
+#include "cuda/flash/mask.cuh"
 #include "cuda/flash/ptx.cuh"
 #include "cuda/flash/tile_scheduler.cuh"
 
@@ -90,7 +90,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, kComputeDq ? 1 : Traits::kD
   const int first_tile = tile.first_tile, head_kv = tile.head_kv;
   const int64_t batch = tile.batch;
   const int group = static_cast<int>(p.heads_q / p.heads_kv);
-  const int diag = seqlen_k - seqlen_q;
+  const AttentionMask<kIsCausal> mask(seqlen_q, seqlen_k);  // mask.cuh
   float* const dq_accum = ws.dq_accum + (split_tiles ? first_tile * ws.split_stride : 0);
 
   const int wg = warp_uniform_int(static_cast<int>(threadIdx.x) / 128);
@@ -111,7 +111,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, kComputeDq ? 1 : Traits::kD
   for (int n_block = first_tile; n_block < n_blocks; n_block += static_cast<int>(tile_stride)) {
     const int n0 = n_block * kBlockN;
     const int m_blocks = (seqlen_q + kBlockM - 1) / kBlockM;
-    const int m_begin = kIsCausal ? min(m_blocks, max(0, n0 - diag) / kBlockM) : 0;
+    const int m_begin = mask.template first_query_tile<kBlockM>(n0, m_blocks);
     const int m_count = m_blocks - m_begin;
     const int iters = m_count * group;
 
@@ -228,7 +228,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, kComputeDq ? 1 : Traits::kD
         // x = S^T scale_log2 is rounded before lse2 is subtracted (__fmul_rn: ptxas would contract a plain
         // multiply and subtract into one fma and change P's bits). On a tile that holds a hidden pair
         // (`masked`, a std::bool_constant: the other tiles compile without the test), a hidden element
-        // gets P^T = dS^T = 0 by selects (bwd_mask.cuh), whatever S, lse, dP and D hold. (Selecting the
+        // gets P^T = dS^T = 0 by selects (mask.cuh), whatever S, lse, dP and D hold. (Selecting the
         // outputs here, the inputs in flash_bwd_kernel.cuh: each the form that cost ptxas fewer registers.)
         const auto p_and_ds = [&](auto masked) {
           constexpr bool kMasked = decltype(masked)::value;
@@ -238,7 +238,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, kComputeDq ? 1 : Traits::kD
             for (int e = 0; e < 4; ++e) {
               const int qcol = 8 * j + 2 * t + e % 2;
               const bool hidden =
-                  kMasked & bwd_hidden<kIsCausal>(m0 + qcol, n0 + key_row0 + 8 * (e / 2), seqlen_q, seqlen_k, diag);
+                  kMasked & mask.hidden(m0 + qcol, n0 + key_row0 + 8 * (e / 2));
               const float pe = exp2_approx(__fmul_rn(st[j][e], p.scale_log2) - lse2[qcol]);
               const float ds = pe * (dpt[j][e] - dvec[qcol]);
               st[j][e] = hidden ? 0.0f : pe;
@@ -246,7 +246,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, kComputeDq ? 1 : Traits::kD
             }
           }
         };
-        if (bwd_tile_needs_mask<kBlockM, kBlockN, kIsCausal>(m0, n0, seqlen_q, seqlen_k, diag))
+        if (mask.template bwd_tile_needs_mask<kBlockM, kBlockN>(m0, n0))
           p_and_ds(std::true_type{});
         else
           p_and_ds(std::false_type{});
@@ -353,7 +353,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, kComputeDq ? 1 : Traits::kD
 #pragma unroll
                     for (int h = 0; h < 2; ++h) {
                       const int q = warp * 16 + g + 8 * h;
-                      if (!bwd_hidden<kIsCausal>(m0 + q, n0 + j, seqlen_q, seqlen_k, diag))
+                      if (!mask.hidden(m0 + q, n0 + j))
                         atomicAdd(acc + 8 * h * kHeadDim + 8 * jt + e, sds_read(j, q) * x);
                     }
                   }
@@ -398,7 +398,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, kComputeDq ? 1 : Traits::kD
                 if (isfinite(x)) continue;
 #pragma unroll
                 for (int h = 0; h < 2; ++h)
-                  if (!bwd_hidden<kIsCausal>(row, n0 + key_row0 + 8 * h, seqlen_q, seqlen_k, diag))
+                  if (!mask.hidden(row, n0 + key_row0 + 8 * h))
                     dv[j][2 * h + e] += pij[h] * x;
               }
           }
@@ -411,7 +411,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, kComputeDq ? 1 : Traits::kD
           }
         }
       };
-      if (kIsCausal && n0 + kBlockN - 1 > m0 + diag)
+      if (mask.template crosses<kBlockM, kBlockN>(m0, n0))
         iteration(std::true_type{});
       else
         iteration(std::false_type{});

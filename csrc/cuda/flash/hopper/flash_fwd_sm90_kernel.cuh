@@ -26,7 +26,9 @@
 #include <cstdint>
 
 #include "common/attention_params.h"
+#include "cuda/flash/epilogue.cuh"
 #include "cuda/flash/fragment_softmax.cuh"
+#include "cuda/flash/mask.cuh"
 #include "cuda/flash/nonfinite_pv.cuh"
 #include "cuda/flash/hopper/flash_fwd_sm90_traits.h"
 #include "cuda/flash/hopper/kv_load.cuh"
@@ -64,7 +66,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSm) fl
   const QueryTileWork tile = query_tile_work<kBlockM>(p);  // tile_scheduler.cuh
   const int m0 = tile.m0, head = tile.head, head_kv = tile.head_kv;
   const int64_t batch = tile.batch;
-  const int diag = seqlen_k - seqlen_q;  // causal: row i sees keys j <= i + diag
+  const AttentionMask<kIsCausal> mask(seqlen_q, seqlen_k);  // mask.cuh
 
   const Elem* q = static_cast<const Elem*>(p.q) + batch * p.q_batch_stride + head * p.q_head_stride;
   const Elem* k = static_cast<const Elem*>(p.k) + batch * p.k_batch_stride + head_kv * p.k_head_stride;
@@ -79,7 +81,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSm) fl
   const uint32_t sQ_wg = sQ + wg * Traits::kWgRows * kSw128RowBytes;
 
   // K/V tiles [0, n_blocks): causal skips every tile entirely above the diagonal.
-  const KeyRange keys = query_tile_keys<kIsCausal, kBlockM, kBlockN>(m0, seqlen_k, diag);
+  const KeyRange keys = mask.template query_tile_keys<kBlockM, kBlockN>(m0);
   const int n_end = keys.end, n_blocks = keys.tiles;
 
   float o[kOTiles][4];
@@ -128,7 +130,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSm) fl
     for (int nb = 0; nb < n_blocks; ++nb) {
       mbarrier_wait(bar_kv(nb % kStages), static_cast<uint32_t>((nb / kStages) & 1));
       const int n0 = nb * kBlockN;
-      const bool crosses_diag = kIsCausal && n0 + kBlockN - 1 > m0 + diag;
+      const bool crosses_diag = mask.template crosses<kBlockM, kBlockN>(m0, n0);
       // Every warpgroup finished iteration nb - 1 after this barrier: tile nb - 2's stage may be
       // refilled. On a tile that crosses the diagonal the barrier also votes on NaN / ±Inf in V tile
       // nb: zeroed now (its P V runs next iteration), added back in the epilogue (nonfinite_pv.cuh).
@@ -159,7 +161,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSm) fl
       }
       fence_operands(s);
 
-      if (n0 + kBlockN > seqlen_k || crosses_diag) mask_scores<kSTiles, kIsCausal>(s, n0 + 2 * t, row0, seqlen_k, diag);
+      if (mask.template fwd_tile_needs_mask<kBlockN>(n0, crosses_diag)) mask.mask_scores(s, n0 + 2 * t, row0);
       float rescale[2];
       softmax.update(s, p.scale_log2, rescale);
 
@@ -180,26 +182,10 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSm) fl
     fence_operands(o);
   }
   if (v_nonfinite_from < n_end)
-    add_nonfinite_v<Elem, kOTiles, kIsCausal>(o, v, p.v_row_stride, v_nonfinite_from, n_end, row0, diag, head_dim, lane);
+    add_nonfinite_v<Elem, kOTiles>(o, v, p.v_row_stride, v_nonfinite_from, n_end, row0, mask, head_dim, lane);
 
-  // Epilogue: O / l and lse. Rows that see no key: O = 0, lse = +inf (finish()).
-  const bool sees_key[2] = {row_sees_key<kIsCausal>(row0, seqlen_k, diag), row_sees_key<kIsCausal>(row0 + 8, seqlen_k, diag)};
-  float inv_l[2], row_lse[2];
-  softmax.finish(sees_key, inv_l, row_lse);
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    const int row = row0 + h * 8;
-    if (row < seqlen_q) {
-      Elem* orow = out + static_cast<int64_t>(row) * p.o_row_stride;
-#pragma unroll
-      for (int j = 0; j < kOTiles; ++j) {
-        const int col = j * 8 + 2 * t;
-        if (col < head_dim)
-          *reinterpret_cast<uint32_t*>(orow + col) = pack2<Elem>(o[j][2 * h] * inv_l[h], o[j][2 * h + 1] * inv_l[h]);
-      }
-      if (t == 0) lse[row] = row_lse[h];
-    }
-  }
+  // Epilogue: O / l and lse (epilogue.cuh). Rows that see no key: O = 0, lse = +inf.
+  write_fwd_rows<Elem>(o, softmax, mask, row0, t, out, p.o_row_stride, lse, head_dim);
 #else
   __trap();  // only the sm_90a build has this kernel; the launcher never selects it elsewhere
 #endif
