@@ -426,7 +426,7 @@ export const CSV_COLUMNS = [
   'impl', 'id', 'device', 'kernel', 'algorithm', 'dtype', 'pass', 'causal', 'batch', 'seqlen_q', 'seqlen_k', 'heads_q', 'heads_kv',
   'head_dim', 'status', 'ms_median', 'ms_min', 'ms_max', 'tflops', 'pct_peak', 'peak_bytes',
   'ratio_naive', 'ratio_torch_flash', 'ratio_torch_cudnn', 'ratio_torch_efficient', 'ratio_torch_math',
-  'ratio_single_kernel_over_two_kernel', 'ratio_deterministic_over_single_kernel', 'mask', 'error',
+  'ratio_single_kernel_over_two_kernel', 'ratio_deterministic_over_single_kernel', 'mask', 'error', 'plan',
 ] as const;
 
 function csvField(v: string | number | boolean | null | undefined): string {
@@ -458,7 +458,7 @@ export function formatCsv(r: BenchReport): string {
       row.headsQ, row.headsKV, row.headDim, row.status, row.msMedian, row.msMin, row.msMax, row.tflops, row.pctPeak,
       row.peakBytes, row.ratios.naive, row.ratios['torch-flash'], row.ratios['torch-cudnn'], row.ratios['torch-efficient'],
       row.ratios['torch-math'], row.variantRatios['single-kernel/two-kernel'], row.variantRatios['deterministic/single-kernel'],
-      row.mask, row.error,
+      row.mask, row.error, row.plan,
     ];
     lines.push(values.map(csvField).join(','));
   }

@@ -11,7 +11,7 @@
  * @packageDocumentation
  */
 import { backends, flashAttention, flashAttentionBackward, memory, resetPeakMemory, synchronize, Tensor } from '../lib';
-import type { AttentionKernel, AttentionOutput, BackwardAlgorithm, Device, DType } from '../lib';
+import type { AttentionKernel, AttentionOutput, BackwardAlgorithm, Device, DType, KernelPlan } from '../lib';
 import { timeRepeatsOnDevice } from '../lib/timing';
 import { tflopsPerSecond } from './flops';
 import { BenchCell, BwdVariant, GridSettings, groupByInputs } from './grid';
@@ -89,6 +89,12 @@ export interface BenchRow extends BenchCell {
    * not 'auto'; null for forward cells and PyTorch rows.
    */
   algorithm: string | null;
+  /**
+   * Ours (and naive) measured rows: the kernel family and configuration that ran, from the results'
+   * `plan` ({@link describePlan}; a fwdbwd cell names the forward's and the backward's). Absent on
+   * PyTorch rows and failed rows.
+   */
+  plan?: string;
   status: RowStatus;
   msMedian: number | null;
   msMin: number | null;
@@ -174,6 +180,15 @@ function peakBytesSinceReset(device: Device): number {
 
 function messageOf(err: unknown): string {
   return (err instanceof Error ? err.message : String(err)).split('\n')[0];
+}
+
+/**
+ * A plan in a few words: the family, then for FlashAttention-2 on CUDA the compiled head dim and the
+ * tile (`sm90-wgmma d128 128x128 w8 s3`: 128 query rows by 128 keys, 8 warps, 3 stages).
+ */
+export function describePlan(plan: KernelPlan): string {
+  if (plan.headDim === null) return plan.family;
+  return `${plan.family} d${plan.headDim} ${plan.blockM}x${plan.blockN} w${plan.warps} s${plan.stages}`;
 }
 
 /** A row without measurements (`pctPeak` null on a GPU row, absent on a CPU row). */
@@ -280,6 +295,7 @@ export async function runOurs(cells: readonly BenchCell[], s: GridSettings, peak
           // What really ran, from the results' `kernel` and `algorithm` fields ('auto' may pick per call).
           let ran = resolved;
           let ranAlgorithm: string | null = null;
+          let ranPlan = '';
           const opts = { causal: cell.causal, kernel };
           const bwdOpts = { ...opts, deterministic: deterministic ?? false, algorithm: algorithm ?? 'auto' };
           try {
@@ -288,6 +304,7 @@ export async function runOurs(cells: readonly BenchCell[], s: GridSettings, peak
               runOnce = () => {
                 const r = flashAttention(q, k, v, opts);
                 ran = r.kernel;
+                ranPlan = describePlan(r.plan);
                 r.out.dispose();
                 r.lse.dispose();
               };
@@ -303,6 +320,7 @@ export async function runOurs(cells: readonly BenchCell[], s: GridSettings, peak
                 const g = flashAttentionBackward(dout, q, k, v, f.out, f.lse, bwdOpts);
                 ran = g.kernel;
                 ranAlgorithm = g.algorithm;
+                ranPlan = describePlan(g.plan);
                 g.dq.dispose();
                 g.dk.dispose();
                 g.dv.dispose();
@@ -313,6 +331,7 @@ export async function runOurs(cells: readonly BenchCell[], s: GridSettings, peak
                 const g = flashAttentionBackward(dout, q, k, v, r.out, r.lse, bwdOpts);
                 ran = r.kernel === g.kernel ? r.kernel : `${r.kernel} fwd + ${g.kernel} bwd`;
                 ranAlgorithm = g.algorithm;
+                ranPlan = `fwd ${describePlan(r.plan)}; bwd ${describePlan(g.plan)}`;
                 r.out.dispose();
                 r.lse.dispose();
                 g.dq.dispose();
@@ -331,7 +350,7 @@ export async function runOurs(cells: readonly BenchCell[], s: GridSettings, peak
             await synchronize(device);
             const times = await timeRepeatsOnDevice(device, runOnce, s.repeats);
             const ms = { median: median(times), min: Math.min(...times), max: Math.max(...times) };
-            push(measuredRow(cell, impl, device, ran, ms, peakBytes, peak, ranAlgorithm));
+            push({ ...measuredRow(cell, impl, device, ran, ms, peakBytes, peak, ranAlgorithm), plan: ranPlan });
           } catch (err) {
             await synchronize(device).catch(() => undefined);
             const msg = messageOf(err);

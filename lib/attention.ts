@@ -46,6 +46,38 @@ function nativeArgs(views: readonly NativeView[]): { args: [NativeBuffer, number
 /** Which implementation runs. */
 export type AttentionKernel = 'auto' | 'flash' | 'naive';
 
+/**
+ * The kernel family that ran a call: on CUDA, FlashAttention-2 on Hopper's wgmma and TMA
+ * (`'sm90-wgmma'`, fp16 / bf16 on sm_90a builds), on mma.sync (`'sm80-mma'`, fp16 / bf16, sm_80+) or
+ * on TF32 mma.sync (`'fp32-mma'`, float32), or the naive kernel (`'naive'`); `'cpu'` for the C++
+ * backend.
+ */
+export type KernelFamily = 'sm90-wgmma' | 'sm80-mma' | 'fp32-mma' | 'naive' | 'cpu';
+
+/**
+ * What ran a call, as the native planner chose it: the kernel family and, for FlashAttention-2 on
+ * CUDA, the configuration of its main kernel (the forward kernel; the backward's dK/dV kernel) for the
+ * call's head dim. The tile fields are null for `'naive'` and `'cpu'`.
+ *
+ * @example
+ * const { plan } = flashAttention(q, k, v); // d128 bf16 on an H100:
+ * // { family: 'sm90-wgmma', headDim: 128, blockM: 128, blockN: 128, warps: 8, stages: 3 }
+ */
+export interface KernelPlan {
+  /** The kernel family. */
+  family: KernelFamily;
+  /** The compiled head dim that ran: the call's head dim rounded up to the next one the family has. */
+  headDim: number | null;
+  /** Query rows per thread block (backward: per step of a thread block's loop over queries). */
+  blockM: number | null;
+  /** Keys per K/V tile (backward: per thread block). */
+  blockN: number | null;
+  /** Warps per thread block. */
+  warps: number | null;
+  /** K/V tiles (backward: Q / dO tiles) held in shared memory at once. */
+  stages: number | null;
+}
+
 /** How float32 inputs use the tensor cores of the CUDA FlashAttention-2 forward. */
 export type Float32Precision = 'tf32' | 'highest';
 
@@ -137,6 +169,8 @@ export interface AttentionOutput {
   lse: Tensor;
   /** The implementation that ran ('auto' resolved): 'flash' (FlashAttention-2) or 'naive'. */
   kernel: Exclude<AttentionKernel, 'auto'>;
+  /** The kernel family and configuration that ran. */
+  plan: KernelPlan;
 }
 
 /** Output of {@link flashAttentionBackward}: gradients with the shapes and dtypes of q, k and v. */
@@ -155,6 +189,8 @@ export interface AttentionGradients {
    * report 'single-kernel'.
    */
   algorithm: Exclude<BackwardAlgorithm, 'auto'>;
+  /** The kernel family and configuration that ran (the main kernel's: dK/dV of the two-kernel algorithm). */
+  plan: KernelPlan;
 }
 
 interface Problem {
@@ -309,7 +345,7 @@ function checkLse(lse: unknown, p: Problem): Tensor {
 
 function forwardNative(q: NativeView, k: NativeView, v: NativeView, p: Problem): AttentionOutput {
   const { args, strides } = nativeArgs([q, k, v]);
-  const [outBuf, lseBuf, kernel] = binding().attentionForward({
+  const [outBuf, lseBuf, kernel, plan] = binding().attentionForward({
     q: args[0], k: args[1], v: args[2], dims: p.dims, causal: p.causal, softmaxScale: p.scale,
     kernel: KERNEL_CODE[p.kernel], float32Precision: FLOAT32_PRECISION_CODE[p.float32Precision], strides,
   });
@@ -318,6 +354,7 @@ function forwardNative(q: NativeView, k: NativeView, v: NativeView, p: Problem):
     out: wrapNative(outBuf, [batch, seqlenQ, headsQ, headDim], p.dtype, p.device),
     lse: wrapNative(lseBuf, [batch, headsQ, seqlenQ], 'float32', p.device),
     kernel,
+    plan,
   };
 }
 
@@ -416,7 +453,7 @@ function backwardNative(
   const { args, strides } = nativeArgs([dout, q, k, v, out]);
   const given = targets.some((t) => t !== null);
   const grads = given ? targets.map((t, i) => (t === null ? null : nativeView(t, TARGET_KEYS[i]))) : [];
-  const [dq, dk, dv, kernel, algorithm] = binding().attentionBackward({
+  const [dq, dk, dv, kernel, algorithm, plan] = binding().attentionBackward({
     dout: args[0], q: args[1], k: args[2], v: args[3], out: args[4], lse, dims: p.dims, causal: p.causal,
     softmaxScale: p.scale, kernel: KERNEL_CODE[p.kernel], deterministic: p.deterministic,
     algorithm: BACKWARD_ALGORITHM_CODE[p.algorithm], float32Precision: FLOAT32_PRECISION_CODE[p.float32Precision],
@@ -433,6 +470,7 @@ function backwardNative(
     dv: wrap(dv, 2, [batch, seqlenK, headsKV, headDim]),
     kernel,
     algorithm,
+    plan,
   };
 }
 
@@ -451,6 +489,8 @@ export class AttentionContext implements Disposable {
   readonly lse: Tensor;
   /** The forward's implementation ('auto' resolved). */
   readonly kernel: Exclude<AttentionKernel, 'auto'>;
+  /** The forward's kernel family and configuration. */
+  readonly plan: KernelPlan;
   #saved: NativeView[] | null; // q, k, v, out, lse
   readonly #problem: BackwardProblem;
 
@@ -462,6 +502,7 @@ export class AttentionContext implements Disposable {
     this.out = out.out;
     this.lse = out.lse;
     this.kernel = out.kernel;
+    this.plan = out.plan;
     this.#saved = saved;
     this.#problem = problem;
   }

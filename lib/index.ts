@@ -21,6 +21,7 @@ export {
 } from './attention';
 export type {
   AttentionKernel, AttentionOptions, AttentionBackwardOptions, AttentionOutput, AttentionGradients, BackwardAlgorithm, Float32Precision,
+  KernelFamily, KernelPlan,
 } from './attention';
 export { backends, cudaDeviceCount } from './backends';
 export { timeOnDevice, timeRepeatsOnDevice } from './timing';

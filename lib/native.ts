@@ -10,6 +10,7 @@
  */
 import * as fs from 'fs';
 import * as path from 'path';
+import type { KernelPlan } from './attention';
 import type { CpuSimd } from './backends';
 import { describeValue } from './errors';
 
@@ -92,18 +93,21 @@ export interface NativeBinding {
   /**
    * The attention forward (csrc/napi/attention_ops.cc): one plain object of named arguments, read once
    * and checked before anything is allocated (a TypeError for an unknown key, a missing required key or
-   * a value of the wrong type; a refused call changes nothing). Returns `[out, lse, kernel]`: new
-   * contiguous tensors and the implementation that ran.
+   * a value of the wrong type; a refused call changes nothing). Returns `[out, lse, kernel, plan]`:
+   * new contiguous tensors, the implementation that ran and its family and configuration.
    */
-  attentionForward(args: NativeAttentionForwardArgs): [NativeBuffer, NativeBuffer, 'flash' | 'naive'];
+  attentionForward(args: NativeAttentionForwardArgs): [NativeBuffer, NativeBuffer, 'flash' | 'naive', KernelPlan];
   /**
    * The attention backward (csrc/napi/attention_ops.cc), checked like {@link attentionForward}.
-   * Returns `[dq, dk, dv, kernel, algorithm]`: a gradient written into a view of `grads` comes back as
-   * null, the others as new contiguous tensors; kernel and algorithm are those that ran.
+   * Returns `[dq, dk, dv, kernel, algorithm, plan]`: a gradient written into a view of `grads` comes
+   * back as null, the others as new contiguous tensors; kernel, algorithm and plan are those that ran.
    */
   attentionBackward(
     args: NativeAttentionBackwardArgs,
-  ): [NativeBuffer | null, NativeBuffer | null, NativeBuffer | null, 'flash' | 'naive', 'single-kernel' | 'two-kernel'];
+  ): [
+    NativeBuffer | null, NativeBuffer | null, NativeBuffer | null, 'flash' | 'naive', 'single-kernel' | 'two-kernel',
+    KernelPlan,
+  ];
   // Training ops (csrc/napi/train_ops.cc); tensors are [buffer, element offset] pairs.
   embeddingForward(ids: NativeView, table: NativeView, rows: number, vocab: number, dim: number): NativeBuffer;
   embeddingBackward(ids: NativeView, dout: NativeView, dtable: NativeView, rows: number, vocab: number, dim: number): void;

@@ -18,7 +18,8 @@ import {
   ratioSummaryLines, variantRatioSummary,
 } from '../bench/report';
 import {
-  addRatios, BenchRow, BWD_VARIANT_RUNS, emptyRow, Impl, IMPL_LABELS, isOutOfMemory, measuredRow, oursWork, sortRows, torchRows,
+  addRatios, BenchRow, BWD_VARIANT_RUNS, describePlan, emptyRow, Impl, IMPL_LABELS, isOutOfMemory, measuredRow, oursWork, sortRows,
+  torchRows,
 } from '../bench/runner';
 import type { TorchResult } from '../bench/torch';
 import { findPackageJson, packageVersionFrom } from '../bench/version';
@@ -396,6 +397,15 @@ function variantReport(
 }
 
 describe('reports', () => {
+  test('describePlan: the family, then the compiled head dim and the tile of FlashAttention-2 on CUDA', () => {
+    expect(describePlan({ family: 'sm90-wgmma', headDim: 128, blockM: 128, blockN: 128, warps: 8, stages: 3 }))
+      .toBe('sm90-wgmma d128 128x128 w8 s3');
+    expect(describePlan({ family: 'fp32-mma', headDim: 32, blockM: 64, blockN: 64, warps: 4, stages: 1 })).toBe('fp32-mma d32 64x64 w4 s1');
+    for (const family of ['cpu', 'naive'] as const) {
+      expect(describePlan({ family, headDim: null, blockM: null, blockN: null, warps: null, stages: null })).toBe(family);
+    }
+  });
+
   const report = syntheticReport();
 
   test('rows: TFLOP/s from the FA2 count, % of peak, ratios ours ÷ theirs', () => {
@@ -728,6 +738,7 @@ describe('end to end on the CPU backend (child process)', () => {
     for (const row of report.rows) {
       expect(row).toMatchObject({ impl: 'ours', device: 'cpu', kernel: 'flash', status: 'ok', error: null, headDim: 32, dtype: 'float32' });
       expect(row.algorithm).toBe(row.pass === 'fwd' ? null : 'single-kernel');
+      expect(row.plan).toBe(row.pass === 'fwdbwd' ? 'fwd cpu; bwd cpu' : 'cpu');
       for (const k of ['msMedian', 'msMin', 'msMax', 'tflops', 'peakBytes'] as const) expect(typeof row[k]).toBe('number');
       expect(row.msMin as number).toBeLessThanOrEqual(row.msMedian as number);
       expect(row.msMedian as number).toBeLessThanOrEqual(row.msMax as number);

@@ -11,9 +11,12 @@
  *   explicit 'two-kernel' where it does not exist is refused with the reason (float32 here; the head
  *   dims in test/flash-backward.test.ts). 'naive' runs on request. The forward's only refusal ("needs
  *   a GPU of compute capability 8.0 (sm_80) or newer") cannot be reached on the GPUs the suites run on.
+ * - Results also carry the plan that ran: the kernel family ('cpu' on the CPU; on CUDA 'sm90-wgmma' for
+ *   fp16 / bf16 on Hopper where it exists, else 'sm80-mma', 'fp32-mma' for float32, 'naive') and, for
+ *   FlashAttention-2 on CUDA, the compiled head dim and tile of its main kernel.
  */
 import { backends, flashAttention, flashAttentionBackward, Tensor } from '../lib';
-import type { AttentionKernel, BackwardAlgorithm, DType } from '../lib';
+import type { AttentionKernel, BackwardAlgorithm, DType, KernelPlan } from '../lib';
 import { describeEachDevice, HAS_CUDA, trackMemory } from './helpers/backend';
 import { randn, rngFor } from './helpers/random';
 
@@ -57,6 +60,51 @@ describeEachDevice('kernel choice', (device) => {
     }
   });
 
+  /** The head dims the CUDA kernels are compiled for; a call runs the next one up. */
+  const padded = (headDim: number): number => [32, 64, 96, 128, 192, 256].find((d) => d >= headDim) as number;
+  const families = (dtype: DType, algorithm: RanAlgorithm): [string, string] => {
+    if (device === 'cpu') return ['cpu', 'cpu'];
+    if (dtype === 'float32') return ['fp32-mma', 'fp32-mma'];
+    return [HOPPER ? 'sm90-wgmma' : 'sm80-mma', algorithm === 'two-kernel' ? 'sm90-wgmma' : 'sm80-mma'];
+  };
+  const tileOf = (plan: KernelPlan): (number | null)[] => [plan.headDim, plan.blockM, plan.blockN, plan.warps, plan.stages];
+
+  test.each(cases)('%s, head dim %d: the results carry the plan that ran', (dtype, headDim, _f, _b, algorithm) => {
+    const [q, k, v, dout] = make(dtype, headDim);
+    const f = flashAttention(q, k, v);
+    const g = flashAttentionBackward(dout, q, k, v, f.out, f.lse);
+    try {
+      expect([f.plan.family, g.plan.family]).toEqual(families(dtype, algorithm));
+      for (const plan of [f.plan, g.plan]) {
+        if (device === 'cpu') {
+          expect(tileOf(plan)).toEqual([null, null, null, null, null]);
+        } else {
+          expect(plan.headDim).toBe(padded(headDim));
+          for (const x of tileOf(plan).slice(1)) expect(Number.isInteger(x) && (x as number) > 0).toBe(true);
+          expect((plan.blockN as number) % 16).toBe(0);
+        }
+      }
+    } finally {
+      for (const t of [q, k, v, dout, f.out, f.lse, g.dq, g.dk, g.dv]) t.dispose();
+    }
+  });
+
+  if (device === 'cuda' && HOPPER) {
+    // The example of lib/attention.ts KernelPlan, and the Hopper backward's 128-key tile of two
+    // warpgroups (flash_configs.h).
+    test('bfloat16, head dim 128 on Hopper: the plans are the wgmma rows of the tables', () => {
+      const [q, k, v, dout] = make('bfloat16', 128);
+      const f = flashAttention(q, k, v);
+      const g = flashAttentionBackward(dout, q, k, v, f.out, f.lse);
+      try {
+        expect(f.plan).toEqual({ family: 'sm90-wgmma', headDim: 128, blockM: 128, blockN: 128, warps: 8, stages: 3 });
+        expect(g.plan).toEqual({ family: 'sm90-wgmma', headDim: 128, blockM: 64, blockN: 128, warps: 8, stages: 2 });
+      } finally {
+        for (const t of [q, k, v, dout, f.out, f.lse, g.dq, g.dk, g.dv]) t.dispose();
+      }
+    });
+  }
+
   if (device === 'cuda') {
     test.each([['float16', 96], ['bfloat16', 136], ['float32', 32]] as [DType, number][])(
       "%s, head dim %d: kernel 'flash' and kernel 'naive' each run the forward they name", (dtype, headDim) => {
@@ -65,6 +113,7 @@ describeEachDevice('kernel choice', (device) => {
         const n = flashAttention(q, k, v, { kernel: 'naive', causal: true });
         try {
           expect([f.kernel, n.kernel]).toEqual(['flash', 'naive']);
+          expect(n.plan).toEqual({ family: 'naive', headDim: null, blockM: null, blockN: null, warps: null, stages: null });
         } finally {
           for (const t of [q, k, v, dout, f.out, f.lse, n.out, n.lse]) t.dispose();
         }

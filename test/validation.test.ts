@@ -536,11 +536,12 @@ describe('raw native binding (lib/native.ts binding())', () => {
 
   test('the valid calls used as the base of the garbage below do work', async () => {
     const before = liveMemory();
-    // [out, lse, kernel] and [dq, dk, dv, kernel, algorithm]: the kernel names the implementation that ran.
+    // [out, lse, kernel, plan] and [dq, dk, dv, kernel, algorithm, plan]: what ran.
     const rAll = fwd()() as unknown[];
     const gAll = bwd()() as unknown[];
-    expect([rAll.length, gAll.length]).toEqual([3, 5]);
-    expect([rAll[2], gAll[3], gAll[4]]).toEqual(['flash', 'flash', 'single-kernel']);
+    expect([rAll.length, gAll.length]).toEqual([4, 6]);
+    const cpuPlan = { family: 'cpu', headDim: null, blockM: null, blockN: null, warps: null, stages: null };
+    expect([rAll[2], gAll[3], gAll[4], rAll[3], gAll[5]]).toEqual(['flash', 'flash', 'single-kernel', cpuPlan, cpuPlan]);
     const r = rAll.slice(0, 2) as NativeBuffer[];
     const g = gAll.slice(0, 3) as NativeBuffer[];
     expect(liveMemory().cpu.tensors).toBe(before.cpu.tensors + 5);
@@ -559,7 +560,8 @@ describe('raw native binding (lib/native.ts binding())', () => {
     return o;
   };
   const releaseAll = (r: unknown): void => {
-    for (const x of r as unknown[]) if (x !== null && typeof x === 'object') (x as NativeBuffer).release();
+    // The buffers of a result, not its kernel name or plan object.
+    for (const x of r as unknown[]) if (typeof (x as NativeBuffer | null)?.release === 'function') (x as NativeBuffer).release();
   };
 
   test('options objects: each key is read exactly once, getters and Proxies included', async () => {
@@ -658,7 +660,7 @@ describe('raw native binding (lib/native.ts binding())', () => {
       expect(liveMemory()).toEqual(before);
     }
     const r = bwd({ strides: undefined, grads: [null, null, null], gradStrides: undefined })() as unknown[];
-    expect(r.slice(3)).toEqual(['flash', 'single-kernel']);
+    expect(r.slice(3, 5)).toEqual(['flash', 'single-kernel']);
     releaseAll(r.slice(0, 3));
     await synchronize('cpu');
     expect(liveMemory()).toEqual(before);

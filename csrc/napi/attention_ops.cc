@@ -223,6 +223,31 @@ const char* kernel_name(Kernel k) {
   return k == Kernel::kNaive ? "naive" : "flash";
 }
 
+// The `plan` of a result (lib/attention.ts KernelPlan): the kernel family and, for a FlashAttention-2
+// call on CUDA, its main kernel's row of the family's configuration table (flash_configs.h: the
+// compiled head dim and the tile, checked against the kernel's traits at compile time). The CPU
+// backend and the naive kernel report their family alone (the other fields null).
+struct PlanReport {
+  const char* family;
+  int head_dim = 0, block_m = 0, block_n = 0, warps = 0, stages = 0;  // 0: not reported
+};
+Napi::Object plan_object(Napi::Env env, const PlanReport& r) {
+  const auto number = [&](int v) { return v > 0 ? Napi::Value(Napi::Number::New(env, v)) : env.Null(); };
+  Napi::Object o = Napi::Object::New(env);
+  o.Set("family", Napi::String::New(env, r.family));
+  o.Set("headDim", number(r.head_dim));
+  o.Set("blockM", number(r.block_m));
+  o.Set("blockN", number(r.block_n));
+  o.Set("warps", number(r.warps));
+  o.Set("stages", number(r.stages));
+  return o;
+}
+#ifdef FA_WITH_CUDA
+PlanReport flash_plan_report(cuda::FlashFamily family, const cuda::flash::FlashConfig& c) {
+  return {cuda::family_name(family), c.head_dim, c.block_m, c.block_n, c.warps, c.stages};
+}
+#endif
+
 // Strided views (q, k, v, out, dout, and the gradients written into given views): the CPU backend and
 // the naive CUDA kernel read and write any strides the params struct holds. The CUDA
 // FlashAttention-2 kernels (mma.sync, float32, Hopper wgmma + TMA) honour the strides too, but need
@@ -282,11 +307,11 @@ ForwardArgs forward_args(const Napi::Value& value) {
 }
 
 // attentionForward({ q, k, v, dims, causal, softmaxScale, kernel, float32Precision, strides? }):
-// [out, lse, kernel]. One plain object (OptionsSnapshot: unknown keys and missing required ones are
+// [out, lse, kernel, plan]. One plain object (OptionsSnapshot: unknown keys and missing required ones are
 // refused); q, k, v: tensors ([buffer, offset]); dims: [batch, seqlenQ, seqlenK, headsQ, headsKV,
 // headDim]; kernel, float32Precision: codes of csrc/enums.json; strides: undefined (contiguous) or the
 // [batch, row, head] strides of q, k, v, 9 integers (head_dim has stride 1). out is a new contiguous
-// tensor; kernel the implementation that ran ('flash' | 'naive').
+// tensor; kernel the implementation that ran ('flash' | 'naive'); plan its family and tile (PlanReport).
 Napi::Value AttentionForward(const Napi::CallbackInfo& info) {
   Napi::Env env = info.Env();
   Runtime& rt = runtime(env);
@@ -375,10 +400,15 @@ Napi::Value AttentionForward(const Napi::CallbackInfo& info) {
     }
 #endif
   }
-  Napi::Array result = Napi::Array::New(env, 3);
+  PlanReport report{device == Device::kCpu ? "cpu" : "naive"};
+#ifdef FA_WITH_CUDA
+  if (device == Device::kCuda && kernel == Kernel::kFlash) report = flash_plan_report(plan.family, plan.config);
+#endif
+  Napi::Array result = Napi::Array::New(env, 4);
   result.Set(0u, NativeBuffer::Wrap(env, out));
   result.Set(1u, NativeBuffer::Wrap(env, lse));
   result.Set(2u, Napi::String::New(env, kernel_name(kernel)));
+  result.Set(3u, plan_object(env, report));
   return result;
 }
 
@@ -448,8 +478,8 @@ BackwardArgs backward_args(const Napi::Value& value) {
 }
 
 // attentionBackward({ dout, q, k, v, out, lse, dims, causal, softmaxScale, kernel, deterministic,
-// algorithm, float32Precision, strides?, grads?, gradStrides? }): [dq, dk, dv, kernel, algorithm] (the
-// last two resolved: 'flash' | 'naive', 'single-kernel' | 'two-kernel'). One plain object, as for
+// algorithm, float32Precision, strides?, grads?, gradStrides? }): [dq, dk, dv, kernel, algorithm, plan]
+// ('flash' | 'naive', 'single-kernel' | 'two-kernel', PlanReport: as run). One plain object, as for
 // attentionForward. strides: undefined or 15 [batch, row, head] strides of dout, q, k, v, out. grads:
 // undefined or [dq, dk, dv], each a tensor to write the gradient into (a view, e.g. of a packed dqkv)
 // or null for a new contiguous tensor; gradStrides: their strides (9; undefined: contiguous), only
@@ -627,13 +657,18 @@ Napi::Value AttentionBackward(const Napi::CallbackInfo& info) {
     enqueue_copy(rt, device, make_copy_params(*targets[i].t.buf, targets[i].v, *grads[i].t.buf, grads[i].v),
                  grads[i].t.buf, targets[i].t.buf);
   }
-  Napi::Array result = Napi::Array::New(env, 5);
+  PlanReport report{device == Device::kCpu ? "cpu" : "naive"};
+#ifdef FA_WITH_CUDA
+  if (device == Device::kCuda && kernel == Kernel::kFlash) report = flash_plan_report(plan.family, plan.config);
+#endif
+  Napi::Array result = Napi::Array::New(env, 6);
   for (uint32_t i = 0; i < 3; ++i) {
     result.Set(i, new_grads[i] ? Napi::Value(NativeBuffer::Wrap(env, new_grads[i])) : Napi::Value(env.Null()));
   }
   result.Set(3u, Napi::String::New(env, kernel_name(kernel)));
   const bool two_kernel = kernel == Kernel::kFlash && device == Device::kCuda && p.two_kernel;
   result.Set(4u, Napi::String::New(env, two_kernel ? "two-kernel" : "single-kernel"));
+  result.Set(5u, plan_object(env, report));
   return result;
 }
 

@@ -45,6 +45,7 @@ struct Sm80BwdTraitsOf {
   static constexpr flash::FlashConfig kC = flash::config_for(flash::kBwdSm80Configs, kHeadDim);
   static_assert(kC.head_dim == kHeadDim, "every compiled head dim has a row");
   using type = flash::FlashBwdTraits<kHeadDim, kC.block_m, kC.key_tiles, kC.d_split, Elem>;
+  static_assert(flash::row_matches<type>(kC), "the row reports the traits' tile");
 };
 template <int kHeadDim, typename Elem>
 using Sm80BwdTraits = typename Sm80BwdTraitsOf<kHeadDim, Elem>::type;

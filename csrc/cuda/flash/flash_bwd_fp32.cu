@@ -66,6 +66,7 @@ struct Fp32BwdConfig {
   static constexpr flash::FlashConfig kC = flash::config_for(flash::kBwdFp32Configs, kHeadDim);
   static_assert(kC.head_dim == kHeadDim, "every specialised head dim has a row");
   using Traits = flash::FlashBwdFp32Traits<kHeadDim, kC.block_m, kC.key_tiles, kC.d_split, kC.stages, kC.blocks_per_sm>;
+  static_assert(flash::row_matches<Traits>(kC), "the row reports the traits' tile");
 };
 
 // What the host needs to know of a specialisation's configuration before launching it.

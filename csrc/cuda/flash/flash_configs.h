@@ -2,7 +2,9 @@
 // the launchers instantiate their traits from these rows (at compile time) and the planners
 // (flash_plan.h) report and check them (at run time), so that a configuration is written once.
 // Why each row is what it is (measurements, ptxas registers and spills) stays in the comment of the
-// launcher that runs it. Shared-memory sizes are not in the rows: they come from the traits.
+// launcher that runs it. Shared-memory sizes are not in the rows: they come from the traits. The tile
+// a row reports (block_m x block_n, warps, stages) is checked against the traits it instantiates, at
+// compile time, by every launcher (row_matches): results report it as the call's plan.
 #pragma once
 #include <cstddef>
 
@@ -10,60 +12,68 @@
 
 namespace fa::cuda::flash {
 
-// One configuration. Fields a family does not use (or derives in its traits) are 0 (false).
+// One configuration. Fields a family does not use are 0 (false).
 struct FlashConfig {
   int head_dim;           // the compiled (padded) head dim
   int block_m;            // query rows per thread block (backward: per step of a block's loop)
-  int block_n;            // keys per K/V tile
-  int warps;              // warps that multiply (sm90: 4 per warpgroup of 64 query rows)
-  int stages;             // K/V (backward: Q / dO) pipeline stages
-  int blocks_per_sm;      // thread blocks one SM keeps (the launch bounds' minimum)
+  int block_n;            // keys per K/V tile (backward: per thread block)
+  int warps;              // warps of a thread block (sm90: 4 per warpgroup)
+  int stages;             // K/V (backward: Q / dO) tiles in shared memory at once
+  int blocks_per_sm;      // thread blocks one SM keeps (the launch bounds' minimum); 0: not set
   bool q_in_regs;         // Q held in registers for the whole pass, not re-read from shared memory
   int key_tiles = 0;      // backward, mma.sync: warps along the keys (16 keys each)
   int d_split = 0;        // backward, mma.sync: warps along the head dim
 };
 
+// Whether the traits a launcher instantiated from row `c` have the tile the row reports.
+template <typename Traits>
+constexpr bool row_matches(const FlashConfig& c) {
+  return c.block_m == Traits::kBlockM && c.block_n == Traits::kBlockN && c.warps * 32 == Traits::kNThreads &&
+         c.stages == Traits::kStages;
+}
+
 // Forward, mma.sync, fp16 / bf16 (flash_fwd.cu).
 inline constexpr FlashConfig kFwdSm80Configs[] = {
-    {32, 64, 64, 4, 0, 0, true},    {64, 64, 64, 4, 0, 0, true},     {96, 64, 64, 4, 0, 0, true},
-    {128, 64, 64, 4, 0, 0, true},   {192, 128, 32, 8, 0, 0, false},  {256, 128, 32, 8, 0, 0, false},
+    {32, 64, 64, 4, 2, 0, true},    {64, 64, 64, 4, 2, 0, true},     {96, 64, 64, 4, 2, 0, true},
+    {128, 64, 64, 4, 2, 0, true},   {192, 128, 32, 8, 2, 0, false},  {256, 128, 32, 8, 2, 0, false},
 };
 // Forward, wgmma + TMA, fp16 / bf16 (hopper/flash_fwd_sm90.cu): two warpgroups, 3 stages.
 inline constexpr FlashConfig kFwdSm90Configs[] = {
     {32, 128, 64, 8, 3, 2, false},   {64, 128, 64, 8, 3, 2, false},   {96, 128, 128, 8, 3, 1, false},
     {128, 128, 128, 8, 3, 1, false}, {192, 128, 64, 8, 3, 1, false},  {256, 128, 32, 8, 3, 1, false},
 };
-// Forward, mma.sync on TF32 and 3xTF32 (flash_fwd_fp32.cu): 4 warps of 16 query rows.
+// Forward, mma.sync on TF32 and 3xTF32 (flash_fwd_fp32.cu): 4 warps of 16 query rows, one K and one
+// V tile (K of the next tile loads during P V).
 inline constexpr FlashConfig kFwdFp32Tf32Configs[] = {
-    {32, 64, 64, 4, 0, 3, true},    {64, 64, 64, 4, 0, 2, true},     {96, 64, 32, 4, 0, 2, true},
-    {128, 64, 32, 4, 0, 2, true},   {192, 64, 32, 4, 0, 2, false},   {256, 64, 16, 4, 0, 2, false},
+    {32, 64, 64, 4, 1, 3, true},    {64, 64, 64, 4, 1, 2, true},     {96, 64, 32, 4, 1, 2, true},
+    {128, 64, 32, 4, 1, 2, true},   {192, 64, 32, 4, 1, 2, false},   {256, 64, 16, 4, 1, 2, false},
 };
 inline constexpr FlashConfig kFwdFp32HighestConfigs[] = {
-    {32, 64, 64, 4, 0, 3, true},    {64, 64, 32, 4, 0, 3, true},     {96, 64, 32, 4, 0, 2, false},
-    {128, 64, 32, 4, 0, 2, false},  {192, 64, 32, 4, 0, 2, false},   {256, 64, 16, 4, 0, 2, false},
+    {32, 64, 64, 4, 1, 3, true},    {64, 64, 32, 4, 1, 3, true},     {96, 64, 32, 4, 1, 2, false},
+    {128, 64, 32, 4, 1, 2, false},  {192, 64, 32, 4, 1, 2, false},   {256, 64, 16, 4, 1, 2, false},
 };
 
 // Backward, mma.sync, fp16 / bf16 (flash_bwd.cu): 64 query rows per step; warps 8 x 1 (key tiles x
-// head-dim split) up to head dim 128, then 4 x 2.
+// head-dim split: 128 keys) up to head dim 128, then 4 x 2 (64 keys).
 inline constexpr FlashConfig kBwdSm80Configs[] = {
-    {32, 64, 0, 0, 0, 0, false, 8, 1},  {64, 64, 0, 0, 0, 0, false, 8, 1},  {96, 64, 0, 0, 0, 0, false, 8, 1},
-    {128, 64, 0, 0, 0, 0, false, 8, 1}, {192, 64, 0, 0, 0, 0, false, 4, 2}, {256, 64, 0, 0, 0, 0, false, 4, 2},
+    {32, 64, 128, 8, 2, 0, false, 8, 1},  {64, 64, 128, 8, 2, 0, false, 8, 1}, {96, 64, 128, 8, 2, 0, false, 8, 1},
+    {128, 64, 128, 8, 2, 0, false, 8, 1}, {192, 64, 64, 8, 2, 0, false, 4, 2}, {256, 64, 64, 8, 2, 0, false, 4, 2},
 };
 // Backward, wgmma + TMA (hopper/flash_bwd_sm90.cu): the dK/dV (and single-kernel) main kernel, 64
-// query rows per step (its 128-key tile is the traits'), and the two-kernel backward's dQ kernel,
-// 64-key tiles (its 128 query rows are the traits'). The head dims with a row are the ones the
-// Hopper backward has.
+// query rows per step, 128 keys (two warpgroups of 64), and the two-kernel backward's dQ kernel, 128
+// query rows (two warpgroups of 64), 64-key tiles. The head dims with a row are the ones the Hopper
+// backward has.
 inline constexpr FlashConfig kBwdSm90Configs[] = {
-    {32, 64, 0, 0, 0, 0, false}, {64, 64, 0, 0, 0, 0, false}, {128, 64, 0, 0, 0, 0, false},
+    {32, 64, 128, 8, 2, 0, false}, {64, 64, 128, 8, 2, 0, false}, {128, 64, 128, 8, 2, 0, false},
 };
 inline constexpr FlashConfig kBwdDqSm90Configs[] = {
-    {32, 0, 64, 0, 0, 0, false}, {64, 0, 64, 0, 0, 0, false}, {128, 0, 64, 0, 0, 0, false},
+    {32, 128, 64, 8, 2, 0, false}, {64, 128, 64, 8, 2, 0, false}, {128, 128, 64, 8, 2, 0, false},
 };
 // Backward, mma.sync on TF32 and 3xTF32 (flash_bwd_fp32.cu), both precisions: query rows per step,
 // key tiles x head-dim split, Q / dO stages, blocks per SM.
 inline constexpr FlashConfig kBwdFp32Configs[] = {
-    {32, 32, 0, 0, 2, 2, false, 4, 1},  {64, 32, 0, 0, 2, 2, false, 4, 1},  {96, 32, 0, 0, 1, 1, false, 4, 2},
-    {128, 16, 0, 0, 2, 1, false, 4, 2}, {192, 32, 0, 0, 1, 2, false, 2, 2}, {256, 16, 0, 0, 1, 2, false, 2, 2},
+    {32, 32, 64, 4, 2, 2, false, 4, 1},  {64, 32, 64, 4, 2, 2, false, 4, 1},  {96, 32, 64, 8, 1, 1, false, 4, 2},
+    {128, 16, 64, 8, 2, 1, false, 4, 2}, {192, 32, 32, 4, 1, 2, false, 2, 2}, {256, 16, 32, 4, 1, 2, false, 2, 2},
 };
 
 // The row of `head_dim` in a table (head_dim 0 when the table has none). Host constexpr: the

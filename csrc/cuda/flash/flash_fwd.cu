@@ -40,6 +40,7 @@ struct Sm80Traits {
   static constexpr flash::FlashConfig kC = flash::config_for(flash::kFwdSm80Configs, kHeadDim);
   static_assert(kC.head_dim == kHeadDim, "every compiled head dim has a row");
   using type = flash::FlashFwdTraits<kHeadDim, kC.block_m, kC.block_n, kC.warps, Elem, kC.q_in_regs>;
+  static_assert(flash::row_matches<type>(kC), "the row reports the traits' tile");
 };
 
 template <typename Elem, int kHeadDim, bool kIsCausal>

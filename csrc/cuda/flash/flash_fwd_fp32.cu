@@ -61,6 +61,7 @@ struct Fp32FwdConfig {
   static_assert(kC.head_dim == kHeadDim && kC.warps == kFp32Warps && kC.block_m == kFp32BlockM,
                 "every specialised head dim has a row of kFp32Warps warps");
   using Traits = flash::FlashFwdFp32Traits<kHeadDim, kC.block_n, kC.warps, kC.q_in_regs, kC.blocks_per_sm>;
+  static_assert(flash::row_matches<Traits>(kC), "the row reports the traits' tile");
 };
 
 // What the host needs to know of a specialisation's configuration before launching it.

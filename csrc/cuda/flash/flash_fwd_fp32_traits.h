@@ -13,6 +13,7 @@ struct FlashFwdFp32Traits {
   using Elem = float;                         // tile_load.cuh's element type
   static constexpr int kHeadDim = kHeadDim_;  // the specialisation; the call's head_dim may be smaller
   static constexpr int kBlockN = kBlockN_;    // key / value rows per K/V tile
+  static constexpr int kStages = 1;           // one K and one V tile: K of the next tile loads during P V
   static constexpr int kNWarps = kNWarps_;
   static constexpr int kNThreads = kNWarps * 32;
   // Q fragments held in registers for the whole K/V loop (else re-read from shared memory per tile:

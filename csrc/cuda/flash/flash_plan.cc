@@ -9,6 +9,15 @@
 
 namespace fa::cuda {
 
+const char* family_name(FlashFamily family) {
+  switch (family) {
+    case FlashFamily::kSm80Mma: return "sm80-mma";
+    case FlashFamily::kSm90Wgmma: return "sm90-wgmma";
+    case FlashFamily::kFp32Mma: return "fp32-mma";
+    default: return nullptr;
+  }
+}
+
 FwdPlan plan_forward(const AttentionFwdParams& p) {
   FwdPlan plan;
   if (p.dtype == DType::kFloat32) {

@@ -21,6 +21,9 @@ enum class FlashFamily : int {
   kSm90Wgmma,  // wgmma + TMA, fp16 / bf16, Hopper on sm_90a builds
   kFp32Mma,    // mma.sync on TF32 (or 3xTF32), float32, sm_80+
 };
+// The family's name in results and reports ('sm80-mma', 'sm90-wgmma', 'fp32-mma'; lib/attention.ts
+// KernelFamily); nullptr for kNone.
+const char* family_name(FlashFamily family);
 
 struct FwdPlan {
   FlashFamily family = FlashFamily::kNone;

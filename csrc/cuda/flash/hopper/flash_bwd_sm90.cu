@@ -60,6 +60,7 @@ cudaError_t launch(const AttentionBwdParams& p, const flash::FlashBwdWorkspace& 
     return cudaErrorNotSupported;
   } else {
     using Traits = flash::sm90::FlashBwdSm90Traits<kHeadDim, kSm90Config<kHeadDim>.block_m, Elem>;
+    static_assert(flash::row_matches<Traits>(kSm90Config<kHeadDim>), "the row reports the traits' tile");
     flash::sm90::BwdTensorMaps maps;
     FA_CUDA_TRY(make_bwd_maps(&maps, p, Traits::kBlockM, Traits::kBlockN));
     auto kernel = flash::sm90::flash_bwd_sm90_kernel<Traits, kIsCausal, kComputeDq>;
@@ -79,6 +80,7 @@ cudaError_t launch_dq(const AttentionBwdParams& p, const float* d_rows, cudaStre
   } else {
     static_assert(kDqSm90Config<kHeadDim>.head_dim == kHeadDim, "the dQ kernel has the main kernel's head dims");
     using Traits = flash::sm90::FlashBwdDqSm90Traits<kHeadDim, kDqSm90Config<kHeadDim>.block_n, Elem>;
+    static_assert(flash::row_matches<Traits>(kDqSm90Config<kHeadDim>), "the row reports the traits' tile");
     flash::sm90::BwdDqTensorMaps maps;
     FA_CUDA_TRY(make_bwd_maps(&maps, p, Traits::kBlockM, Traits::kBlockN));
     auto kernel = flash::sm90::flash_bwd_dq_sm90_kernel<Traits, kIsCausal>;

@@ -47,6 +47,7 @@ cudaError_t launch(const AttentionFwdParams& p, cudaStream_t stream) {
   static_assert(kC.head_dim == kHeadDim && kC.warps % 4 == 0, "every compiled head dim has a row of warpgroups");
   using Traits =
       flash::sm90::FlashFwdSm90Traits<kHeadDim, kC.block_n, kC.warps / 4, kC.stages, Elem, kC.blocks_per_sm>;
+  static_assert(flash::row_matches<Traits>(kC), "the row reports the traits' tile");
   return launch_flash_fwd_sm90<Traits, kIsCausal>(p, stream);
 }
 
