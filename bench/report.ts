@@ -218,6 +218,15 @@ export function panels(rows: readonly BenchRow[]): Panel[] {
   return [...map.values()].sort((a, b) => a.headDim - b.headDim || Number(a.causal) - Number(b.causal) || passOrder.indexOf(a.pass) - passOrder.indexOf(b.pass));
 }
 
+/**
+ * A panel's title with the plan our rows ran when they share one (`ours: sm90-wgmma d64 128x64 w8
+ * s3`); the title alone otherwise (no measured rows of ours, or plans that differ by row).
+ */
+export function panelHeading(p: Panel): string {
+  const plans = new Set(p.rows.filter((r) => r.impl === 'ours' && r.plan !== undefined).map((r) => r.plan));
+  return plans.size === 1 ? `${p.title} · ours: ${[...plans][0]}` : p.title;
+}
+
 /** Implementations present in `rows`, in report order. */
 export function implsIn(rows: readonly BenchRow[]): Impl[] {
   const present = new Set(rows.map((r) => r.impl));
@@ -389,7 +398,7 @@ export function formatText(r: BenchReport): string {
   const others = ratioImpls(r.rows);
   const variantRatios = variantRatiosIn(r.rows);
   for (const p of panels(r.rows)) {
-    out.push(p.title);
+    out.push(panelHeading(p));
     const header = [
       'seqlen', 'batch x heads', 'impl', 'ms median', 'ms min-max', 'TFLOP/s', '% peak', 'peak mem',
       ...others.map((o) => `ours/${o.replace(/^torch-/, '')}`), ...variantRatios.map((v) => VARIANT_RATIO_TEXT[v].column),
@@ -492,7 +501,7 @@ export function formatMarkdown(r: BenchReport): string {
   const columns = [...MD_FIXED, ...present.filter((i) => !MD_FIXED.includes(i))];
   const extraHeads = variantRatios.map((v) => ` ${VARIANT_RATIO_TEXT[v].markdown} |`).join('');
   for (const p of panels(r.rows)) {
-    out.push(`#### ${p.title}`, '');
+    out.push(`#### ${panelHeading(p)}`, '');
     out.push(`| seqlen | batch × heads | ${columns.map((c) => IMPL_LABELS[c]).join(' | ')} | ours/flash | ours/cuDNN |${extraHeads}`);
     out.push(`| ---: | ---: | ${columns.map(() => '---:').join(' | ')} | ---: | ---: |${variantRatios.map(() => ' ---: |').join('')}`);
     const byCell = new Map<string, BenchRow[]>();

@@ -14,8 +14,8 @@ import { BenchCell, buildCells, cellId, GridSettings, groupByInputs } from '../b
 import { findDevicePeak, peakTflops } from '../bench/peaks';
 import { deviceDefaults, listPresets, PRESETS, RENAMED_PRESETS } from '../bench/presets';
 import {
-  BenchReport, CSV_COLUMNS, DETERMINISTIC_MAX_RATIO, fmtBytes, formatCsv, formatMarkdown, formatText, headerLines, ratioSummary,
-  ratioSummaryLines, variantRatioSummary,
+  BenchReport, CSV_COLUMNS, DETERMINISTIC_MAX_RATIO, fmtBytes, formatCsv, formatMarkdown, formatText, headerLines, panelHeading,
+  panels, ratioSummary, ratioSummaryLines, variantRatioSummary,
 } from '../bench/report';
 import {
   addRatios, BenchRow, BWD_VARIANT_RUNS, describePlan, emptyRow, Impl, IMPL_LABELS, isOutOfMemory, measuredRow, oursWork, sortRows,
@@ -397,6 +397,20 @@ function variantReport(
 }
 
 describe('reports', () => {
+  test('panel headings name the plan our rows ran when they share one', () => {
+    const [c, c2] = buildCells(settings(['--device', 'cuda', '--seqlen', '1024,2048', '--head-dim', '64', '--pass', 'fwd', '--causal', 'false']));
+    const ms = { median: 1, min: 1, max: 1 };
+    const plan = 'sm90-wgmma d64 128x64 w8 s3';
+    const ours = (cell: typeof c, p: string): BenchRow => ({ ...measuredRow(cell, 'ours', 'cuda', 'flash', ms, 0, 989), plan: p });
+    const torch = measuredRow(c, 'torch-flash', 'cuda', null, ms, 0, 989);
+    const [same] = panels([ours(c, plan), ours(c2, plan), torch]);
+    expect(panelHeading(same)).toBe(`${same.title} · ours: ${plan}`);
+    const [mixed] = panels([ours(c, plan), ours(c2, 'sm80-mma d64 64x64 w4 s2')]);
+    expect(panelHeading(mixed)).toBe(mixed.title);
+    const [theirs] = panels([torch]);
+    expect(panelHeading(theirs)).toBe(theirs.title);
+  });
+
   test('describePlan: the family, then the compiled head dim and the tile of FlashAttention-2 on CUDA', () => {
     expect(describePlan({ family: 'sm90-wgmma', headDim: 128, blockM: 128, blockN: 128, warps: 8, stages: 3 }))
       .toBe('sm90-wgmma d128 128x128 w8 s3');
