@@ -7,7 +7,7 @@
 // Each thread stores two adjacent columns per fragment tile: one 32-bit store of two 16-bit values, or
 // one float2.
 // The backward's dK / dV stores stay in the three main kernels' own loops. The mma.sync ones run at
-// the 255-register cap, and every shared form of that loop tried (row pointers hoisted, addresses
+// the 255-register cap, and every shared form of that loop (row pointers hoisted, addresses
 // per store, the params by value or by reference) moved ptxas's spills in their main loops both ways
 // (sm_90a, -Xptxas -v): +4 to +44 bytes in eight fp16 / bf16 kernels (d96, d192, d256), -24 to -96
 // in four, -8 to -224 in four float32 d192 kernels. Untimed, those stay as the kernels were tuned.
