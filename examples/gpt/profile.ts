@@ -6,9 +6,9 @@
  * - wall: milliseconds per step of a loop that synchronises only at its end (what train.js does
  *   between log points);
  * - host: the milliseconds JS spends queuing zeroGrad, forward, backward and the optimizer update;
- * - device: for each of those four, the device time of its queued work, timed with events while the device is
- *   still busy with earlier work (a backlog of fills queued first), so launch gaps from a slow host
- *   are not counted: this is the step's time if the host were free;
+ * - device: for each of those four, the device time of its queued work, timed with CUDA events
+ *   queued behind some 100 ms of fills, so that launch gaps of a slow host are not counted: the
+ *   step's time with a free host;
  * - calls: every native call a step makes, by name, with its count and host microseconds.
  * `--plain` only runs the warm-up and the steps, for an external profiler (ncu).
  * If wall is close to host, the step is bound by the host; if close to device, by the kernels.
@@ -108,13 +108,13 @@ export async function main(argv: readonly string[]): Promise<void> {
   await synchronize(o.device);
   const wallMs = (performance.now() - t0) / o.steps;
 
-  // Device time of zeroGrad, forward, backward and the update behind a backlog (CUDA), or their
-  // executor time (CPU).
+  // Device time of zeroGrad, forward, backward and the update, each queued behind ~100 ms of fills
+  // (CUDA), or their executor time (CPU).
   const device = Object.fromEntries(STEP_CALLS.map((s) => [s, [] as number[]])) as Record<StepCall, number[]>;
   const ballast = o.device === 'cuda' ? Tensor.empty([256 * 1024 * 1024], { dtype: 'float32', device: o.device }) : null;
   for (let i = 0; i < o.steps; i += 1) {
     await synchronize(o.device);
-    if (ballast) for (let j = 0; j < 200; j += 1) ballast.fill(j); // ~1 GiB each: a backlog of some 100 ms
+    if (ballast) for (let j = 0; j < 200; j += 1) ballast.fill(j); // ~1 GiB each: some 100 ms of queued fills
     for (const s of STEP_CALLS) device[s].push(await timeOnDevice(o.device, stepCalls[s]));
   }
   ballast?.dispose();
