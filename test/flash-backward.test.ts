@@ -428,7 +428,8 @@ describeCuda('FlashAttention-2 backward, fp16 and bf16', () => {
 
     // deterministic: true runs the FA2 kernels with one fp32 accumulator slice per block of a KV head,
     // summed in order: 50 runs bit-identical. One KV head (B * Hkv = 1) gives the most slices (8 on an
-    // H100); d96 runs the mma.sync kernel on Hopper, d64 / d128 the wgmma kernel.
+    // H100); the single kernel runs d96 on the mma.sync kernel on Hopper ('auto': the d128 wgmma
+    // kernels), d64 / d128 on the wgmma kernel.
     test.each([
       c([1, 1023, 1023, 2, 1, 64], 'float16', true),
       c([1, 1025, 777, 2, 1, 128], 'bfloat16'),
@@ -525,20 +526,20 @@ describeCuda('FlashAttention-2 backward, fp16 and bf16', () => {
       }
     });
 
-    test("where it does not exist (head dim 96 runs the mma.sync kernel) 'two-kernel' is refused with the reason", () => {
-      const t = c([1, 40, 40, 2, 2, 96], 'bfloat16', true);
+    test("where it does not exist (head dim 136 runs the mma.sync kernel) 'two-kernel' is refused with the reason", () => {
+      const t = c([1, 40, 40, 2, 2, 136], 'bfloat16', true);
       const p = DeviceProblem.create(t, randomInputs(t, 'flash-bwd/two-kernel/refused'), t.dtype);
       try {
         const before = liveMemory();
         expect(thrownBy(() => p.backward({ kernel: 'flash', algorithm: 'two-kernel' }))).toEqual({
           name: 'RangeError',
           message: "Expected kernel to be 'auto' or 'naive' for this call but received 'flash': the two-kernel backward exists "
-            + 'for Hopper GPUs (compute capability 9.0, sm_90a builds) at head dims 32, 64 and 128 (after padding)',
+            + 'for Hopper GPUs (compute capability 9.0, sm_90a builds) up to head dim 128',
         });
         expect(thrownBy(() => p.backward({ algorithm: 'two-kernel' }))).toEqual({
           name: 'RangeError',
           message: "Expected algorithm to be 'auto' or 'single-kernel' for this call but received 'two-kernel': the two-kernel "
-            + 'backward exists for Hopper GPUs (compute capability 9.0, sm_90a builds) at head dims 32, 64 and 128 (after padding)',
+            + 'backward exists for Hopper GPUs (compute capability 9.0, sm_90a builds) up to head dim 128',
         });
         expect(liveMemory()).toEqual(before);
       } finally {

@@ -27,6 +27,7 @@
 #include <cuda_runtime_api.h>
 
 #include <cstddef>
+#include <cstdint>
 
 #include "common/attention_params.h"
 
@@ -46,9 +47,15 @@ size_t flash_bwd_workspace_bytes(const AttentionBwdParams& p);
 // dq, dk, dv (p.dtype) from dout, q, k, v, out and lse_in.
 cudaError_t flash_bwd(const AttentionBwdParams& p, cudaStream_t stream);
 
-// Whether flash_bwd runs p's main kernels on the Hopper (wgmma) path on the current device (head dims
-// 32 / 64 / 128 after padding on sm_90a builds), else the mma.sync one.
+// Whether flash_bwd runs p's main kernels on the Hopper (wgmma) path on the current device (sm_90a
+// builds: the two-kernel algorithm up to head dim 128, the single kernel at head dims that round to
+// 32, 64 or 128), else the mma.sync one.
 bool flash_bwd_runs_sm90(const AttentionBwdParams& p);
+
+// The head dim whose Hopper kernels run head_dim: the smallest compiled one with a row of
+// flash::kBwdSm90Configs (32, 64, 128) at least as large (its columns past head_dim are zeros), or 0.
+// Defined with the Hopper kernels (hopper/flash_bwd_sm90.cu).
+int flash_bwd_sm90_padded(int64_t head_dim);
 
 // The main kernel flash_bwd runs for p on the current device: "sm90-wgmma" or "sm80-mma".
 const char* flash_bwd_path(const AttentionBwdParams& p);

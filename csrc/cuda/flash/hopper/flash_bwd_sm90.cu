@@ -15,6 +15,7 @@
 #include <cuda_runtime.h>
 
 #include "cuda/cuda_utils.cuh"
+#include "cuda/flash/flash_bwd.h"
 #include "cuda/flash/flash_configs.h"
 #include "cuda/flash/hopper/flash_bwd_dq_sm90_kernel.cuh"
 #include "cuda/flash/hopper/flash_bwd_sm90_kernel.cuh"
@@ -102,12 +103,14 @@ bool flash_bwd_sm90_built() {
 #endif
 }
 
-bool flash_bwd_sm90_head_dim(int padded_head_dim) {
-  return flash::config_for(flash::kBwdSm90Configs, padded_head_dim).head_dim != 0;
+int flash_bwd_sm90_padded(int64_t head_dim) {
+  for (const flash::FlashConfig& c : flash::kBwdSm90Configs)
+    if (head_dim <= c.head_dim && flash::padded_head_dim(c.head_dim) == c.head_dim) return c.head_dim;
+  return 0;
 }
 
 cudaError_t flash_bwd_sm90(const AttentionBwdParams& p, const flash::FlashBwdWorkspace& ws, cudaStream_t stream) {
-  return FA_HEADDIM_SWITCH(p.head_dim, kHeadDim, [&] {
+  return FA_HEADDIM_SWITCH(flash_bwd_sm90_padded(p.head_dim), kHeadDim, [&] {
     return FA_BOOL_SWITCH(p.causal, kIsCausal, [&] {
       if (p.dtype == DType::kFloat16) return launch<__half, kHeadDim, kIsCausal, true>(p, ws, stream);
       return launch<__nv_bfloat16, kHeadDim, kIsCausal, true>(p, ws, stream);
@@ -118,7 +121,7 @@ cudaError_t flash_bwd_sm90(const AttentionBwdParams& p, const flash::FlashBwdWor
 cudaError_t flash_bwd_two_kernel_sm90(const AttentionBwdParams& p, float* d_rows, cudaStream_t stream) {
   flash::FlashBwdWorkspace ws{};  // the dK/dV kernel reads D only
   ws.d = d_rows;
-  return FA_HEADDIM_SWITCH(p.head_dim, kHeadDim, [&] {
+  return FA_HEADDIM_SWITCH(flash_bwd_sm90_padded(p.head_dim), kHeadDim, [&] {
     return FA_BOOL_SWITCH(p.causal, kIsCausal, [&] {
       if (p.dtype == DType::kFloat16) {
         FA_CUDA_TRY((launch<__half, kHeadDim, kIsCausal, false>(p, ws, stream)));

@@ -11,9 +11,6 @@ namespace fa::cuda {
 // True when this build has the sm_90a kernels (the build's architectures include 90a).
 bool flash_bwd_sm90_built();
 
-// True when the Hopper path has a configuration for this (compiled) head dim.
-bool flash_bwd_sm90_head_dim(int padded_head_dim);
-
 // The main kernel for p (dQ into ws.dq_accum, dK and dV into p.dk, p.dv); ws.d must be written.
 cudaError_t flash_bwd_sm90(const AttentionBwdParams& p, const flash::FlashBwdWorkspace& ws, cudaStream_t stream);
 
