@@ -61,7 +61,8 @@ export type KernelFamily = 'sm90-wgmma' | 'sm80-mma' | 'fp32-mma' | 'naive' | 'c
  *
  * @example
  * const { plan } = flashAttention(q, k, v); // d128 bf16 on an H100:
- * // { family: 'sm90-wgmma', headDim: 128, blockM: 128, blockN: 128, warps: 8, stages: 3 }
+ * // { family: 'sm90-wgmma', headDim: 128, blockM: 128, blockN: 176, warps: 12, stages: 2 }
+ * // (causal: { family: 'sm90-wgmma', headDim: 128, blockM: 128, blockN: 128, warps: 8, stages: 3 })
  */
 export interface KernelPlan {
   /** The kernel family. */
@@ -72,7 +73,11 @@ export interface KernelPlan {
   blockM: number | null;
   /** Keys per K/V tile (backward: per thread block). */
   blockN: number | null;
-  /** Warps per thread block. */
+  /**
+   * Warps per thread block. On `'sm90-wgmma'`, 12 is the warp-specialized forward: a producer
+   * warpgroup issuing the TMA loads and two consumer warpgroups of 64 query rows, one persistent
+   * block per SM (head dims 97–128, non-causal).
+   */
   warps: number | null;
   /** K/V tiles (backward: Q / dO tiles) held in shared memory at once. */
   stages: number | null;

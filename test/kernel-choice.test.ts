@@ -92,17 +92,20 @@ describeEachDevice('kernel choice', (device) => {
   });
 
   if (device === 'cuda' && HOPPER) {
-    // The example of lib/attention.ts KernelPlan, and the Hopper backward's 128-key tile of two
-    // warpgroups (flash_configs.h).
+    // The example of lib/attention.ts KernelPlan: non-causal, the warp-specialized forward (a
+    // producer and two consumer warpgroups, 176-key tiles); causal, the forward of two warpgroups; the
+    // Hopper backward's 128-key tile of two warpgroups (flash_configs.h).
     test('bfloat16, head dim 128 on Hopper: the plans are the wgmma rows of the tables', () => {
       const [q, k, v, dout] = make('bfloat16', 128);
       const f = flashAttention(q, k, v);
+      const c = flashAttention(q, k, v, { causal: true });
       const g = flashAttentionBackward(dout, q, k, v, f.out, f.lse);
       try {
-        expect(f.plan).toEqual({ family: 'sm90-wgmma', headDim: 128, blockM: 128, blockN: 128, warps: 8, stages: 3 });
+        expect(f.plan).toEqual({ family: 'sm90-wgmma', headDim: 128, blockM: 128, blockN: 176, warps: 12, stages: 2 });
+        expect(c.plan).toEqual({ family: 'sm90-wgmma', headDim: 128, blockM: 128, blockN: 128, warps: 8, stages: 3 });
         expect(g.plan).toEqual({ family: 'sm90-wgmma', headDim: 128, blockM: 64, blockN: 128, warps: 8, stages: 2 });
       } finally {
-        for (const t of [q, k, v, dout, f.out, f.lse, g.dq, g.dk, g.dv]) t.dispose();
+        for (const t of [q, k, v, dout, f.out, f.lse, c.out, c.lse, g.dq, g.dk, g.dv]) t.dispose();
       }
     });
   }
@@ -182,13 +185,14 @@ describeEachDevice('kernel choice', (device) => {
     });
 
     test("bfloat16: kernel 'flash' and kernel 'naive' each run the backward they name", () => {
-      const [q, k, v, dout] = make('bfloat16', 72);
+      const [q, k, v, dout] = make('bfloat16', 136);
       const f = flashAttention(q, k, v, { causal: true });
       try {
         for (const kernel of ['flash', 'naive'] as const) {
           const g = flashAttentionBackward(dout, q, k, v, f.out, f.lse, { kernel, causal: true });
           try {
-            // Head dim 72 runs the mma.sync kernel (no two-kernel version); the naive kernel has one structure.
+            // Head dim 136 runs the mma.sync single kernel (the two kernels go up to head dim 128); the
+            // naive kernel has one structure.
             expect([g.kernel, g.algorithm]).toEqual([kernel, 'single-kernel']);
           } finally {
             for (const t of [g.dq, g.dk, g.dv]) t.dispose();

@@ -130,6 +130,15 @@ cudaError_t sm90_variant(const fa::AttentionFwdParams& p, cudaStream_t stream) {
                   : fa::cuda::launch_flash_fwd_sm90<Traits, false>(p, stream);
 }
 
+// The warp-specialized Hopper kernel (flash_fwd_sm90_ws_kernel.cuh): keys per tile, stages (bf16 only).
+template <int kHeadDim, int kBlockN, int kStages>
+cudaError_t sm90_ws_variant(const fa::AttentionFwdParams& p, cudaStream_t stream) {
+  using Traits = fa::cuda::flash::sm90::FlashFwdSm90WsTraits<kHeadDim, kBlockN, kStages, __nv_bfloat16>;
+  if (p.dtype != DType::kBFloat16 || p.head_dim != kHeadDim) return cudaErrorNotSupported;
+  return p.causal ? fa::cuda::launch_flash_fwd_sm90_ws<Traits, true>(p, stream)
+                  : fa::cuda::launch_flash_fwd_sm90_ws<Traits, false>(p, stream);
+}
+
 bool run_case(const Case& c, const char* path, FwdFn fwd, std::mt19937_64& rng) {
   const int64_t nq = c.batch * c.sq * c.hq * c.d, nk = c.batch * c.sk * c.hkv * c.d;
   const int64_t nlse = c.batch * c.hq * c.sq;
@@ -289,7 +298,7 @@ void bench(int64_t seqlen, int64_t d, bool causal, const char* path, FwdFn fwd, 
 }  // namespace
 
 int main(int argc, char** argv) {
-  const CheckSetup setup = check_setup(argc, argv, "flash_fwd_check");
+  const CheckSetup setup = check_setup(argc, argv, "flash_fwd_check", /*bench_only_supported=*/true);
   const bool run_bench = setup.run_bench;
   std::mt19937_64 rng(setup.seed);
 
@@ -308,7 +317,7 @@ int main(int argc, char** argv) {
   std::vector<Path> paths = {{fa::cuda::flash_fwd_path(), fa::cuda::flash_fwd}};
   if (std::strcmp(fa::cuda::flash_fwd_path(), "sm80-mma") != 0) paths.push_back({"sm80-mma", fa::cuda::flash_fwd_sm80});
   int failed = 0, total = 0;
-  for (const Path& path : paths) {
+  for (const Path& path : setup.run_checks ? paths : std::vector<Path>{}) {
     for (DType t : {DType::kFloat16, DType::kBFloat16})
       for (int64_t d : {64, 128})
         for (bool causal : {false, true})
@@ -338,26 +347,46 @@ int main(int argc, char** argv) {
     int64_t d;
     FwdFn fn;
   };
+  // The shipped d64 / d128 configurations (flash_configs.h) beside the warp-specialized kernel's.
   const Variant variants[] = {
-      {"d64n128w3s3", 64, sm90_variant<64, 128, 3, 3>},       {"d64n64w2s4b2", 64, sm90_variant<64, 64, 2, 4, 2>},
-      {"d64n128w1s3b2", 64, sm90_variant<64, 128, 1, 3, 2>},  {"d64n64w1s4b3", 64, sm90_variant<64, 64, 1, 4, 3>},
-      {"d128n64w2s4", 128, sm90_variant<128, 64, 2, 4>},      {"d128n96w2s3", 128, sm90_variant<128, 96, 2, 3>},
+      {"d128n128w2s3", 128, sm90_variant<128, 128, 2, 3>},  {"ws-d128n128s2", 128, sm90_ws_variant<128, 128, 2>},
+      {"ws-d128n176s2", 128, sm90_ws_variant<128, 176, 2>}, {"d64n64w2s3b2", 64, sm90_variant<64, 64, 2, 3, 2>},
+      {"ws-d64n128s2", 64, sm90_ws_variant<64, 128, 2>},    {"ws-d64n192s2", 64, sm90_ws_variant<64, 192, 2>},
   };
   const bool hopper = std::strcmp(fa::cuda::flash_fwd_path(), "sm90-wgmma") == 0;
-  if (hopper)
+  if (hopper && setup.run_checks)
     for (const Variant& var : variants)
       for (bool causal : {false, true}) {
         total += 2;
         failed += !run_case(Case{2, 97, 203, 4, 2, var.d, causal, DType::kBFloat16}, var.name, var.fn, rng);
         failed += !run_case(Case{1, 1025, 1023, 2, 1, var.d, causal, DType::kBFloat16}, var.name, var.fn, rng);
+        // More work items than SMs (the persistent kernels walk several), causal with seqlen_q above,
+        // equal to and below seqlen_k (items that see no key, and no tile crossing the diagonal).
+        total += 3;
+        failed += !run_case(Case{2, 1100, 1100, 8, 2, var.d, causal, DType::kBFloat16}, var.name, var.fn, rng);
+        failed += !run_case(Case{3, 700, 300, 8, 4, var.d, causal, DType::kBFloat16}, var.name, var.fn, rng);
+        failed += !run_case(Case{3, 300, 700, 8, 8, var.d, causal, DType::kBFloat16}, var.name, var.fn, rng);
+        // Long keys: the causal persistent walk cuts the 16 heads into L2 sections of 14 (2.25 MiB of
+        // K/V per head; tile_scheduler.cuh), the last one short.
+        total += 1;
+        failed += !run_case(Case{2, 300, 9001, 8, var.d == 64 ? 8 : 4, var.d, causal, DType::kBFloat16}, var.name,
+                            var.fn, rng);
       }
-  std::printf("%s: %d of %d cases failed\n", failed ? "FAIL" : "PASS", failed, total);
+  // Non-finite containment on the variants (the warp-specialized kernels check V in the producer).
+  if (hopper && setup.run_checks)
+    for (const Variant& var : variants) {
+      total += 3;
+      failed += !run_nonfinite_case(Case{2, 300, 300, 4, 2, var.d, true, DType::kBFloat16}, 70, 141, var.name, var.fn, rng);
+      failed += !run_nonfinite_case(Case{2, 250, 400, 4, 2, var.d, true, DType::kBFloat16}, 190, 333, var.name, var.fn, rng);
+      failed += !run_nonfinite_case(Case{1, 400, 250, 2, 1, var.d, true, DType::kBFloat16}, 3, 100, var.name, var.fn, rng);
+    }
+  if (setup.run_checks) std::printf("%s: %d of %d cases failed\n", failed ? "FAIL" : "PASS", failed, total);
   if (run_bench && hopper)
     for (const Variant& var : variants)
       for (int64_t seqlen : {512, 1024, 2048, 8192})
         for (bool causal : {false, true}) bench(seqlen, var.d, causal, var.name, var.fn, rng);
   if (run_bench)
-    for (const Path& path : paths)
+    for (const Path& path : {paths.front()})  // the shipped path (the variants above time sm90's)
       for (int64_t seqlen : {512, 2048, 8192})
         for (int64_t d : {64, 128, 256})
           for (bool causal : {false, true}) bench(seqlen, d, causal, path.name, path.fn, rng);

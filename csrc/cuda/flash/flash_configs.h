@@ -42,6 +42,13 @@ inline constexpr FlashConfig kFwdSm90Configs[] = {
     {32, 128, 64, 8, 3, 2, false},   {64, 128, 64, 8, 3, 2, false},   {96, 128, 128, 8, 3, 1, false},
     {128, 128, 128, 8, 3, 1, false}, {192, 128, 64, 8, 3, 1, false},  {256, 128, 32, 8, 3, 1, false},
 };
+// Forward, warp-specialized wgmma + TMA (hopper/flash_fwd_sm90_ws_kernel.cuh): a producer warpgroup
+// and two consumer warpgroups of 64 query rows (12 warps), persistent, K and V double-buffered. It runs
+// the non-causal calls of the head dims it has a row for; the causal ones run the row above
+// (fwd_sm90_config).
+inline constexpr FlashConfig kFwdSm90WsConfigs[] = {
+    {128, 128, 176, 12, 2, 1, false},
+};
 // Forward, mma.sync on TF32 and 3xTF32 (flash_fwd_fp32.cu): 4 warps of 16 query rows, one K and one
 // V tile (K of the next tile loads during P V).
 inline constexpr FlashConfig kFwdFp32Tf32Configs[] = {
@@ -83,6 +90,14 @@ constexpr FlashConfig config_for(const FlashConfig (&table)[N], int head_dim) {
   for (size_t i = 0; i < N; ++i)
     if (table[i].head_dim == head_dim) return table[i];
   return FlashConfig{0, 0, 0, 0, 0, 0, false, 0, 0};
+}
+// The Hopper forward's row for a call: the warp-specialized kernel's where it has one.
+constexpr bool fwd_sm90_warp_specialized(int head_dim, bool causal) {
+  return !causal && config_for(kFwdSm90WsConfigs, head_dim).head_dim != 0;
+}
+constexpr FlashConfig fwd_sm90_config(int head_dim, bool causal) {
+  return fwd_sm90_warp_specialized(head_dim, causal) ? config_for(kFwdSm90WsConfigs, head_dim)
+                                                     : config_for(kFwdSm90Configs, head_dim);
 }
 constexpr FlashConfig fwd_fp32_config(Fp32Precision precision, int head_dim) {
   return precision == Fp32Precision::kHighest ? config_for(kFwdFp32HighestConfigs, head_dim)

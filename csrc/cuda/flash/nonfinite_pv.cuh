@@ -27,6 +27,7 @@
 
 #include "cuda/cuda_utils.cuh"
 #include "cuda/flash/nonfinite_tile.cuh"
+#include "cuda/flash/ptx.cuh"
 
 namespace fa::cuda::flash {
 
@@ -49,6 +50,21 @@ __device__ __forceinline__ bool barrier_zero_tile_nonfinite(Elem* tile) {
 #endif
   }
   __syncthreads();
+  return true;
+}
+
+// barrier_zero_tile_nonfinite for the kThreads threads of a named barrier `bar_id` (a subset of the
+// block, e.g. the consumer warpgroups of a warp-specialized kernel); tid: this thread's index among
+// them. Always async-proxy (wgmma reads the tile).
+template <typename Elem, int kRows, int kCols, int kPitch, int kThreads>
+__device__ __forceinline__ bool named_barrier_zero_tile_nonfinite(Elem* tile, int bar_id, int tid) {
+  if (!named_barrier_or(bar_id, kThreads, tile_nonfinite<Elem, kRows, kCols, kPitch, kThreads, false>(tile, tid)))
+    return false;
+  tile_nonfinite<Elem, kRows, kCols, kPitch, kThreads, true>(tile, tid);
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+#endif
+  named_barrier_sync(bar_id, kThreads);
   return true;
 }
 

@@ -60,16 +60,17 @@ __device__ __forceinline__ uint32_t word_zero_nonfinite(uint32_t w) {
 // Scans this thread's 16-byte chunks of a [kRows][kCols] tile in shared memory (row pitch kPitch
 // elements; chunks dealt round-robin to kThreads threads) for NaN / ±Inf; with kZero, also replaces
 // them by 0 in place. Returns whether this thread's chunks held any. Only columns < kCols are read:
-// the padding of a pitched row is never written by the loads.
+// the padding of a pitched row is never written by the loads. `tid`: this thread's index among the
+// kThreads (the block's thread index unless a subset of the block scans).
 template <typename Elem, int kRows, int kCols, int kPitch, int kThreads, bool kZero>
-__device__ __forceinline__ bool tile_nonfinite(Elem* tile) {
+__device__ __forceinline__ bool tile_nonfinite(Elem* tile, int tid = static_cast<int>(threadIdx.x)) {
   constexpr int kPerChunk = 16 / static_cast<int>(sizeof(Elem));
   static_assert(kCols % kPerChunk == 0 && kPitch % kPerChunk == 0, "rows must be made of whole chunks");
   constexpr int kChunksPerRow = kCols / kPerChunk;
   constexpr int kChunks = kRows * kChunksPerRow;
   bool any = false;
 #pragma unroll 1
-  for (int c = static_cast<int>(threadIdx.x); c < kChunks; c += kThreads) {
+  for (int c = tid; c < kChunks; c += kThreads) {
     uint4* chunk = reinterpret_cast<uint4*>(tile + (c / kChunksPerRow) * kPitch + (c % kChunksPerRow) * kPerChunk);
     const uint4 w = *chunk;
     const bool bad = chunk_nonfinite<Elem>(w);

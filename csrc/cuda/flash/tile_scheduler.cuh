@@ -18,6 +18,55 @@ struct QueryTileWork {
   int head, head_kv;  // the query head and the KV head it reads (GQA / MQA)
   int64_t batch;
 };
+// Persistent grids (a block takes one work item per round, persistent_item): item -> tile.
+// Causal (kLongestFirst): the heads are cut into L2 sections, as many heads as have K and V within
+// kL2SectionBytes, and within a section the heaviest query tiles of its heads come first (tile-major,
+// the last query tile, which sees the most keys, first), so that the blocks' last items are short and
+// the blocks at work at one time read the K/V of a few heads. Sorted over all heads at once, the
+// blocks of one round read 132 different heads' K/V: at 2k causal d128 (1 MiB of K/V per head) the
+// kernel fetched every tile from HBM and ran 0.83x the non-persistent kernel (H100). Otherwise query
+// tiles fastest, as query_tile_work.
+inline constexpr uint32_t kL2SectionBytes = 32u << 20;  // of the 50 MB L2 of an H100 / H200
+
+template <int kBlockM, bool kLongestFirst>
+__device__ __forceinline__ QueryTileWork query_tile_work_at(const AttentionFwdParams& p, uint32_t item) {
+  const uint32_t m_blocks = static_cast<uint32_t>((static_cast<int>(p.seqlen_q) + kBlockM - 1) / kBlockM);
+  const uint32_t heads = static_cast<uint32_t>(p.heads_q);
+  const uint32_t group = heads / static_cast<uint32_t>(p.heads_kv);
+  QueryTileWork w;
+  uint32_t bh;
+  if constexpr (kLongestFirst) {
+    const uint32_t bhs = heads * static_cast<uint32_t>(p.batch);
+    // K and V of one query head, in KiB (the heads of a GQA group share theirs), 32-bit safe.
+    const uint32_t kv_kib =
+        (static_cast<uint32_t>((p.seqlen_k + 255) / 256) * static_cast<uint32_t>(p.head_dim) + group - 1) / group;
+    const uint32_t section = min(bhs, max(1u, (kL2SectionBytes >> 10) / max(1u, kv_kib)));
+    const uint32_t sec = item / (section * m_blocks), r = item - sec * section * m_blocks;
+    const uint32_t sec_heads = min(section, bhs - sec * section);
+    w.m_block = static_cast<int>(m_blocks - 1 - r / sec_heads);
+    bh = sec * section + r % sec_heads;
+  } else {
+    w.m_block = static_cast<int>(m_blocks - 1 - item % m_blocks);
+    bh = item / m_blocks;
+  }
+  w.head = static_cast<int>(bh % heads);
+  w.batch = bh / heads;
+  w.head_kv = w.head / static_cast<int>(group);
+  w.m0 = w.m_block * kBlockM;
+  return w;
+}
+
+// The work item of a persistent block's round `round` (items round * gridDim.x + [0, gridDim.x)).
+// kSnake: odd rounds walk the blocks in reverse, so that with items sorted longest first the block
+// that took the heaviest item of one round takes the lightest of the next (with a plain stride, block
+// 0 takes the heaviest item of every round). Causal d128 8k, warp-specialized forward: 505 -> 569
+// TFLOP/s (H100, bf16).
+template <bool kSnake>
+__device__ __forceinline__ uint32_t persistent_item(uint32_t round) {
+  const uint32_t b = kSnake && (round & 1u) ? gridDim.x - 1 - blockIdx.x : blockIdx.x;
+  return round * gridDim.x + b;
+}
+
 template <int kBlockM>
 __device__ __forceinline__ QueryTileWork query_tile_work(const AttentionFwdParams& p) {
   const int m_blocks = (static_cast<int>(p.seqlen_q) + kBlockM - 1) / kBlockM;

@@ -21,7 +21,18 @@
 //        n128 w1 s3: 266 / 332 at 512 / 1k (shipped: 346 at 512). Two d128 blocks do not fit: 186
 //        registers x 256 threads, and Q + 3 stages of 64-key K/V tiles is 64 bytes over half the SM.
 //   d256 n32 w2 s3: 421 / 461 | 338 / 415    (n64 spilled at 255 registers before TMA loads)
-// Without the intra-warpgroup overlap and with cp.async loads (first cut) d128 ran at 344 / 370 | 287 / 342.
+// Without the intra-warpgroup overlap and with cp.async loads d128 ran at 344 / 370 | 287 / 342.
+// The warp-specialized kernel (flash_fwd_sm90_ws_kernel.cuh; H100, bf16, same shapes, median of 20,
+// TFLOP/s at 512 / 1k / 2k / 8k, each beside the n128 w2 s3 row in the same run):
+//   d128 non-causal, ws n176 s2: 420 / 531 / 598 / 661   <- shipped (kFwdSm90WsConfigs)
+//                    ws n128 s2: 425 / 523 / 585 / 633;  ws n128 s3: 394 / 512 / 579 / 635
+//                 n128 w2 s3 b1: 341 / 432 / 490 / 553
+//   d128 causal,     ws n128 s2: 200 / 279 / 362 / 459 (ws n176 s2: 149 / 241 / 324 / 455)
+//                 n128 w2 s3 b1: 201 / 296 / 382 / 500   <- shipped: the persistent kernel's static
+//     walk loses the balance of the hardware's block scheduler (sorted over all heads rather than in
+//     L2 sections: 176 / 241 / 316 / 569).
+//   d64 non-causal,  ws n192 s2: 301 / 352 / 410 / 449;  ws n128 s2: 320 / 374 / 398 / 417
+//                 n64 w2 s3 b2: 317 / 372 / 402 / 428   <- shipped
 // ptxas -v (CUDA 13.0, sm_90a; fp16 = bf16; non-causal / causal registers), 0 spills, shared memory
 // Q + 3 stages of K and V + barriers:
 //   d32 90, d64 106/109 (2 blocks per SM: launch bound 128; 65 KiB smem each), d96 189/175, d128 186/195 (224 KiB smem),
@@ -39,16 +50,22 @@
 namespace fa::cuda {
 namespace {
 
-// Per head dim, the row of flash::kFwdSm90Configs (flash_configs.h): keys per tile, warpgroups (64
-// query rows, 4 warps each), K/V stages, thread blocks per SM.
+// Per head dim, the row of flash::kFwdSm90Configs or, for the non-causal calls of the head dims it
+// has, of flash::kFwdSm90WsConfigs (flash_configs.h fwd_sm90_config).
 template <typename Elem, int kHeadDim, bool kIsCausal>
 cudaError_t launch(const AttentionFwdParams& p, cudaStream_t stream) {
-  constexpr flash::FlashConfig kC = flash::config_for(flash::kFwdSm90Configs, kHeadDim);
+  constexpr flash::FlashConfig kC = flash::fwd_sm90_config(kHeadDim, kIsCausal);
   static_assert(kC.head_dim == kHeadDim && kC.warps % 4 == 0, "every compiled head dim has a row of warpgroups");
-  using Traits =
-      flash::sm90::FlashFwdSm90Traits<kHeadDim, kC.block_n, kC.warps / 4, kC.stages, Elem, kC.blocks_per_sm>;
-  static_assert(flash::row_matches<Traits>(kC), "the row reports the traits' tile");
-  return launch_flash_fwd_sm90<Traits, kIsCausal>(p, stream);
+  if constexpr (flash::fwd_sm90_warp_specialized(kHeadDim, kIsCausal)) {
+    using Traits = flash::sm90::FlashFwdSm90WsTraits<kHeadDim, kC.block_n, kC.stages, Elem>;
+    static_assert(flash::row_matches<Traits>(kC), "the row reports the traits' tile");
+    return launch_flash_fwd_sm90_ws<Traits, kIsCausal>(p, stream);
+  } else {
+    using Traits =
+        flash::sm90::FlashFwdSm90Traits<kHeadDim, kC.block_n, kC.warps / 4, kC.stages, Elem, kC.blocks_per_sm>;
+    static_assert(flash::row_matches<Traits>(kC), "the row reports the traits' tile");
+    return launch_flash_fwd_sm90<Traits, kIsCausal>(p, stream);
+  }
 }
 
 }  // namespace

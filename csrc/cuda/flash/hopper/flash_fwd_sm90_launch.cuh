@@ -6,31 +6,59 @@
 #include <cuda.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstdint>
 
 #include "common/attention_params.h"
 #include "cuda/cuda_utils.cuh"
+#include "cuda/device_props.h"
 #include "cuda/flash/hopper/flash_fwd_sm90_kernel.cuh"
+#include "cuda/flash/hopper/flash_fwd_sm90_ws_kernel.cuh"
 #include "cuda/flash/hopper/tensor_map.h"
 
 namespace fa::cuda {
 
+// The call's tensor maps for tiles of Traits::kBlockM query rows and Traits::kBlockN keys.
+template <typename Traits>
+cudaError_t make_fwd_maps(flash::sm90::FwdTensorMaps* maps, const AttentionFwdParams& p) {
+  const CUtensorMapDataType type =
+      p.dtype == DType::kFloat16 ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16;
+  FA_CUDA_TRY(make_map(&maps->q, type, p.q, p.head_dim, p.seqlen_q, p.heads_q, p.batch, p.q_row_stride,
+                       p.q_head_stride, p.q_batch_stride, Traits::kBlockM));
+  FA_CUDA_TRY(make_map(&maps->k, type, p.k, p.head_dim, p.seqlen_k, p.heads_kv, p.batch, p.k_row_stride,
+                       p.k_head_stride, p.k_batch_stride, Traits::kBlockN));
+  FA_CUDA_TRY(make_map(&maps->v, type, p.v, p.head_dim, p.seqlen_k, p.heads_kv, p.batch, p.v_row_stride,
+                       p.v_head_stride, p.v_batch_stride, Traits::kBlockN));
+  return cudaSuccess;
+}
+
+// Launches the warp-specialized kernel (flash_fwd_sm90_ws_kernel.cuh) of configuration Traits.
+template <typename Traits, bool kIsCausal>
+cudaError_t launch_flash_fwd_sm90_ws(const AttentionFwdParams& p, cudaStream_t stream) {
+  flash::sm90::FwdTensorMaps maps;
+  FA_CUDA_TRY(make_fwd_maps<Traits>(&maps, p));
+  auto kernel = flash::sm90::flash_fwd_sm90_ws_kernel<Traits, kIsCausal>;
+  FA_CUDA_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                   static_cast<int>(Traits::kSmemBytes)));
+  // Persistent: one block per SM (the kernel's shared memory allows no second), never more than the
+  // work items.
+  const int64_t items = ceil_div<int64_t>(p.seqlen_q, Traits::kBlockM) * p.heads_q * p.batch;
+  if (items > INT32_MAX) return cudaErrorInvalidConfiguration;  // the kernel counts items in 32 bits
+  const int64_t blocks = std::min<int64_t>(items, current_device_props().sms);
+  kernel<<<static_cast<unsigned>(blocks), Traits::kNThreads, Traits::kSmemBytes, stream>>>(p, maps);
+  return cudaGetLastError();
+}
+
 // Builds the call's tensor maps and launches the kernel of configuration Traits.
 template <typename Traits, bool kIsCausal>
 cudaError_t launch_flash_fwd_sm90(const AttentionFwdParams& p, cudaStream_t stream) {
-  const CUtensorMapDataType type =
-      p.dtype == DType::kFloat16 ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16;
   flash::sm90::FwdTensorMaps maps;
-  FA_CUDA_TRY(make_map(&maps.q, type, p.q, p.head_dim, p.seqlen_q, p.heads_q, p.batch, p.q_row_stride,
-                       p.q_head_stride, p.q_batch_stride, Traits::kBlockM));
-  FA_CUDA_TRY(make_map(&maps.k, type, p.k, p.head_dim, p.seqlen_k, p.heads_kv, p.batch, p.k_row_stride,
-                       p.k_head_stride, p.k_batch_stride, Traits::kBlockN));
-  FA_CUDA_TRY(make_map(&maps.v, type, p.v, p.head_dim, p.seqlen_k, p.heads_kv, p.batch, p.v_row_stride,
-                       p.v_head_stride, p.v_batch_stride, Traits::kBlockN));
+  FA_CUDA_TRY(make_fwd_maps<Traits>(&maps, p));
   auto kernel = flash::sm90::flash_fwd_sm90_kernel<Traits, kIsCausal>;
   FA_CUDA_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                    static_cast<int>(Traits::kSmemBytes)));
   const int64_t blocks = ceil_div<int64_t>(p.seqlen_q, Traits::kBlockM) * p.heads_q * p.batch;
+  if (blocks > INT32_MAX) return cudaErrorInvalidConfiguration;  // gridDim.x
   kernel<<<static_cast<unsigned>(blocks), Traits::kNThreads, Traits::kSmemBytes, stream>>>(p, maps);
   return cudaGetLastError();
 }

@@ -1,0 +1,349 @@
+// FlashAttention-2 forward, Hopper warp-specialized path (sm_90a): a producer warpgroup and two
+// consumer warpgroups, FA3's structure.
+//
+// Persistent: a block per SM takes query tiles of kBlockM = 128 rows, one work item per round (causal:
+// the heaviest tiles of every head first, walked in a snake over the blocks; tile_scheduler.cuh
+// query_tile_work_at, persistent_item). Warpgroup 0 is the producer: it gives up registers
+// (setmaxnreg) and one thread issues every TMA load: per item Q (once the consumers are done with the
+// previous item's), then K tile j and V tile j into the stages in turn, each on its own full barrier,
+// each stage waiting for its empty barrier (the consumers' release of its last use). It runs ahead
+// into the next item while the consumers finish one. K and V have separate barriers so that
+// S = Q K^T can start while V is still in flight, and a K stage is refilled as soon as its S is
+// computed.
+// Warpgroups 1 and 2 are the consumers: they take the registers the producer gave up, and warpgroup
+// 1 + w owns query rows [64 w, 64 w + 64) of the tile (wgmma M = 64). Each runs the loop of
+// flash_fwd_sm90_kernel.cuh (the softmax of tile j overlaps the tensor cores' P V of tile j - 1
+// inside the warpgroup), and the two take turns at issuing their wgmma (named barriers, "pingpong"):
+// one warpgroup's softmax runs while the other's GEMMs occupy the tensor cores.
+// NaN / ±Inf in V on tiles that cross the diagonal (causal): the producer warpgroup's other three
+// warps check each such tile once it lands (scan, vote on a named barrier of their own, zero the
+// elements) and release it to the consumers on a "checked" barrier with a flag; the consumers add the
+// elements back in the epilogue (nonfinite_pv.cuh). The check costs the consumers no registers: done
+// by them, it made ptxas spill 88-340 bytes in the causal kernels. Masking (mask.cuh) and the
+// epilogue (epilogue.cuh) are the shared ones.
+#pragma once
+#include <cuda_runtime.h>
+
+#include <climits>
+#include <cstdint>
+
+#include "common/attention_params.h"
+#include "cuda/flash/epilogue.cuh"
+#include "cuda/flash/fragment_softmax.cuh"
+#include "cuda/flash/hopper/flash_fwd_sm90_kernel.cuh"
+#include "cuda/flash/hopper/tma.cuh"
+#include "cuda/flash/hopper/wgmma.cuh"
+#include "cuda/flash/mask.cuh"
+#include "cuda/flash/nonfinite_pv.cuh"
+#include "cuda/flash/ptx.cuh"
+#include "cuda/flash/tile_scheduler.cuh"
+#include "cuda/smem_limits.h"
+
+namespace fa::cuda::flash::sm90 {
+
+template <int kHeadDim_, int kBlockN_, int kStages_, typename Elem_>
+struct FlashFwdSm90WsTraits {
+  using Elem = Elem_;
+  static constexpr int kHeadDim = kHeadDim_;
+  static constexpr int kConsumers = 2;                       // consumer warpgroups
+  static constexpr int kNThreads = 128 * (1 + kConsumers);   // + the producer warpgroup
+  static constexpr int kConsumerThreads = 128 * kConsumers;
+  static constexpr int kWgRows = 64;
+  static constexpr int kBlockM = kWgRows * kConsumers;
+  static constexpr int kBlockN = kBlockN_;
+  static constexpr int kStages = kStages_;
+  // setmaxnreg budgets: 128 x 40 + 256 x 232 = 64,512 of the 65,536 registers. The producer's
+  // checker warps spilled at 24 (ptxas, causal); at 232 the consumers of d128 with 128-key tiles
+  // spill nothing, with 176-key tiles the causal kernel spills (non-causal does not).
+  static constexpr int kProducerRegs = 40;
+  static constexpr int kConsumerRegs = 232;
+
+  static constexpr int kMmaK = 16;
+  static constexpr int kKSteps = kHeadDim / kMmaK;
+  static constexpr int kPvKSteps = kBlockN / kMmaK;
+  static constexpr int kSTiles = kBlockN / 8;
+  static constexpr int kOTiles = kHeadDim / 8;
+
+  static constexpr int kColBlocks = (kHeadDim + 63) / 64;
+  static constexpr size_t kQBytes = static_cast<size_t>(kColBlocks) * kBlockM * 128;
+  static constexpr size_t kKvTileBytes = static_cast<size_t>(kColBlocks) * kBlockN * 128;
+  // Layout: sQ | sK [kStages] | sV [kStages] | mbarriers: full Q, empty Q, then per stage full K, full
+  // V, empty K, empty V, V checked | per stage the checked V tile's NaN / ±Inf flag (an int in an
+  // 8-byte slot); +1024 to align the dynamic base.
+  static constexpr size_t kBarrierBytes = 8 * (2 + 5 * kStages) + 8 * kStages;
+  static constexpr size_t kSmemBytes = kQBytes + 2 * kStages * kKvTileBytes + kBarrierBytes + 1024;
+
+  // Named barriers (0 is __syncthreads'): the consumers' turns, one per warpgroup, and the V checkers'
+  // vote (the producer warpgroup's warps 1-3).
+  static constexpr int kTurnBarrier0 = 1;
+  static constexpr int kCheckBarrier = kTurnBarrier0 + kConsumers;
+  static constexpr int kCheckThreads = 96;
+
+  static_assert(sizeof(Elem) == 2, "the wgmma path takes fp16 or bf16");
+  static_assert(kHeadDim % 16 == 0 && kHeadDim <= 256, "head dim: a multiple of 16 up to 256");
+  static_assert(kBlockN % 16 == 0 && kBlockN <= 256, "kBlockN: wgmma N of S and a multiple of the P V k-step");
+  static_assert(kStages >= 2, "K and V double-buffered at least");
+  static_assert(128 * kProducerRegs + kConsumerThreads * kConsumerRegs <= 65536, "the register file");
+  static_assert(kSmemBytes <= kSm90MaxSmemPerBlock, "shared memory exceeds the sm_90 per-block limit");
+};
+
+template <typename Traits, bool kIsCausal>
+__global__ void __launch_bounds__(Traits::kNThreads, 1)
+    flash_fwd_sm90_ws_kernel(const __grid_constant__ AttentionFwdParams p, const __grid_constant__ FwdTensorMaps maps) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  using Elem = typename Traits::Elem;
+  constexpr int kBlockM = Traits::kBlockM, kBlockN = Traits::kBlockN, kStages = Traits::kStages;
+  constexpr int kSTiles = Traits::kSTiles, kOTiles = Traits::kOTiles;
+  constexpr uint32_t kTileBytes = static_cast<uint32_t>(Traits::kKvTileBytes);
+
+  extern __shared__ unsigned char smem_raw[];
+  const uint32_t smem_base = (smem_u32(smem_raw) + kSw128AtomBytes - 1) & ~uint32_t(kSw128AtomBytes - 1);
+  const uint32_t sQ = smem_base;
+  const uint32_t sK = sQ + static_cast<uint32_t>(Traits::kQBytes);
+  const uint32_t sV = sK + kStages * kTileBytes;
+  const uint32_t full_q = sV + kStages * kTileBytes, empty_q = full_q + 8u;
+  const auto full_k = [&](int st) { return full_q + 8u * static_cast<uint32_t>(2 + st); };
+  const auto full_v = [&](int st) { return full_q + 8u * static_cast<uint32_t>(2 + kStages + st); };
+  const auto empty_k = [&](int st) { return full_q + 8u * static_cast<uint32_t>(2 + 2 * kStages + st); };
+  const auto empty_v = [&](int st) { return full_q + 8u * static_cast<uint32_t>(2 + 3 * kStages + st); };
+  const auto v_checked = [&](int st) { return full_q + 8u * static_cast<uint32_t>(2 + 4 * kStages + st); };
+  int* const v_flag = reinterpret_cast<int*>(smem_raw + (full_q + 8u * (2 + 5 * kStages) - smem_u32(smem_raw)));
+  // K/V tile g of the block's walk (over all its work items) is in stage g % kStages; its full
+  // barriers complete once per use, (g / kStages) & 1 is the parity of use g, and a stage's empty
+  // barrier before use g passes on the parity of the previous use (a fresh barrier counts the phase
+  // before its first as complete, so the first kStages waits pass).
+  const auto stage_off = [&](int g) { return static_cast<uint32_t>(g % kStages) * kTileBytes; };
+  const auto use_parity = [&](int g) { return static_cast<uint32_t>((g / kStages) & 1); };
+
+  const int seqlen_q = static_cast<int>(p.seqlen_q), seqlen_k = static_cast<int>(p.seqlen_k);
+  const int head_dim = static_cast<int>(p.head_dim);
+  const AttentionMask<kIsCausal> mask(seqlen_q, seqlen_k);  // mask.cuh
+  const uint32_t items =
+      static_cast<uint32_t>((seqlen_q + kBlockM - 1) / kBlockM) * static_cast<uint32_t>(p.heads_q * p.batch);
+
+  if (threadIdx.x == 0) {
+    mbarrier_init(full_q, 1);                            // the producer's expect_tx
+    mbarrier_init(empty_q, Traits::kConsumerThreads / 32);  // every consumer warp, after its last S
+#pragma unroll
+    for (int st = 0; st < kStages; ++st) {
+      mbarrier_init(full_k(st), 1);
+      mbarrier_init(full_v(st), 1);
+      mbarrier_init(empty_k(st), Traits::kConsumerThreads / 32);
+      // every consumer warp, and (causal) the checkers' first thread
+      mbarrier_init(empty_v(st), Traits::kConsumerThreads / 32 + (kIsCausal ? 1 : 0));
+      mbarrier_init(v_checked(st), 1);  // the checkers' first thread
+    }
+    fence_mbarrier_init();
+  }
+  __syncthreads();  // the last block-wide barrier: the roles part here
+
+  const int wg = warp_uniform_int(static_cast<int>(threadIdx.x) / 128);
+  if (wg == 0) {
+    setmaxnreg_dec<Traits::kProducerRegs>();
+    // Producer: per work item, Q once the consumers are done with the previous item's, then its K and
+    // V tiles, each once its stage is released. It runs ahead into the next item while the consumers
+    // finish one (their softmax tail and epilogue overlap the next loads).
+    // Warps 1-3 (causal): the V checkers. A crossing tile's check completes its stage's "checked"
+    // barrier once per crossing use: the consumers count those uses per stage (bit st of a phase mask).
+    // The checkers wait for every tile's V, crossing or not, and release each use of a V stage like a
+    // consumer warp: the next load into the stage waits for them, so no phase of its full barrier can
+    // pass unseen (a parity wait two phases late would block on the wrong phase).
+    if (kIsCausal && threadIdx.x >= 32) {
+      const int tid = static_cast<int>(threadIdx.x) - 32;
+      int g = 0;
+      for (uint32_t round = 0, item; (item = persistent_item<kIsCausal>(round)) < items; ++round) {
+        const QueryTileWork w = query_tile_work_at<kBlockM, kIsCausal>(p, item);
+        const int n_blocks = mask.template query_tile_keys<kBlockM, kBlockN>(w.m0).tiles;
+        for (int j = 0; j < n_blocks; ++j, ++g) {
+          const int st = g % kStages;
+          mbarrier_wait(full_v(st), use_parity(g));
+          if (!mask.template crosses<kBlockM, kBlockN>(w.m0, j * kBlockN)) {
+            if (tid == 0) mbarrier_arrive(empty_v(st));
+            continue;
+          }
+          Elem* tile = reinterpret_cast<Elem*>(smem_raw + (sV + stage_off(g) - smem_u32(smem_raw)));
+          const bool any = named_barrier_zero_tile_nonfinite<Elem, Traits::kColBlocks * kBlockN, kSw128BlockCols,
+                                                             kSw128BlockCols, Traits::kCheckThreads>(
+              tile, Traits::kCheckBarrier, tid);
+          if (tid == 0) {
+            v_flag[2 * st] = any;
+            mbarrier_arrive(v_checked(st));
+            mbarrier_arrive(empty_v(st));
+          }
+        }
+      }
+      return;
+    }
+    if (threadIdx.x == 0) {
+      prefetch_tensor_map(&maps.q);
+      prefetch_tensor_map(&maps.k);
+      prefetch_tensor_map(&maps.v);
+      int g = 0, q_uses = 0;
+      for (uint32_t round = 0, item; (item = persistent_item<kIsCausal>(round)) < items; ++round) {
+        const QueryTileWork w = query_tile_work_at<kBlockM, kIsCausal>(p, item);  // tile_scheduler.cuh
+        const int n_blocks = mask.template query_tile_keys<kBlockM, kBlockN>(w.m0).tiles;
+        if (n_blocks == 0) continue;
+        mbarrier_wait(empty_q, static_cast<uint32_t>((q_uses & 1) ^ 1));
+        ++q_uses;
+        mbarrier_arrive_expect_tx(full_q, static_cast<uint32_t>(Traits::kQBytes));
+#pragma unroll
+        for (int cb = 0; cb < Traits::kColBlocks; ++cb)
+          tma_load_4d(sQ + static_cast<uint32_t>(cb * kBlockM * kSw128RowBytes), &maps.q, full_q, cb * kSw128BlockCols,
+                      w.m0, w.head, static_cast<int>(w.batch));
+        for (int j = 0; j < n_blocks; ++j, ++g) {
+          const int st = g % kStages;
+          mbarrier_wait(empty_k(st), use_parity(g) ^ 1u);
+          mbarrier_arrive_expect_tx(full_k(st), kTileBytes);
+#pragma unroll
+          for (int cb = 0; cb < Traits::kColBlocks; ++cb)
+            tma_load_4d(sK + stage_off(g) + static_cast<uint32_t>(cb * kBlockN * kSw128RowBytes), &maps.k, full_k(st),
+                        cb * kSw128BlockCols, j * kBlockN, w.head_kv, static_cast<int>(w.batch));
+          mbarrier_wait(empty_v(st), use_parity(g) ^ 1u);
+          mbarrier_arrive_expect_tx(full_v(st), kTileBytes);
+#pragma unroll
+          for (int cb = 0; cb < Traits::kColBlocks; ++cb)
+            tma_load_4d(sV + stage_off(g) + static_cast<uint32_t>(cb * kBlockN * kSw128RowBytes), &maps.v, full_v(st),
+                        cb * kSw128BlockCols, j * kBlockN, w.head_kv, static_cast<int>(w.batch));
+        }
+      }
+    }
+    return;
+  }
+
+  // Consumers.
+  setmaxnreg_inc<Traits::kConsumerRegs>();
+  const int cw = wg - 1;                               // consumer warpgroup
+  const int ct = static_cast<int>(threadIdx.x) - 128;  // consumer thread, [0, kConsumerThreads)
+  const int warp = (ct / 32) % 4, lane = ct % 32;
+  const int g_row = lane / 4, t = lane % 4;
+  const uint32_t sQ_wg = sQ + static_cast<uint32_t>(cw * Traits::kWgRows * kSw128RowBytes);
+
+  // A warp's release of a stage (or of Q), once every lane's wgmma reading it are done.
+  const auto release = [&](uint32_t empty_bar) {
+    __syncwarp();
+    if (lane == 0) mbarrier_arrive(empty_bar);
+  };
+  // Turns at issuing wgmma: warpgroup cw waits for its own barrier, then passes the turn on. They
+  // continue from item to item: both warpgroups walk the same items and tiles.
+  constexpr int kTurnThreads = 2 * 128;
+  const auto take_turn = [&] { named_barrier_sync(Traits::kTurnBarrier0 + cw, kTurnThreads); };
+  const auto pass_turn = [&] {
+    named_barrier_arrive(Traits::kTurnBarrier0 + (cw + 1) % Traits::kConsumers, kTurnThreads);
+  };
+  bool turns_started = false;
+
+  int g = 0, q_uses = 0;
+  uint32_t cross_phase = 0;  // bit st: parity of stage st's next "checked" completion
+  for (uint32_t round = 0, item; (item = persistent_item<kIsCausal>(round)) < items; ++round) {
+    const QueryTileWork w = query_tile_work_at<kBlockM, kIsCausal>(p, item);
+    const int m0 = w.m0;
+    const int n_blocks = mask.template query_tile_keys<kBlockM, kBlockN>(m0).tiles;
+    const int row0 = m0 + cw * Traits::kWgRows + warp * 16 + g_row;  // this thread's rows: row0, row0 + 8
+
+    // V tile j of this item (use g0 + j): landed, and on a tile that crosses the diagonal checked (its
+    // NaN / ±Inf zeroed by the checkers, added back in the epilogue).
+    int v_nonfinite_from = INT_MAX;
+    const int g0 = g;
+    const auto wait_v = [&](int j) {
+      const int st = (g0 + j) % kStages;
+      if (kIsCausal && mask.template crosses<kBlockM, kBlockN>(m0, j * kBlockN)) {
+        mbarrier_wait(v_checked(st), (cross_phase >> st) & 1u);
+        cross_phase ^= 1u << st;
+        if (v_flag[2 * st] != 0) v_nonfinite_from = min(v_nonfinite_from, j * kBlockN);
+      } else {
+        mbarrier_wait(full_v(st), use_parity(g0 + j));
+      }
+    };
+
+    float o[kOTiles][4];
+#pragma unroll
+    for (int j = 0; j < kOTiles; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) o[j][e] = 0.0f;
+    OnlineSoftmax softmax;
+
+    if (n_blocks > 0) {
+      // The first turn is warpgroup 0's: warpgroup 1 passes it before its first tile.
+      if (!turns_started && cw == 1) pass_turn();
+      turns_started = true;
+      mbarrier_wait(full_q, static_cast<uint32_t>(q_uses & 1));
+      ++q_uses;
+      float s[kSTiles][4];
+      uint32_t pa[Traits::kPvKSteps][4];  // P_{nb-1} as the A operand of the P V k-steps
+      for (int nb = 0; nb < n_blocks; ++nb) {
+        const int n0 = nb * kBlockN;
+        if (nb > 0) wait_v(nb - 1);
+        mbarrier_wait(full_k((g0 + nb) % kStages), use_parity(g0 + nb));
+        take_turn();
+        wgmma_fence();
+        const uint32_t sK_tile = sK + stage_off(g0 + nb);
+#pragma unroll
+        for (int ks = 0; ks < Traits::kKSteps; ++ks)
+          Wgmma<kBlockN, Elem>::ss(s, desc_k_major<kBlockM>(sQ_wg, ks), desc_k_major<kBlockN>(sK_tile, ks), ks > 0);
+        wgmma_commit();
+        if (nb > 0) {
+          const uint32_t sV_tile = sV + stage_off(g0 + nb - 1);
+#pragma unroll
+          for (int ks = 0; ks < Traits::kPvKSteps; ++ks)
+            Wgmma<Traits::kHeadDim, Elem>::rs_tb(o, pa[ks], desc_mn_major<kBlockN>(sV_tile, ks), 1);
+          wgmma_commit();
+          wgmma_wait<1>();  // S_nb is ready; P_{nb-1} V_{nb-1} may still run
+        } else {
+          wgmma_wait<0>();
+        }
+        fence_operands(s);
+        // The turn passes once S_nb is done (P_{nb-1} V_{nb-1} may still run): passed between the
+        // commit and the wait, ptxas serialized the wgmma (C7514, non-wgmma instructions reading
+        // accumulators).
+        pass_turn();
+        release(empty_k((g0 + nb) % kStages));
+        if (nb == n_blocks - 1) release(empty_q);  // the item's last S: Q may be replaced
+
+        if (mask.template fwd_tile_needs_mask<kBlockN>(n0, mask.template crosses<kBlockM, kBlockN>(m0, n0)))
+          mask.mask_scores(s, n0 + 2 * t, row0);
+        float rescale[2];
+        softmax.update(s, p.scale_log2, rescale);
+
+        wgmma_wait<0>();
+        fence_operands(o);
+        if (nb > 0) release(empty_v((g0 + nb - 1) % kStages));
+        // Rescaling O here, after its P V, rather than just before the next P V while the next S runs
+        // (FA3's order): that order made the causal d128 n128 kernel spill 136 bytes (ptxas, sm_90a).
+        scale_rows(o, rescale);
+#pragma unroll
+        for (int ks = 0; ks < Traits::kPvKSteps; ++ks) p_to_a_operand<Elem>(s, ks, pa[ks]);
+      }
+      // The last tile's P V (outside the turns).
+      const int last = n_blocks - 1;
+      wait_v(last);
+      wgmma_fence();
+      const uint32_t sV_last = sV + stage_off(g0 + last);
+#pragma unroll
+      for (int ks = 0; ks < Traits::kPvKSteps; ++ks)
+        Wgmma<Traits::kHeadDim, Elem>::rs_tb(o, pa[ks], desc_mn_major<kBlockN>(sV_last, ks), 1);
+      wgmma_commit();
+      wgmma_wait<0>();
+      fence_operands(o);
+      release(empty_v((g0 + last) % kStages));
+      g += n_blocks;
+    }
+    // The epilogue's pointers, made here rather than kept live through the main loop (the causal
+    // kernel spilled 132-336 bytes with them made at the item's start).
+    const int n_end = mask.template query_tile_keys<kBlockM, kBlockN>(m0).end;
+    if (v_nonfinite_from < n_end) {
+      const Elem* v = static_cast<const Elem*>(p.v) + w.batch * p.v_batch_stride + w.head_kv * p.v_head_stride;
+      add_nonfinite_v<Elem, kOTiles>(o, v, p.v_row_stride, v_nonfinite_from, n_end, row0, mask, head_dim, lane);
+    }
+    Elem* out = static_cast<Elem*>(p.out) + w.batch * p.o_batch_stride + w.head * p.o_head_stride;
+    float* lse = p.lse + (w.batch * p.heads_q + w.head) * p.seqlen_q;
+    write_fwd_rows<Elem>(o, softmax, mask, row0, t, out, p.o_row_stride, lse, head_dim);
+  }
+  // Warpgroup 1's last pass has no taker: warpgroup 0 takes it, so that no arrival is left pending
+  // on a barrier at exit.
+  if (turns_started && cw == 0) take_turn();
+#else
+  __trap();  // only the sm_90a build has this kernel
+#endif
+}
+
+}  // namespace fa::cuda::flash::sm90
