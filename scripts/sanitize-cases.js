@@ -4,17 +4,18 @@
 // Usage, from the project root:
 //     node scripts/sanitize-cases.js [--set full|race] [--no-poison] [--list]
 // --set full (default): tails (seqlen 1, 17, 97, 1025), seqlenQ != seqlenK both ways, causal with and
-//   without empty rows, GQA 8:1, every specialised head dim (32 ... 256) and two padded ones (40, 200),
-//   float16 and bfloat16. --set race: a smaller set for racecheck (every specialised head dim and one
-//   padded, short seqlens that still span several key tiles).
+//   without empty rows, GQA 8:1, every specialised head dim (32 ... 256) and padded ones (40, 112, 200),
+//   the persistent warp-specialized forward with more work items than SMs, float16 and bfloat16.
+//   --set race: a smaller set for racecheck (every specialised head dim and one padded, short seqlens
+//   that still span several key tiles).
 // --no-poison: outputs are not NaN-filled before the kernels run (debug.poisonOutputs), so under
 //   initcheck an element that a kernel did not write is an uninitialised read when it is copied back.
 // --list: prints the cases and exits.
 // Each forward case runs kernel 'flash' and kernel 'naive' on the same inputs and checks loosely that
 // they agree (proof that the kernel ran and wrote its rows; the accuracy rule is in
 // test/flash-forward.test.ts), and that empty causal rows give out 0 and lse +Infinity. Each backward
-// case runs, after an FA2 forward, the FA2 backward (algorithm 'auto': the two kernels at head dims
-// 32 / 64 / 128 on Hopper; the single kernel atomic and deterministic: wgmma at those head dims on
+// case runs, after an FA2 forward, the FA2 backward (algorithm 'auto': the two kernels up to head dim
+// 128 on Hopper; the single kernel atomic and deterministic: wgmma at head dims 32 / 64 / 128 on
 // Hopper, mma.sync at the others; the float32 kernel in TF32 and 3xTF32) and the naive one on the same
 // inputs and checks loosely that they agree. Each non-finite case (causal) puts a NaN and a +Infinity
 // in v and a -Infinity in k at keys inside tiles that cross the diagonal, so that the kernels' rare
@@ -40,6 +41,8 @@ const FULL = [
   [1, 799, 3, 2, 2, 128, true, 'float16'], // 796 empty rows
   [1, 97, 17, 4, 4, 40, true, 'float16'], // padded head dim 40 (runs as 64)
   [1, 17, 97, 2, 2, 200, false, 'bfloat16'], // padded head dim 200 (runs as 256)
+  [2, 1100, 1100, 8, 2, 128, false, 'bfloat16'], // Hopper: the warp-specialized kernel, 144 work items (> SMs)
+  [1, 203, 113, 2, 2, 112, false, 'float16'], // padded head dim 112: the warp-specialized kernel on Hopper
 ];
 
 const RACE = [
@@ -50,6 +53,7 @@ const RACE = [
   [1, 65, 130, 1, 1, 192, false, 'float16'],
   [1, 130, 65, 1, 1, 256, true, 'bfloat16'],
   [1, 97, 17, 2, 2, 40, true, 'float16'],
+  [1, 203, 300, 2, 2, 128, false, 'float16'], // the warp-specialized kernel on Hopper
 ];
 
 // Backward cases: the FA2 backward (atomic and deterministic) against the naive one.
@@ -57,7 +61,8 @@ const BACKWARD = {
   full: [
     [1, 97, 113, 4, 2, 64, true, 'bfloat16'], // GQA 2:1, tails
     [1, 203, 113, 2, 2, 128, true, 'float16'], // 90 empty rows
-    [1, 130, 65, 2, 2, 96, false, 'bfloat16'], // mma.sync kernel
+    [1, 130, 65, 2, 2, 96, false, 'bfloat16'], // Hopper: two kernels on d128 (padded), single kernel mma.sync
+    [1, 113, 97, 2, 1, 72, true, 'float16'], // padded head dim 72: on Hopper the two kernels on d128
     [1, 17, 97, 2, 1, 256, true, 'float16'], // mma.sync, head dim split between warps
     [1, 1025, 1023, 2, 1, 40, false, 'bfloat16'], // padded head dim, 8 key tiles (deterministic: slices)
     [1, 203, 113, 4, 2, 64, true, 'float32'], // float32 kernel (TF32 and 3xTF32), 90 empty rows, GQA 2:1
@@ -76,7 +81,7 @@ const NONFINITE = {
   full: [
     [1, 203, 113, 2, 2, 64, true, 'bfloat16'], // 90 empty rows
     [1, 130, 130, 4, 1, 128, true, 'float16'], // GQA 4:1
-    [1, 97, 161, 2, 2, 96, true, 'bfloat16'], // the mma.sync backward on Hopper (head dim 96)
+    [1, 97, 161, 2, 2, 96, true, 'bfloat16'], // head dim 96: Hopper's padded two kernels, mma.sync single kernel
     [1, 130, 97, 2, 2, 64, true, 'float32'], // float32 kernels
   ],
   race: [
