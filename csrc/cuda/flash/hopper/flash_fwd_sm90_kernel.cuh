@@ -45,6 +45,31 @@ struct FwdTensorMaps {
   CUtensorMap q, k, v;
 };
 
+// One step of the forward's software pipeline, per warpgroup: issues S_nb = Q K_nb^T and, from the
+// second tile on, O += P_{nb-1} V_{nb-1} behind it, and returns once S_nb is in `s` (the P V may still
+// run, overlapping the caller's softmax of S_nb). Both Hopper forward kernels run their tiles with it.
+template <typename Traits, typename Elem>
+__device__ __forceinline__ void issue_s_then_pv(float (&s)[Traits::kSTiles][4], float (&o)[Traits::kOTiles][4],
+                                                const uint32_t (&pa)[Traits::kPvKSteps][4], uint32_t sQ_wg,
+                                                uint32_t sK_tile, uint32_t sV_prev, bool has_prev) {
+  constexpr int kBlockM = Traits::kBlockM, kBlockN = Traits::kBlockN;
+  wgmma_fence();
+#pragma unroll
+  for (int ks = 0; ks < Traits::kKSteps; ++ks)
+    Wgmma<kBlockN, Elem>::ss(s, desc_k_major<kBlockM>(sQ_wg, ks), desc_k_major<kBlockN>(sK_tile, ks), ks > 0);
+  wgmma_commit();
+  if (has_prev) {
+#pragma unroll
+    for (int ks = 0; ks < Traits::kPvKSteps; ++ks)
+      Wgmma<Traits::kHeadDim, Elem>::rs_tb(o, pa[ks], desc_mn_major<kBlockN>(sV_prev, ks), 1);
+    wgmma_commit();
+    wgmma_wait<1>();  // S_nb is ready; P_{nb-1} V_{nb-1} may still run
+  } else {
+    wgmma_wait<0>();
+  }
+  fence_operands(s);
+}
+
 template <typename Traits, bool kIsCausal>
 __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSm) flash_fwd_sm90_kernel(const __grid_constant__ AttentionFwdParams p,
                                                                             const __grid_constant__ FwdTensorMaps maps) {
@@ -143,23 +168,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSm) fl
       }
       if (threadIdx.x == 0 && nb + kAhead < n_blocks) issue_kv(nb + kAhead);
 
-      wgmma_fence();
-      const uint32_t sK_tile = sK + stage_off(nb);
-#pragma unroll
-      for (int ks = 0; ks < Traits::kKSteps; ++ks)
-        Wgmma<kBlockN, Elem>::ss(s, desc_k_major<kBlockM>(sQ_wg, ks), desc_k_major<kBlockN>(sK_tile, ks), ks > 0);
-      wgmma_commit();
-      if (nb > 0) {
-        const uint32_t sV_tile = sV + stage_off(nb - 1);
-#pragma unroll
-        for (int ks = 0; ks < Traits::kPvKSteps; ++ks)
-          Wgmma<Traits::kHeadDim, Elem>::rs_tb(o, pa[ks], desc_mn_major<kBlockN>(sV_tile, ks), 1);
-        wgmma_commit();
-        wgmma_wait<1>();  // S_nb is ready; P_{nb-1} V_{nb-1} may still run
-      } else {
-        wgmma_wait<0>();
-      }
-      fence_operands(s);
+      issue_s_then_pv<Traits, Elem>(s, o, pa, sQ_wg, sK + stage_off(nb), sV + stage_off(nb - 1), nb > 0);
 
       if (mask.template fwd_tile_needs_mask<kBlockN>(n0, crosses_diag)) mask.mask_scores(s, n0 + 2 * t, row0);
       float rescale[2];

@@ -32,35 +32,31 @@ cudaError_t make_fwd_maps(flash::sm90::FwdTensorMaps* maps, const AttentionFwdPa
   return cudaSuccess;
 }
 
-// Launches the warp-specialized kernel (flash_fwd_sm90_ws_kernel.cuh) of configuration Traits.
-template <typename Traits, bool kIsCausal>
-cudaError_t launch_flash_fwd_sm90_ws(const AttentionFwdParams& p, cudaStream_t stream) {
+// Builds the call's tensor maps and launches `kernel` of configuration Traits: one block per query
+// tile (work item), or, persistent, one per SM and never more than the items (the warp-specialized
+// kernel's shared memory allows no second block on an SM).
+template <typename Traits, typename Kernel>
+cudaError_t launch_fwd_kernel(Kernel kernel, bool persistent, const AttentionFwdParams& p, cudaStream_t stream) {
   flash::sm90::FwdTensorMaps maps;
   FA_CUDA_TRY(make_fwd_maps<Traits>(&maps, p));
-  auto kernel = flash::sm90::flash_fwd_sm90_ws_kernel<Traits, kIsCausal>;
   FA_CUDA_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                    static_cast<int>(Traits::kSmemBytes)));
-  // Persistent: one block per SM (the kernel's shared memory allows no second), never more than the
-  // work items.
   const int64_t items = ceil_div<int64_t>(p.seqlen_q, Traits::kBlockM) * p.heads_q * p.batch;
-  if (items > INT32_MAX) return cudaErrorInvalidConfiguration;  // the kernel counts items in 32 bits
-  const int64_t blocks = std::min<int64_t>(items, current_device_props().sms);
+  if (items > INT32_MAX) return cudaErrorInvalidConfiguration;  // gridDim.x; the kernels count items in 32 bits
+  const int64_t blocks = persistent ? std::min<int64_t>(items, current_device_props().sms) : items;
   kernel<<<static_cast<unsigned>(blocks), Traits::kNThreads, Traits::kSmemBytes, stream>>>(p, maps);
   return cudaGetLastError();
 }
 
-// Builds the call's tensor maps and launches the kernel of configuration Traits.
+// The kernel of configuration Traits: the two-warpgroup one (flash_fwd_sm90_kernel.cuh) or the
+// warp-specialized persistent one (flash_fwd_sm90_ws_kernel.cuh).
 template <typename Traits, bool kIsCausal>
 cudaError_t launch_flash_fwd_sm90(const AttentionFwdParams& p, cudaStream_t stream) {
-  flash::sm90::FwdTensorMaps maps;
-  FA_CUDA_TRY(make_fwd_maps<Traits>(&maps, p));
-  auto kernel = flash::sm90::flash_fwd_sm90_kernel<Traits, kIsCausal>;
-  FA_CUDA_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                   static_cast<int>(Traits::kSmemBytes)));
-  const int64_t blocks = ceil_div<int64_t>(p.seqlen_q, Traits::kBlockM) * p.heads_q * p.batch;
-  if (blocks > INT32_MAX) return cudaErrorInvalidConfiguration;  // gridDim.x
-  kernel<<<static_cast<unsigned>(blocks), Traits::kNThreads, Traits::kSmemBytes, stream>>>(p, maps);
-  return cudaGetLastError();
+  return launch_fwd_kernel<Traits>(flash::sm90::flash_fwd_sm90_kernel<Traits, kIsCausal>, false, p, stream);
+}
+template <typename Traits, bool kIsCausal>
+cudaError_t launch_flash_fwd_sm90_ws(const AttentionFwdParams& p, cudaStream_t stream) {
+  return launch_fwd_kernel<Traits>(flash::sm90::flash_fwd_sm90_ws_kernel<Traits, kIsCausal>, true, p, stream);
 }
 
 }  // namespace fa::cuda

@@ -275,23 +275,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
         if (nb > 0) wait_v(nb - 1);
         mbarrier_wait(full_k((g0 + nb) % kStages), use_parity(g0 + nb));
         take_turn();
-        wgmma_fence();
-        const uint32_t sK_tile = sK + stage_off(g0 + nb);
-#pragma unroll
-        for (int ks = 0; ks < Traits::kKSteps; ++ks)
-          Wgmma<kBlockN, Elem>::ss(s, desc_k_major<kBlockM>(sQ_wg, ks), desc_k_major<kBlockN>(sK_tile, ks), ks > 0);
-        wgmma_commit();
-        if (nb > 0) {
-          const uint32_t sV_tile = sV + stage_off(g0 + nb - 1);
-#pragma unroll
-          for (int ks = 0; ks < Traits::kPvKSteps; ++ks)
-            Wgmma<Traits::kHeadDim, Elem>::rs_tb(o, pa[ks], desc_mn_major<kBlockN>(sV_tile, ks), 1);
-          wgmma_commit();
-          wgmma_wait<1>();  // S_nb is ready; P_{nb-1} V_{nb-1} may still run
-        } else {
-          wgmma_wait<0>();
-        }
-        fence_operands(s);
+        issue_s_then_pv<Traits, Elem>(s, o, pa, sQ_wg, sK + stage_off(g0 + nb), sV + stage_off(g0 + nb - 1), nb > 0);
         // The turn passes once S_nb is done (P_{nb-1} V_{nb-1} may still run): passed between the
         // commit and the wait, ptxas serialized the wgmma (C7514, non-wgmma instructions reading
         // accumulators).
