@@ -130,10 +130,12 @@ cudaError_t sm90_variant(const fa::AttentionFwdParams& p, cudaStream_t stream) {
                   : fa::cuda::launch_flash_fwd_sm90<Traits, false>(p, stream);
 }
 
-// The warp-specialized Hopper kernel (flash_fwd_sm90_ws_kernel.cuh): keys per tile, stages (bf16 only).
-template <int kHeadDim, int kBlockN, int kStages>
+// The warp-specialized Hopper kernel (flash_fwd_sm90_ws_kernel.cuh): keys per tile, stages, the causal
+// walk's L2 sections (MiB of K/V; bf16 only).
+template <int kHeadDim, int kBlockN, int kStages, uint32_t kL2SectionMiB = 32>
 cudaError_t sm90_ws_variant(const fa::AttentionFwdParams& p, cudaStream_t stream) {
-  using Traits = fa::cuda::flash::sm90::FlashFwdSm90WsTraits<kHeadDim, kBlockN, kStages, __nv_bfloat16>;
+  using Traits =
+      fa::cuda::flash::sm90::FlashFwdSm90WsTraits<kHeadDim, kBlockN, kStages, __nv_bfloat16, kL2SectionMiB << 10>;
   if (p.dtype != DType::kBFloat16 || p.head_dim != kHeadDim) return cudaErrorNotSupported;
   return p.causal ? fa::cuda::launch_flash_fwd_sm90_ws<Traits, true>(p, stream)
                   : fa::cuda::launch_flash_fwd_sm90_ws<Traits, false>(p, stream);
@@ -349,9 +351,13 @@ int main(int argc, char** argv) {
   };
   // The shipped d64 / d128 configurations (flash_configs.h) beside the warp-specialized kernel's.
   const Variant variants[] = {
-      {"d128n128w2s3", 128, sm90_variant<128, 128, 2, 3>},  {"ws-d128n128s2", 128, sm90_ws_variant<128, 128, 2>},
-      {"ws-d128n176s2", 128, sm90_ws_variant<128, 176, 2>}, {"d64n64w2s3b2", 64, sm90_variant<64, 64, 2, 3, 2>},
-      {"ws-d64n128s2", 64, sm90_ws_variant<64, 128, 2>},    {"ws-d64n192s2", 64, sm90_ws_variant<64, 192, 2>},
+      {"d128n128w2s3", 128, sm90_variant<128, 128, 2, 3>},
+      {"ws-d128n128s2", 128, sm90_ws_variant<128, 128, 2>},
+      {"ws-d128n128s2-l2s8", 128, sm90_ws_variant<128, 128, 2, 8>},
+      {"ws-d128n128s2-l2s16", 128, sm90_ws_variant<128, 128, 2, 16>},
+      {"ws-d128n176s2", 128, sm90_ws_variant<128, 176, 2>},
+      {"d64n64w2s3b2", 64, sm90_variant<64, 64, 2, 3, 2>},
+      {"ws-d64n128s2", 64, sm90_ws_variant<64, 128, 2>},
   };
   const bool hopper = std::strcmp(fa::cuda::flash_fwd_path(), "sm90-wgmma") == 0;
   if (hopper && setup.run_checks)

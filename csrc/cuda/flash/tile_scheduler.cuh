@@ -20,15 +20,14 @@ struct QueryTileWork {
 };
 // Persistent grids (a block takes one work item per round, persistent_item): item -> tile.
 // Causal (kLongestFirst): the heads are cut into L2 sections, as many heads as have K and V within
-// kL2SectionBytes, and within a section the heaviest query tiles of its heads come first (tile-major,
-// the last query tile, which sees the most keys, first), so that the blocks' last items are short and
-// the blocks at work at one time read the K/V of a few heads. Sorted over all heads at once, the
-// blocks of one round read 132 different heads' K/V: at 2k causal d128 (1 MiB of K/V per head) the
-// kernel fetched every tile from HBM and ran 0.83x the non-persistent kernel (H100). Otherwise query
-// tiles fastest, as query_tile_work.
-inline constexpr uint32_t kL2SectionBytes = 32u << 20;  // of the 50 MB L2 of an H100 / H200
-
-template <int kBlockM, bool kLongestFirst>
+// kSectionKiB, and within a section the heaviest query tiles of its heads come first (tile-major, the
+// last query tile, which sees the most keys, first), so that the blocks' last items are short and the
+// blocks at work at one time read the K/V of a few heads. Sorted over all heads at once, the blocks of
+// one round read 132 different heads' K/V: at 2k causal d128 (1 MiB of K/V per head) the kernel
+// fetched every tile from HBM and ran 0.83x the non-persistent kernel (H100); with 32 MiB sections it
+// still moved 1.8x that kernel's DRAM bytes (bench/NOTES.md). Otherwise query tiles fastest, as
+// query_tile_work.
+template <int kBlockM, bool kLongestFirst, uint32_t kSectionKiB>
 __device__ __forceinline__ QueryTileWork query_tile_work_at(const AttentionFwdParams& p, uint32_t item) {
   const uint32_t m_blocks = static_cast<uint32_t>((static_cast<int>(p.seqlen_q) + kBlockM - 1) / kBlockM);
   const uint32_t heads = static_cast<uint32_t>(p.heads_q);
@@ -40,7 +39,7 @@ __device__ __forceinline__ QueryTileWork query_tile_work_at(const AttentionFwdPa
     // K and V of one query head, in KiB (the heads of a GQA group share theirs), 32-bit safe.
     const uint32_t kv_kib =
         (static_cast<uint32_t>((p.seqlen_k + 255) / 256) * static_cast<uint32_t>(p.head_dim) + group - 1) / group;
-    const uint32_t section = min(bhs, max(1u, (kL2SectionBytes >> 10) / max(1u, kv_kib)));
+    const uint32_t section = min(bhs, max(1u, kSectionKiB / max(1u, kv_kib)));
     const uint32_t sec = item / (section * m_blocks), r = item - sec * section * m_blocks;
     const uint32_t sec_heads = min(section, bhs - sec * section);
     w.m_block = static_cast<int>(m_blocks - 1 - r / sec_heads);

@@ -41,7 +41,7 @@
 
 namespace fa::cuda::flash::sm90 {
 
-template <int kHeadDim_, int kBlockN_, int kStages_, typename Elem_>
+template <int kHeadDim_, int kBlockN_, int kStages_, typename Elem_, uint32_t kL2SectionKiB_ = 32u << 10>
 struct FlashFwdSm90WsTraits {
   using Elem = Elem_;
   static constexpr int kHeadDim = kHeadDim_;
@@ -52,6 +52,9 @@ struct FlashFwdSm90WsTraits {
   static constexpr int kBlockM = kWgRows * kConsumers;
   static constexpr int kBlockN = kBlockN_;
   static constexpr int kStages = kStages_;
+  // Causal: the K/V bytes of the heads whose query tiles the blocks take longest first together
+  // (tile_scheduler.cuh query_tile_work_at).
+  static constexpr uint32_t kL2SectionKiB = kL2SectionKiB_;
   // setmaxnreg budgets: 128 x 40 + 256 x 232 = 64,512 of the 65,536 registers. The producer's
   // checker warps spilled at 24 (ptxas, causal); at 232 the consumers of d128 with 128-key tiles
   // spill nothing, with 176-key tiles the causal kernel spills (non-causal does not).
@@ -152,7 +155,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
       const int tid = static_cast<int>(threadIdx.x) - 32;
       int g = 0;
       for (uint32_t round = 0, item; (item = persistent_item<kIsCausal>(round)) < items; ++round) {
-        const QueryTileWork w = query_tile_work_at<kBlockM, kIsCausal>(p, item);
+        const QueryTileWork w = query_tile_work_at<kBlockM, kIsCausal, Traits::kL2SectionKiB>(p, item);
         const int n_blocks = mask.template query_tile_keys<kBlockM, kBlockN>(w.m0).tiles;
         for (int j = 0; j < n_blocks; ++j, ++g) {
           const int st = g % kStages;
@@ -180,7 +183,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
       prefetch_tensor_map(&maps.v);
       int g = 0, q_uses = 0;
       for (uint32_t round = 0, item; (item = persistent_item<kIsCausal>(round)) < items; ++round) {
-        const QueryTileWork w = query_tile_work_at<kBlockM, kIsCausal>(p, item);  // tile_scheduler.cuh
+        const QueryTileWork w = query_tile_work_at<kBlockM, kIsCausal, Traits::kL2SectionKiB>(p, item);  // tile_scheduler.cuh
         const int n_blocks = mask.template query_tile_keys<kBlockM, kBlockN>(w.m0).tiles;
         if (n_blocks == 0) continue;
         mbarrier_wait(empty_q, static_cast<uint32_t>((q_uses & 1) ^ 1));
@@ -235,7 +238,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
   int g = 0, q_uses = 0;
   uint32_t cross_phase = 0;  // bit st: parity of stage st's next "checked" completion
   for (uint32_t round = 0, item; (item = persistent_item<kIsCausal>(round)) < items; ++round) {
-    const QueryTileWork w = query_tile_work_at<kBlockM, kIsCausal>(p, item);
+    const QueryTileWork w = query_tile_work_at<kBlockM, kIsCausal, Traits::kL2SectionKiB>(p, item);
     const int m0 = w.m0;
     const int n_blocks = mask.template query_tile_keys<kBlockM, kBlockN>(m0).tiles;
     const int row0 = m0 + cw * Traits::kWgRows + warp * 16 + g_row;  // this thread's rows: row0, row0 + 8
