@@ -19,7 +19,7 @@ import type { TorchBackend, TorchResult } from './torch';
 
 /**
  * Who computed a row. 'ours' runs the backward with algorithm 'auto' (two kernels on Hopper for
- * fp16/bf16 up to head dim 128, else the single kernel); the ours-* variants (--variants) pin it:
+ * fp16/bf16, else the single kernel); the ours-* variants (--variants) pin it:
  * 'ours-single-kernel' the single kernel with atomic dQ, 'ours-deterministic' the single kernel's
  * deterministic mode, 'ours-two-kernel' the two kernels.
  */

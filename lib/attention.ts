@@ -142,11 +142,11 @@ export interface AttentionBackwardOptions extends AttentionOptions {
    *   by a small kernel after it.
    * - `'two-kernel'`: a dK/dV kernel, then a dQ kernel (one thread block per query tile, looping over
    *   the keys) that writes dq directly: no atomics and no float32 accumulator, deterministic by
-   *   construction, for two more matrix products per tile (S and dP are recomputed). Hopper GPUs up
-   *   to head dim 128 (run by the kernels of head dim 32, 64 or 128, zero-padded); elsewhere a
-   *   RangeError says why.
-   * - `'auto'` (default): `'two-kernel'` where it exists (float16 and bfloat16 on Hopper up to head
-   *   dim 128), else `'single-kernel'`. On an H100 (bf16, the
+   *   construction, for two more matrix products per tile (S and dP are recomputed). Hopper GPUs,
+   *   float16 and bfloat16, every head dim (run by the kernels of head dim 32, 64, 128, 192 or 256,
+   *   zero-padded); elsewhere a RangeError says why.
+   * - `'auto'` (default): `'two-kernel'` where it exists (float16 and bfloat16 on Hopper), else
+   *   `'single-kernel'`. On an H100 (bf16, the
    *   FlashAttention-2 grid, 2026-11-26, bench/RESULTS.md) the single kernel took 1.06× the two
    *   kernels' time (0.97–1.12× per cell); the two need no float32 dq accumulator and are
    *   deterministic.
@@ -162,7 +162,7 @@ export interface AttentionBackwardOptions extends AttentionOptions {
    * adds into its own fp32 accumulator slice in a fixed order and the slices are summed in order (up
    * to 8 slices, or with few heads up to 64 within 256 MiB: that many times the accumulator's memory,
    * 4·batch·headsQ·seqlenQ·headDim bytes each). The two-kernel backward (see `algorithm`, 'auto' on
-   * Hopper up to head dim 128) is deterministic either way, at no extra cost.
+   * Hopper) is deterministic either way, at no extra cost.
    */
   deterministic?: boolean;
 }

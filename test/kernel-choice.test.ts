@@ -7,7 +7,7 @@
  * - CUDA (the suites run on sm_80 or newer, with the shared memory of an A100 or H100): 'auto' runs
  *   the FlashAttention-2 forward and backward for float16, bfloat16 and float32 (TF32) at every head
  *   dim (deterministic or not). The backward's algorithm 'auto' resolves to 'two-kernel' on Hopper
- *   for float16 / bfloat16 up to head dim 128, else to 'single-kernel'; an
+ *   for float16 / bfloat16 (every head dim), else to 'single-kernel'; an
  *   explicit 'two-kernel' where it does not exist is refused with the reason (float32 here; the head
  *   dims in test/flash-backward.test.ts). 'naive' runs on request. The forward's only refusal ("needs
  *   a GPU of compute capability 8.0 (sm_80) or newer") cannot be reached on the GPUs the suites run on.
@@ -43,9 +43,9 @@ describeEachDevice('kernel choice', (device) => {
   const cases: [DType, number, Ran, Ran, RanAlgorithm][] = device === 'cpu'
     ? [['float32', 64, 'flash', 'flash', 'single-kernel'], ['bfloat16', 40, 'flash', 'flash', 'single-kernel']]
     : [
-      ['float16', 64, 'flash', 'flash', two], ['float16', 200, 'flash', 'flash', 'single-kernel'],
+      ['float16', 64, 'flash', 'flash', two], ['float16', 200, 'flash', 'flash', two],
       ['bfloat16', 128, 'flash', 'flash', two], ['bfloat16', 40, 'flash', 'flash', two],
-      ['bfloat16', 96, 'flash', 'flash', two], ['bfloat16', 160, 'flash', 'flash', 'single-kernel'],
+      ['bfloat16', 96, 'flash', 'flash', two], ['bfloat16', 160, 'flash', 'flash', two],
       ['float32', 256, 'flash', 'flash', 'single-kernel'], ['float32', 8, 'flash', 'flash', 'single-kernel'],
     ];
 
@@ -75,8 +75,8 @@ describeEachDevice('kernel choice', (device) => {
     const g = flashAttentionBackward(dout, q, k, v, f.out, f.lse);
     try {
       expect([f.plan.family, g.plan.family]).toEqual(families(dtype, algorithm));
-      // The Hopper backward's kernels have head dims 32, 64 and 128: the two kernels run the next one up.
-      const hopperBwd = [32, 64, 128].find((d) => d >= headDim) as number;
+      // The Hopper backward's kernels have head dims 32, 64, 128, 192 and 256: the two kernels run the next one up.
+      const hopperBwd = [32, 64, 128, 192, 256].find((d) => d >= headDim) as number;
       for (const plan of [f.plan, g.plan]) {
         if (device === 'cpu') {
           expect(tileOf(plan)).toEqual([null, null, null, null, null]);
@@ -191,9 +191,9 @@ describeEachDevice('kernel choice', (device) => {
         for (const kernel of ['flash', 'naive'] as const) {
           const g = flashAttentionBackward(dout, q, k, v, f.out, f.lse, { kernel, causal: true });
           try {
-            // Head dim 136 runs the mma.sync single kernel (the two kernels go up to head dim 128); the
+            // Head dim 136: 'auto' runs the two kernels on Hopper, the mma.sync single kernel elsewhere; the
             // naive kernel has one structure.
-            expect([g.kernel, g.algorithm]).toEqual([kernel, 'single-kernel']);
+            expect([g.kernel, g.algorithm]).toEqual([kernel, kernel === 'flash' && HOPPER ? 'two-kernel' : 'single-kernel']);
           } finally {
             for (const t of [g.dq, g.dk, g.dv]) t.dispose();
           }

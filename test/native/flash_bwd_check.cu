@@ -778,8 +778,9 @@ int main(int argc, char** argv) {
         failed += !run_case(Case{1, 1025, 1023, 2, 1, d, causal, DType::kFloat16}, "two-kernel-det",
                             flash_bwd_two_kernel_det, true, rng);
       }
-    // Head dims between the Hopper kernels' (72-120 run the d128 kernels on zero-filled columns).
-    for (int64_t d : {72, 96, 104, 120})
+    // Head dims between the Hopper kernels' (72-120 run the d128 kernels on zero-filled columns, 136-192
+    // the d192 ones, 200-256 the d256 ones: the wide dK/dV kernel, flash_bwd_wide_sm90_kernel.cuh).
+    for (int64_t d : {72, 96, 104, 120, 136, 160, 192, 200, 256})
       for (bool causal : {false, true}) {
         total += 2;
         failed += !run_case(Case{2, 97, 203, 4, 2, d, causal, DType::kBFloat16}, "two-kernel", flash_bwd_two_kernel,
@@ -813,7 +814,7 @@ int main(int argc, char** argv) {
       {"flash_bwd", fa::cuda::flash_bwd, false, hopper ? wgmma_dims : mma_dims},
       {"flash_bwd-det", flash_bwd_deterministic, true, hopper ? wgmma_dims : mma_dims}};
   if (hopper) {
-    containment_paths.push_back({"two-kernel", flash_bwd_two_kernel, true, {64, 96, 128}});
+    containment_paths.push_back({"two-kernel", flash_bwd_two_kernel, true, {64, 96, 128, 192, 256}});
     containment_paths.push_back({"sm80-mma", fa::cuda::flash_bwd_sm80, false, mma_dims});
   }
   for (const ContainmentPath& path : setup.run_checks ? containment_paths : std::vector<ContainmentPath>{})
@@ -826,7 +827,7 @@ int main(int argc, char** argv) {
   if (setup.run_checks) std::printf("%s: %d of %d cases failed\n", failed ? "FAIL" : "PASS", failed, total);
   if (run_bench)
     for (int64_t seqlen : {512, 1024, 2048, 8192})
-      for (int64_t d : {64, 96, 128}) {
+      for (int64_t d : {64, 96, 128, 192, 256}) {
         BenchInputs in(seqlen, d, rng);
         for (bool causal : {false, true}) {
           for (const Path& path : paths) bench(in, causal, path.name, path.fn);

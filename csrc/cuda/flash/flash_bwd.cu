@@ -1,6 +1,6 @@
 // Launcher of the FA2 backward (flash_bwd.h): support check, workspace, preprocess, the main kernel
-// (the Hopper wgmma kernels on compute capability 9.0 when the build has sm_90a code: two kernels up
-// to head dim 128, the single kernel at head dims that round to 32, 64 or 128; else the mma.sync
+// (the Hopper wgmma kernels on compute capability 9.0 when the build has sm_90a code: two kernels at
+// every head dim, the single kernel at head dims that round to 32, 64 or 128; else the mma.sync
 // kernel) with its dtype x head dim x causal dispatch
 // (static_switch.h), dQ conversion.
 //
@@ -134,8 +134,9 @@ cudaError_t run(const AttentionBwdParams& p, const flash::FlashBwdWorkspace& ws,
 // 182 / 205 / 233 and 84 / 129 / 158 / 206.
 bool flash_bwd_runs_sm90(const AttentionBwdParams& p) {
   const int sm90 = flash_bwd_sm90_padded(p.head_dim);
-  return current_device_props().major == 9 && flash_bwd_sm90_built() && sm90 != 0 &&
-         (p.two_kernel || sm90 == flash::padded_head_dim(p.head_dim));
+  const bool single = sm90 == flash::padded_head_dim(p.head_dim) &&
+                      flash::config_for(flash::kBwdSm90Configs, sm90).head_dim == sm90;
+  return current_device_props().major == 9 && flash_bwd_sm90_built() && sm90 != 0 && (p.two_kernel || single);
 }
 
 const char* flash_bwd_unsupported_reason(const AttentionBwdParams& p) {
@@ -149,8 +150,7 @@ const char* flash_bwd_unsupported_reason(const AttentionBwdParams& p) {
   if (props.major < kMinComputeMajor)
     return "the CUDA FlashAttention-2 backward needs a GPU of compute capability 8.0 (sm_80) or newer";
   if (p.two_kernel && !flash_bwd_runs_sm90(p))
-    return "the two-kernel backward exists for Hopper GPUs (compute capability 9.0, sm_90a builds) up to head "
-           "dim 128";
+    return "the two-kernel backward exists for Hopper GPUs (compute capability 9.0, sm_90a builds)";
   if (smem_bytes(padded) > static_cast<size_t>(props.smem_optin))
     return "the GPU has less shared memory per block than the FlashAttention-2 backward kernel for this head dim "
            "needs";

@@ -48,12 +48,13 @@ size_t flash_bwd_workspace_bytes(const AttentionBwdParams& p);
 cudaError_t flash_bwd(const AttentionBwdParams& p, cudaStream_t stream);
 
 // Whether flash_bwd runs p's main kernels on the Hopper (wgmma) path on the current device (sm_90a
-// builds: the two-kernel algorithm up to head dim 128, the single kernel at head dims that round to
+// builds: the two-kernel algorithm at every head dim, the single kernel at head dims that round to
 // 32, 64 or 128), else the mma.sync one.
 bool flash_bwd_runs_sm90(const AttentionBwdParams& p);
 
 // The head dim whose Hopper kernels run head_dim: the smallest compiled one with a row of
-// flash::kBwdSm90Configs (32, 64, 128) at least as large (its columns past head_dim are zeros), or 0.
+// flash::kBwdSm90Configs (32, 64, 128) at least as large (its columns past head_dim are zeros), else
+// the padded head dim where flash::kBwdWideSm90Configs has a row (192, 256: two kernels only), or 0.
 // Defined with the Hopper kernels (hopper/flash_bwd_sm90.cu).
 int flash_bwd_sm90_padded(int64_t head_dim);
 

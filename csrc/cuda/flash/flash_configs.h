@@ -74,7 +74,14 @@ inline constexpr FlashConfig kBwdSm90Configs[] = {
     {32, 64, 128, 8, 2, 0, false}, {64, 64, 128, 8, 2, 0, false}, {128, 64, 128, 8, 2, 0, false},
 };
 inline constexpr FlashConfig kBwdDqSm90Configs[] = {
-    {32, 128, 64, 8, 2, 0, false}, {64, 128, 64, 8, 2, 0, false}, {128, 128, 64, 8, 2, 0, false},
+    {32, 128, 64, 8, 2, 0, false},  {64, 128, 64, 8, 2, 0, false},  {128, 128, 64, 8, 2, 0, false},
+    {192, 128, 64, 8, 2, 0, false}, {256, 128, 32, 8, 2, 0, false},
+};
+// Backward, wgmma + TMA, head dims 192 and 256 (hopper/flash_bwd_wide_sm90_kernel.cuh): the dK/dV
+// kernel of the two-kernel backward, 64 keys per block (both warpgroups), 64 query rows per step.
+inline constexpr FlashConfig kBwdWideSm90Configs[] = {
+    {192, 64, 64, 8, 2, 0, false},
+    {256, 64, 64, 8, 2, 0, false},
 };
 // Backward, mma.sync on TF32 and 3xTF32 (flash_bwd_fp32.cu), both precisions: query rows per step,
 // key tiles x head-dim split, Q / dO stages, blocks per SM.

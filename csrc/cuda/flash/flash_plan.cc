@@ -71,9 +71,12 @@ BwdPlan plan_backward(const AttentionBwdParams& p, BwdAlgorithm algorithm) {
   const int padded = flash::padded_head_dim(p.head_dim);
   switch (plan.family) {
     case FlashFamily::kFp32Mma: plan.config = flash::config_for(flash::kBwdFp32Configs, padded); break;
-    case FlashFamily::kSm90Wgmma:
-      plan.config = flash::config_for(flash::kBwdSm90Configs, flash_bwd_sm90_padded(p.head_dim));
+    case FlashFamily::kSm90Wgmma: {
+      const int sm90 = flash_bwd_sm90_padded(p.head_dim);
+      plan.config = flash::config_for(flash::kBwdSm90Configs, sm90);
+      if (plan.config.head_dim == 0) plan.config = flash::config_for(flash::kBwdWideSm90Configs, sm90);
       break;
+    }
     default: plan.config = flash::config_for(flash::kBwdSm80Configs, padded); break;
   }
   if (plan.unsupported != nullptr) plan.family = FlashFamily::kNone, plan.two_kernel = false, plan.config = {};

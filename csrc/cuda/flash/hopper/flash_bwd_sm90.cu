@@ -6,8 +6,12 @@
 // Configuration: 64 query rows per step, 128 keys per block (2 warpgroups x 64); dQ split by 64-column
 // halves at head dim 128, warpgroup 0's at 32 and 64. Deterministic calls launch ws.splits blocks per
 // KV head, each taking every splits-th K/V tile. The two-kernel backward (p.two_kernel) launches the
-// same kernel without dQ, then the dQ kernel (128 query rows per block, 64-key K/V tiles).
-// Other head dims run the mma.sync kernel (flash_bwd.cu).
+// same kernel without dQ, then the dQ kernel (128 query rows per block, 64-key K/V tiles; 32-key at
+// head dim 256); at head dims 192 and 256 its dK/dV kernel is flash_bwd_wide_sm90_kernel.cuh (64 keys
+// per block, warpgroup 0 accumulating dV and warpgroup 1 dK). ptxas (sm_90a, non-causal / causal
+// registers, spill stores): wide dK/dV kernel d192 168 / 218, d256 198 / 254, no spills; dQ kernel
+// d192 187 / 255 (44 bytes causal), d256 187 / 255 (108 bytes causal).
+// Other head dims of the single kernel run the mma.sync kernel (flash_bwd.cu).
 #include "cuda/flash/hopper/flash_bwd_sm90.h"
 
 #include <cuda_bf16.h>
@@ -19,6 +23,7 @@
 #include "cuda/flash/flash_configs.h"
 #include "cuda/flash/hopper/flash_bwd_dq_sm90_kernel.cuh"
 #include "cuda/flash/hopper/flash_bwd_sm90_kernel.cuh"
+#include "cuda/flash/hopper/flash_bwd_wide_sm90_kernel.cuh"
 #include "cuda/flash/hopper/tensor_map.h"
 #include "cuda/flash/static_switch.h"
 
@@ -33,7 +38,11 @@ constexpr flash::FlashConfig kSm90Config = flash::config_for(flash::kBwdSm90Conf
 template <int kHeadDim>
 constexpr flash::FlashConfig kDqSm90Config = flash::config_for(flash::kBwdDqSm90Configs, kHeadDim);
 template <int kHeadDim>
+constexpr flash::FlashConfig kWideSm90Config = flash::config_for(flash::kBwdWideSm90Configs, kHeadDim);
+template <int kHeadDim>
 constexpr bool kSm90Supported = kSm90Config<kHeadDim>.head_dim == kHeadDim;
+template <int kHeadDim>
+constexpr bool kWideSupported = kWideSm90Config<kHeadDim>.head_dim == kHeadDim;
 
 CUtensorMapDataType map_type(const AttentionBwdParams& p) {
   return p.dtype == DType::kFloat16 ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16;
@@ -74,12 +83,30 @@ cudaError_t launch(const AttentionBwdParams& p, const flash::FlashBwdWorkspace& 
   }
 }
 
+// The dK/dV kernel of the two-kernel backward at head dims 192 and 256.
 template <typename Elem, int kHeadDim, bool kIsCausal>
-cudaError_t launch_dq(const AttentionBwdParams& p, const float* d_rows, cudaStream_t stream) {
-  if constexpr (!kSm90Supported<kHeadDim>) {
+cudaError_t launch_wide(const AttentionBwdParams& p, const flash::FlashBwdWorkspace& ws, cudaStream_t stream) {
+  if constexpr (!kWideSupported<kHeadDim>) {
     return cudaErrorNotSupported;
   } else {
-    static_assert(kDqSm90Config<kHeadDim>.head_dim == kHeadDim, "the dQ kernel has the main kernel's head dims");
+    using Traits = flash::sm90::FlashBwdWideSm90Traits<kHeadDim, Elem>;
+    static_assert(flash::row_matches<Traits>(kWideSm90Config<kHeadDim>), "the row reports the traits' tile");
+    flash::sm90::BwdTensorMaps maps;
+    FA_CUDA_TRY(make_bwd_maps(&maps, p, Traits::kBlockM, Traits::kBlockN));
+    auto kernel = flash::sm90::flash_bwd_wide_sm90_kernel<Traits, kIsCausal>;
+    FA_CUDA_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                     static_cast<int>(Traits::kSmemBytes)));
+    const int64_t blocks = ceil_div<int64_t>(p.seqlen_k, Traits::kBlockN) * p.heads_kv * p.batch;
+    kernel<<<static_cast<unsigned>(blocks), Traits::kNThreads, Traits::kSmemBytes, stream>>>(p, maps, ws);
+    return cudaGetLastError();
+  }
+}
+
+template <typename Elem, int kHeadDim, bool kIsCausal>
+cudaError_t launch_dq(const AttentionBwdParams& p, const float* d_rows, cudaStream_t stream) {
+  if constexpr (kDqSm90Config<kHeadDim>.head_dim != kHeadDim) {
+    return cudaErrorNotSupported;
+  } else {
     using Traits = flash::sm90::FlashBwdDqSm90Traits<kHeadDim, kDqSm90Config<kHeadDim>.block_n, Elem>;
     static_assert(flash::row_matches<Traits>(kDqSm90Config<kHeadDim>), "the row reports the traits' tile");
     flash::sm90::BwdDqTensorMaps maps;
@@ -106,7 +133,8 @@ bool flash_bwd_sm90_built() {
 int flash_bwd_sm90_padded(int64_t head_dim) {
   for (const flash::FlashConfig& c : flash::kBwdSm90Configs)
     if (head_dim <= c.head_dim && flash::padded_head_dim(c.head_dim) == c.head_dim) return c.head_dim;
-  return 0;
+  const int padded = flash::padded_head_dim(head_dim);
+  return flash::config_for(flash::kBwdWideSm90Configs, padded).head_dim == padded ? padded : 0;
 }
 
 cudaError_t flash_bwd_sm90(const AttentionBwdParams& p, const flash::FlashBwdWorkspace& ws, cudaStream_t stream) {
@@ -124,10 +152,16 @@ cudaError_t flash_bwd_two_kernel_sm90(const AttentionBwdParams& p, float* d_rows
   return FA_HEADDIM_SWITCH(flash_bwd_sm90_padded(p.head_dim), kHeadDim, [&] {
     return FA_BOOL_SWITCH(p.causal, kIsCausal, [&] {
       if (p.dtype == DType::kFloat16) {
-        FA_CUDA_TRY((launch<__half, kHeadDim, kIsCausal, false>(p, ws, stream)));
+        if constexpr (kWideSupported<kHeadDim>)
+          FA_CUDA_TRY((launch_wide<__half, kHeadDim, kIsCausal>(p, ws, stream)));
+        else
+          FA_CUDA_TRY((launch<__half, kHeadDim, kIsCausal, false>(p, ws, stream)));
         return launch_dq<__half, kHeadDim, kIsCausal>(p, d_rows, stream);
       }
-      FA_CUDA_TRY((launch<__nv_bfloat16, kHeadDim, kIsCausal, false>(p, ws, stream)));
+      if constexpr (kWideSupported<kHeadDim>)
+        FA_CUDA_TRY((launch_wide<__nv_bfloat16, kHeadDim, kIsCausal>(p, ws, stream)));
+      else
+        FA_CUDA_TRY((launch<__nv_bfloat16, kHeadDim, kIsCausal, false>(p, ws, stream)));
       return launch_dq<__nv_bfloat16, kHeadDim, kIsCausal>(p, d_rows, stream);
     });
   });
