@@ -8,7 +8,7 @@ const fs = require('fs');
 const path = require('path');
 
 // N of m64nNk16: the head dims (O += P V) and the key-tile widths (S = Q K^T) of the kernels.
-const SHAPES = [32, 64, 96, 128, 160, 176, 192, 256];
+const SHAPES = [32, 64, 80, 96, 112, 128, 160, 176, 192, 256];
 const TYPES = [['__half', 'f16'], ['__nv_bfloat16', 'bf16']];
 
 function regList(first, count, prefix = '%') {

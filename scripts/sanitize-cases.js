@@ -35,12 +35,12 @@ const FULL = [
   [1, 97, 97, 8, 1, 96, true, 'float16'], // seqlen 97, GQA 8:1
   [1, 1025, 1025, 2, 2, 128, true, 'bfloat16'], // seqlen 1025: one row / key past the last full tile
   [1, 1025, 1023, 8, 1, 64, true, 'float16'], // 2 empty rows, GQA 8:1
-  [1, 113, 203, 2, 2, 192, false, 'float16'], // seqlenQ < seqlenK
+  [1, 113, 203, 2, 2, 192, false, 'float16'], // seqlenQ < seqlenK; Hopper: the warp-specialized d192 kernel
   [2, 203, 113, 2, 2, 256, true, 'bfloat16'], // seqlenQ > seqlenK causal: 90 empty rows
   [1, 1, 239, 8, 1, 64, true, 'bfloat16'], // one query row, GQA 8:1
   [1, 799, 3, 2, 2, 128, true, 'float16'], // 796 empty rows
   [1, 97, 17, 4, 4, 40, true, 'float16'], // padded head dim 40 (runs as 64)
-  [1, 17, 97, 2, 2, 200, false, 'bfloat16'], // padded head dim 200 (runs as 256)
+  [1, 17, 97, 2, 2, 200, false, 'bfloat16'], // padded head dim 200 (runs as 256; Hopper: warp-specialized)
   [2, 1100, 1100, 8, 2, 128, false, 'bfloat16'], // Hopper: the warp-specialized kernel, 144 work items (> SMs)
   [1, 203, 113, 2, 2, 112, false, 'float16'], // padded head dim 112: the warp-specialized kernel on Hopper
 ];

@@ -108,6 +108,21 @@ describeEachDevice('kernel choice', (device) => {
         for (const t of [q, k, v, dout, f.out, f.lse, c.out, c.lse, g.dq, g.dk, g.dv]) t.dispose();
       }
     });
+
+    // Head dims 129-192 and 193-256 without a causal mask: the warp-specialized forward at d192 (112-key
+    // tiles) and d256 (80-key tiles); causal, the two-warpgroup rows.
+    test.each([[160, 192, 112, 64], [256, 256, 80, 32]])(
+      'bfloat16, head dim %d on Hopper: the forward runs the d%d rows', (headDim, padded, wsBlockN, blockN) => {
+        const [q, k, v, dout] = make('bfloat16', headDim);
+        const f = flashAttention(q, k, v);
+        const c = flashAttention(q, k, v, { causal: true });
+        try {
+          expect(f.plan).toEqual({ family: 'sm90-wgmma', headDim: padded, blockM: 128, blockN: wsBlockN, warps: 12, stages: 2 });
+          expect(c.plan).toEqual({ family: 'sm90-wgmma', headDim: padded, blockM: 128, blockN, warps: 8, stages: 3 });
+        } finally {
+          for (const t of [q, k, v, dout, f.out, f.lse, c.out, c.lse]) t.dispose();
+        }
+      });
   }
 
   if (device === 'cuda') {

@@ -14,6 +14,8 @@
 // see the key).
 // Then (unless --no-bench) bf16 timing at B*S = 16k, H*D = 2048, S 2k / 8k, D 64 / 128, causal and not:
 // median of 20 cudaEvent-timed calls after warm-up, TFLOP/s = 4 B H S^2 D / t (halved when causal).
+// On Hopper the kernel variants below are checked and timed too; FLASH_FWD_CHECK_VARIANTS=d192,ws-d256
+// keeps those whose names contain one of the comma-separated strings.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -25,6 +27,7 @@
 #include <cstring>
 #include <limits>
 #include <random>
+#include <string>
 #include <string>
 #include <vector>
 
@@ -350,15 +353,29 @@ int main(int argc, char** argv) {
     FwdFn fn;
   };
   // The shipped d64 / d128 configurations (flash_configs.h) beside the warp-specialized kernel's.
-  const Variant variants[] = {
+  const Variant all_variants[] = {
       {"d128n128w2s3", 128, sm90_variant<128, 128, 2, 3>},
       {"ws-d128n128s2", 128, sm90_ws_variant<128, 128, 2>},
-      {"ws-d128n128s2-l2s8", 128, sm90_ws_variant<128, 128, 2, 8>},
-      {"ws-d128n128s2-l2s16", 128, sm90_ws_variant<128, 128, 2, 16>},
       {"ws-d128n176s2", 128, sm90_ws_variant<128, 176, 2>},
       {"d64n64w2s3b2", 64, sm90_variant<64, 64, 2, 3, 2>},
       {"ws-d64n128s2", 64, sm90_ws_variant<64, 128, 2>},
+      {"d192n64w2s3", 192, sm90_variant<192, 64, 2, 3>},
+      {"ws-d192n96s2", 192, sm90_ws_variant<192, 96, 2>},
+      {"ws-d192n112s2", 192, sm90_ws_variant<192, 112, 2>},
+      {"d256n32w2s3", 256, sm90_variant<256, 32, 2, 3>},
+      {"ws-d256n64s2", 256, sm90_ws_variant<256, 64, 2>},
+      {"ws-d256n80s2", 256, sm90_ws_variant<256, 80, 2>},
   };
+  const char* const wanted = std::getenv("FLASH_FWD_CHECK_VARIANTS");
+  std::vector<Variant> variants;
+  for (const Variant& var : all_variants) {
+    bool keep = wanted == nullptr;
+    for (const char* w = wanted; w != nullptr && !keep; w = std::strchr(w, ',') ? std::strchr(w, ',') + 1 : nullptr) {
+      const size_t len = std::strcspn(w, ",");
+      keep = len > 0 && std::string(var.name).find(std::string(w, len)) != std::string::npos;
+    }
+    if (keep) variants.push_back(var);
+  }
   const bool hopper = std::strcmp(fa::cuda::flash_fwd_path(), "sm90-wgmma") == 0;
   if (hopper && setup.run_checks)
     for (const Variant& var : variants)

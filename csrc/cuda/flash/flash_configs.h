@@ -48,6 +48,8 @@ inline constexpr FlashConfig kFwdSm90Configs[] = {
 // (fwd_sm90_config).
 inline constexpr FlashConfig kFwdSm90WsConfigs[] = {
     {128, 128, 176, 12, 2, 1, false},
+    {192, 128, 112, 12, 2, 1, false},
+    {256, 128, 80, 12, 2, 1, false},
 };
 // Forward, mma.sync on TF32 and 3xTF32 (flash_fwd_fp32.cu): 4 warps of 16 query rows, one K and one
 // V tile (K of the next tile loads during P V).

@@ -33,10 +33,21 @@
 //     L2 sections: 176 / 241 / 316 / 569).
 //   d64 non-causal,  ws n192 s2: 301 / 352 / 410 / 449;  ws n128 s2: 320 / 374 / 398 / 417
 //                 n64 w2 s3 b2: 317 / 372 / 402 / 428   <- shipped
+//   d192 non-causal, ws n112 s2: 416 / 530 / 629 / 713   <- shipped (kFwdSm90WsConfigs)
+//                    ws n96 s2:  395 / 541 / 616 / 695
+//                 n64 w2 s3 b1: 325 / 433 / 507 / 573
+//   d192 causal,     ws n96 s2:  190 / 298 / 428 / 574;  n64 w2 s3 b1: 206 / 301 / 383 / 498 <- shipped
+//     (the ws kernel wins from 2k on; the planner's row does not depend on the sequence length yet)
+//   d256 non-causal, ws n80 s2:  396 / 543 / 630 / 711   <- shipped (kFwdSm90WsConfigs)
+//                    ws n64 s2:  418 / 529 / 605 / 662
+//                 n32 w2 s3 b1: 295 / 365 / 408 / 451
+//   d256 causal,     ws n80 s2:  145 / 237 / 319 / 412 (spills 468 bytes); n32 w2 s3 b1: 185 / 257 / 313 / 396 <- shipped
 // ptxas -v (CUDA 13.0, sm_90a; fp16 = bf16; non-causal / causal registers), 0 spills, shared memory
 // Q + 3 stages of K and V + barriers:
 //   d32 90, d64 106/109 (2 blocks per SM: launch bound 128; 65 KiB smem each), d96 189/175, d128 186/195 (224 KiB smem),
-//   d192 170/213, d256 182/215.
+//   d192 170/213, d256 182/215. Warp-specialized (setmaxnreg: producer 40, consumers 232): no spills
+//   at d128 n176, d192 n112 and d256 n80 non-causal; causal d128 n176 spills 220 bytes, d192 n112 412,
+//   d256 n80 468 (d192 n96 none).
 #include "cuda/flash/hopper/flash_fwd_sm90.h"
 
 #include <cuda_bf16.h>
