@@ -43,6 +43,7 @@ const FULL = [
   [1, 17, 97, 2, 2, 200, false, 'bfloat16'], // padded head dim 200 (runs as 256; Hopper: warp-specialized)
   [2, 1100, 1100, 8, 2, 128, false, 'bfloat16'], // Hopper: the warp-specialized kernel, 144 work items (> SMs)
   [1, 203, 113, 2, 2, 112, false, 'float16'], // padded head dim 112: the warp-specialized kernel on Hopper
+  [1, 4100, 4097, 2, 1, 128, true, 'bfloat16'], // causal from 4k: the warp-specialized kernel on Hopper
 ];
 
 const RACE = [

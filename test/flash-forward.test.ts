@@ -16,7 +16,8 @@
  *   seqlenK both ways, GQA 8:1 and 8:8, causal or not, batch 2, softmaxScale ≠ 1/√d). Full reference.
  * - SEQLEN_CASES: the awkward seqlens 1, 17, 97, 113 and (seqlenQ, seqlenK) = (113, 203), (1, 239),
  *   (3, 799) and their reverses, on d64 and d128. Full reference.
- * - LONG_CASES: 1023, 1025, (1024, 1023), (1023, 1024), 4097 on d64 and d128. A float64 reference of
+ * - LONG_CASES: 1023, 1025, (1024, 1023), (1023, 1024), 4097 on d64 and d128, and causal (4097, 4097)
+ *   and (4100, 4200) at d128 and d112 (on Hopper the warp-specialized kernel). A float64 reference of
  *   every row would take minutes, so the rule runs on sampled row blocks (helpers/rows.ts: the causal
  *   mask stays bottom-right aligned), and every element is compared with the naive CUDA kernel (fp32
  *   from the same stored inputs).
@@ -148,6 +149,8 @@ const LONG_CASES: Case[] = [
   c([1, 1023, 1024, 2, 2, 128], 'float16', true),
   c([1, 4097, 4097, 2, 2, 64], 'bfloat16', true),
   c([1, 4097, 4097, 8, 1, 128], 'float16'),
+  c([1, 4097, 4097, 8, 1, 128], 'bfloat16', true), // causal from 4k: the warp-specialized kernel on Hopper
+  c([1, 4100, 4200, 2, 2, 112], 'float16', true), // the same, padded head dim, seqlenQ < seqlenK
 ];
 
 /** Rows per sampled block of a long case (6 blocks: see sampleRowBlocks). */

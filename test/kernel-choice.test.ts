@@ -30,8 +30,8 @@ const HOPPER = HAS_CUDA && (backends().cuda.device?.computeCapability ?? '').sta
 
 describeEachDevice('kernel choice', (device) => {
   /** q, k, v, dout of shape [1, 40, 2, headDim] (self attention), random. */
-  const make = (dtype: DType, headDim: number): Tensor[] => {
-    const shape = [1, 40, 2, headDim];
+  const make = (dtype: DType, headDim: number, seqlen = 40): Tensor[] => {
+    const shape = [1, seqlen, 2, headDim];
     const n = shape.reduce((a, b) => a * b, 1);
     return [0, 1, 2, 3].map((i) => Tensor.fromFloat32Array(randn(n, rngFor(`kernel/${device}/${dtype}/${headDim}/${i}`)), shape, { dtype, device }));
   };
@@ -108,6 +108,19 @@ describeEachDevice('kernel choice', (device) => {
         for (const t of [q, k, v, dout, f.out, f.lse, c.out, c.lse, g.dq, g.dk, g.dv]) t.dispose();
       }
     });
+
+    // Causal head dim 128 from 4096 queries and keys on: the warp-specialized kernel (128-key tiles,
+    // query tiles longest first over all heads); below, the two-warpgroup kernel.
+    test.each([[4095, 128, 8, 3], [4096, 128, 12, 2]])(
+      'bfloat16, causal head dim 128 at seqlen %d on Hopper: 128 x %d tiles of %d warps', (seqlen, blockN, warps, stages) => {
+        const [q, k, v, dout] = make('bfloat16', 128, seqlen);
+        const c = flashAttention(q, k, v, { causal: true });
+        try {
+          expect(c.plan).toEqual({ family: 'sm90-wgmma', headDim: 128, blockM: 128, blockN, warps, stages });
+        } finally {
+          for (const t of [q, k, v, dout, c.out, c.lse]) t.dispose();
+        }
+      });
 
     // Head dims 129-192 and 193-256 without a causal mask: the warp-specialized forward at d192 (112-key
     // tiles) and d256 (80-key tiles); causal, the two-warpgroup rows.

@@ -135,10 +135,11 @@ cudaError_t sm90_variant(const fa::AttentionFwdParams& p, cudaStream_t stream) {
 
 // The warp-specialized Hopper kernel (flash_fwd_sm90_ws_kernel.cuh): keys per tile, stages, the causal
 // walk's L2 sections (MiB of K/V; bf16 only).
-template <int kHeadDim, int kBlockN, int kStages, uint32_t kL2SectionMiB = 32>
+// kL2SectionMiB 0: the shipped walk, one section over all heads.
+template <int kHeadDim, int kBlockN, int kStages, uint32_t kL2SectionMiB = 0>
 cudaError_t sm90_ws_variant(const fa::AttentionFwdParams& p, cudaStream_t stream) {
-  using Traits =
-      fa::cuda::flash::sm90::FlashFwdSm90WsTraits<kHeadDim, kBlockN, kStages, __nv_bfloat16, kL2SectionMiB << 10>;
+  using Traits = fa::cuda::flash::sm90::FlashFwdSm90WsTraits<
+      kHeadDim, kBlockN, kStages, __nv_bfloat16, kL2SectionMiB == 0 ? fa::cuda::flash::kAllHeadsKiB : kL2SectionMiB << 10>;
   if (p.dtype != DType::kBFloat16 || p.head_dim != kHeadDim) return cudaErrorNotSupported;
   return p.causal ? fa::cuda::launch_flash_fwd_sm90_ws<Traits, true>(p, stream)
                   : fa::cuda::launch_flash_fwd_sm90_ws<Traits, false>(p, stream);
@@ -358,6 +359,7 @@ int main(int argc, char** argv) {
   const Variant all_variants[] = {
       {"d128n128w2s3", 128, sm90_variant<128, 128, 2, 3>},
       {"ws-d128n128s2", 128, sm90_ws_variant<128, 128, 2>},
+      {"ws-d128n128s2-l2s32", 128, sm90_ws_variant<128, 128, 2, 32>},
       {"ws-d128n176s2", 128, sm90_ws_variant<128, 176, 2>},
       {"d64n64w2s3b2", 64, sm90_variant<64, 64, 2, 3, 2>},
       {"ws-d64n128s2", 64, sm90_ws_variant<64, 128, 2>},
@@ -407,7 +409,7 @@ int main(int argc, char** argv) {
   if (setup.run_checks) std::printf("%s: %d of %d cases failed\n", failed ? "FAIL" : "PASS", failed, total);
   if (run_bench && hopper)
     for (const Variant& var : variants)
-      for (int64_t seqlen : {512, 1024, 2048, 8192})
+      for (int64_t seqlen : {512, 1024, 2048, 4096, 8192, 16384})
         for (bool causal : {false, true}) bench(seqlen, var.d, causal, var.name, var.fn, rng);
   if (run_bench && !paths.empty())
     for (const Path& path : {paths.front()})  // the shipped path (the variants above time sm90's)

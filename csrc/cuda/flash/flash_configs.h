@@ -51,6 +51,16 @@ inline constexpr FlashConfig kFwdSm90WsConfigs[] = {
     {192, 128, 112, 12, 2, 1, false},
     {256, 128, 80, 12, 2, 1, false},
 };
+// The same kernel for causal calls with at least kFwdSm90WsCausalMinSeqlen queries and keys (its blocks
+// take the query tiles longest first over all heads); shorter causal calls run kFwdSm90Configs, one
+// block per query tile, which the hardware balances better there. H100, bf16, d128 causal, TFLOP/s at
+// seqlen 512 / 1k / 2k / 4k / 8k / 16k: ws n128 s2 169 / 234 / 311 / 485 / 567 / 609, two warpgroups
+// n128 s3 200 / 297 / 383 / 447 / 499 / 551 (test/native/flash_fwd_check.cu, same run). Causal n176
+// spills 220 bytes.
+inline constexpr FlashConfig kFwdSm90WsCausalConfigs[] = {
+    {128, 128, 128, 12, 2, 1, false},
+};
+inline constexpr int64_t kFwdSm90WsCausalMinSeqlen = 4096;
 // Forward, mma.sync on TF32 and 3xTF32 (flash_fwd_fp32.cu): 4 warps of 16 query rows, one K and one
 // V tile (K of the next tile loads during P V).
 inline constexpr FlashConfig kFwdFp32Tf32Configs[] = {
@@ -107,6 +117,16 @@ constexpr bool fwd_sm90_warp_specialized(int head_dim, bool causal) {
 constexpr FlashConfig fwd_sm90_config(int head_dim, bool causal) {
   return fwd_sm90_warp_specialized(head_dim, causal) ? config_for(kFwdSm90WsConfigs, head_dim)
                                                      : config_for(kFwdSm90Configs, head_dim);
+}
+// Whether a causal call at compiled head dim head_dim runs the warp-specialized kernel's causal row.
+constexpr bool fwd_sm90_ws_causal(int head_dim, int64_t seqlen_q, int64_t seqlen_k) {
+  return config_for(kFwdSm90WsCausalConfigs, head_dim).head_dim != 0 && seqlen_q >= kFwdSm90WsCausalMinSeqlen &&
+         seqlen_k >= kFwdSm90WsCausalMinSeqlen;
+}
+// The Hopper forward's row for call p at compiled head dim head_dim (what the launcher runs).
+constexpr FlashConfig fwd_sm90_config(int head_dim, const AttentionFwdParams& p) {
+  return p.causal && fwd_sm90_ws_causal(head_dim, p.seqlen_q, p.seqlen_k) ? config_for(kFwdSm90WsCausalConfigs, head_dim)
+                                                                           : fwd_sm90_config(head_dim, p.causal);
 }
 constexpr FlashConfig fwd_fp32_config(Fp32Precision precision, int head_dim) {
   return precision == Fp32Precision::kHighest ? config_for(kFwdFp32HighestConfigs, head_dim)

@@ -30,7 +30,7 @@ FwdPlan plan_forward(const AttentionFwdParams& p) {
   const int padded = flash::padded_head_dim(p.head_dim);
   switch (plan.family) {
     case FlashFamily::kFp32Mma: plan.config = flash::fwd_fp32_config(p.fp32_precision, padded); break;
-    case FlashFamily::kSm90Wgmma: plan.config = flash::fwd_sm90_config(padded, p.causal); break;
+    case FlashFamily::kSm90Wgmma: plan.config = flash::fwd_sm90_config(padded, p); break;
     default: plan.config = flash::config_for(flash::kFwdSm80Configs, padded); break;
   }
   if (plan.unsupported != nullptr) plan.family = FlashFamily::kNone, plan.config = {};

@@ -25,8 +25,10 @@ struct QueryTileWork {
 // blocks at work at one time read the K/V of a few heads. Sorted over all heads at once, the blocks of
 // one round read 132 different heads' K/V: at 2k causal d128 (1 MiB of K/V per head) the kernel
 // fetched every tile from HBM and ran 0.83x the non-persistent kernel (H100); with 32 MiB sections it
-// still moved 1.8x that kernel's DRAM bytes (bench/NOTES.md). Otherwise query tiles fastest, as
-// query_tile_work.
+// still moved 1.8x that kernel's DRAM bytes (bench/NOTES.md). From 4k keys on, one section over all
+// heads (kAllHeadsKiB) balances the blocks best: causal d128 8k 567 TFLOP/s against 465 with 32 MiB
+// sections. Otherwise query tiles fastest, as query_tile_work.
+inline constexpr uint32_t kAllHeadsKiB = ~0u;
 template <int kBlockM, bool kLongestFirst, uint32_t kSectionKiB>
 __device__ __forceinline__ QueryTileWork query_tile_work_at(const AttentionFwdParams& p, uint32_t item) {
   const uint32_t m_blocks = static_cast<uint32_t>((static_cast<int>(p.seqlen_q) + kBlockM - 1) / kBlockM);

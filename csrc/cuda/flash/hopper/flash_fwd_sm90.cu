@@ -27,10 +27,12 @@
 //   d128 non-causal, ws n176 s2: 420 / 531 / 598 / 661   <- shipped (kFwdSm90WsConfigs)
 //                    ws n128 s2: 425 / 523 / 585 / 633;  ws n128 s3: 394 / 512 / 579 / 635
 //                 n128 w2 s3 b1: 341 / 432 / 490 / 553
-//   d128 causal,     ws n128 s2: 200 / 279 / 362 / 459 (ws n176 s2: 149 / 241 / 324 / 455)
-//                 n128 w2 s3 b1: 201 / 296 / 382 / 500   <- shipped: the persistent kernel's static
-//     walk loses the balance of the hardware's block scheduler (sorted over all heads rather than in
-//     L2 sections: 176 / 241 / 316 / 569).
+//   d128 causal,     ws n128 s2, 32 MiB L2 sections: 200 / 279 / 362 / 459 (ws n176 s2: 149 / 241 / 324 / 455)
+//                 n128 w2 s3 b1: 201 / 296 / 382 / 500   <- shipped below 4k: the persistent kernel's
+//     static walk loses the balance of the hardware's block scheduler on short sequences.
+//     At 512 / 1k / 2k / 4k / 8k / 16k (another run): ws n128 s2 walking all heads longest first
+//     169 / 234 / 311 / 485 / 567 / 609   <- shipped from 4k (kFwdSm90WsCausalConfigs)
+//                 n128 w2 s3 b1: 200 / 297 / 383 / 447 / 499 / 551
 //   d64 non-causal,  ws n192 s2: 301 / 352 / 410 / 449;  ws n128 s2: 320 / 374 / 398 / 417
 //                 n64 w2 s3 b2: 317 / 372 / 402 / 428   <- shipped
 //   d192 non-causal, ws n112 s2: 416 / 530 / 629 / 713   <- shipped (kFwdSm90WsConfigs)
@@ -62,9 +64,18 @@ namespace fa::cuda {
 namespace {
 
 // Per head dim, the row of flash::kFwdSm90Configs or, for the non-causal calls of the head dims it
-// has, of flash::kFwdSm90WsConfigs (flash_configs.h fwd_sm90_config).
+// has, of flash::kFwdSm90WsConfigs; causal calls from flash::kFwdSm90WsCausalMinSeqlen on, the row of
+// flash::kFwdSm90WsCausalConfigs (flash_configs.h fwd_sm90_config).
 template <typename Elem, int kHeadDim, bool kIsCausal>
 cudaError_t launch(const AttentionFwdParams& p, cudaStream_t stream) {
+  if constexpr (kIsCausal && flash::config_for(flash::kFwdSm90WsCausalConfigs, kHeadDim).head_dim == kHeadDim) {
+    if (flash::fwd_sm90_ws_causal(kHeadDim, p.seqlen_q, p.seqlen_k)) {
+      constexpr flash::FlashConfig kW = flash::config_for(flash::kFwdSm90WsCausalConfigs, kHeadDim);
+      using Traits = flash::sm90::FlashFwdSm90WsTraits<kHeadDim, kW.block_n, kW.stages, Elem>;
+      static_assert(flash::row_matches<Traits>(kW), "the row reports the traits' tile");
+      return launch_flash_fwd_sm90_ws<Traits, true>(p, stream);
+    }
+  }
   constexpr flash::FlashConfig kC = flash::fwd_sm90_config(kHeadDim, kIsCausal);
   static_assert(kC.head_dim == kHeadDim && kC.warps % 4 == 0, "every compiled head dim has a row of warpgroups");
   if constexpr (flash::fwd_sm90_warp_specialized(kHeadDim, kIsCausal)) {

@@ -41,7 +41,7 @@
 
 namespace fa::cuda::flash::sm90 {
 
-template <int kHeadDim_, int kBlockN_, int kStages_, typename Elem_, uint32_t kL2SectionKiB_ = 32u << 10>
+template <int kHeadDim_, int kBlockN_, int kStages_, typename Elem_, uint32_t kL2SectionKiB_ = kAllHeadsKiB>
 struct FlashFwdSm90WsTraits {
   using Elem = Elem_;
   static constexpr int kHeadDim = kHeadDim_;
@@ -53,7 +53,7 @@ struct FlashFwdSm90WsTraits {
   static constexpr int kBlockN = kBlockN_;
   static constexpr int kStages = kStages_;
   // Causal: the K/V bytes of the heads whose query tiles the blocks take longest first together
-  // (tile_scheduler.cuh query_tile_work_at).
+  // (tile_scheduler.cuh query_tile_work_at); by default all heads.
   static constexpr uint32_t kL2SectionKiB = kL2SectionKiB_;
   // setmaxnreg budgets: 128 x 40 + 256 x 232 = 64,512 of the 65,536 registers. The producer's
   // checker warps spilled at 24 (ptxas, causal); at 232 the consumers of d128 with 128-key tiles
