@@ -76,7 +76,8 @@ export interface KernelPlan {
   /**
    * Warps per thread block. On `'sm90-wgmma'`, 12 is the warp-specialized forward: a producer
    * warpgroup issuing the TMA loads and two consumer warpgroups of 64 query rows, one persistent
-   * block per SM (non-causal, head dims 97–256: 176-key tiles up to 128, 112 up to 192, 80 above).
+   * block per SM: non-causal at head dims 97–256 (176-key tiles up to 128, 112 up to 192, 80 above),
+   * and causal at head dims 97–128 with at least 4096 queries and keys (128-key tiles).
    */
   warps: number | null;
   /** K/V tiles (backward: Q / dO tiles) held in shared memory at once. */
