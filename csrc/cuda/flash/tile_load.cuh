@@ -29,10 +29,24 @@ __device__ __forceinline__ void load_tile_async(typename Traits::Elem* smem, con
   }
 }
 
+// The statistics of one step of the backward's main loop (every backward kernel): the lse (base 2)
+// and D rows of query tile m0 of head `head` into stage `stage` of sLse2 and sD, by threads
+// [0, kBlockM). Rows past seqlen_q get placeholders (lse +inf, D 0): they see no key, so P and dS
+// select 0 for them.
+template <int kBlockM>
+__device__ __forceinline__ void load_bwd_row_stats(const AttentionBwdParams& p, const float* d, float* sLse2, float* sD,
+                                                   int stage, int head, int m0, int64_t batch, int seqlen_q) {
+  if (threadIdx.x < kBlockM) {
+    const int row = m0 + static_cast<int>(threadIdx.x);
+    const int64_t stat = (batch * p.heads_q + head) * p.seqlen_q + row;
+    sLse2[stage * kBlockM + threadIdx.x] = row < seqlen_q ? p.lse_in[stat] * kLog2e : INFINITY;
+    sD[stage * kBlockM + threadIdx.x] = row < seqlen_q ? d[stat] : 0.0f;
+  }
+}
+
 // The query side of one step of the backward's main loop (the mma.sync kernels, fp16 / bf16 and
 // float32): the Q and dO rows of query tile m0 of head `head` (cp.async, not committed) into stage
-// `stage` of sQ and sdO, and the tile's lse (base 2) and D rows into sLse2 and sD. Rows past
-// seqlen_q get placeholders (lse +inf, D 0): they see no key, so P and dS select 0 for them.
+// `stage` of sQ and sdO, and the tile's statistics (load_bwd_row_stats).
 template <typename Traits, int kBlockM>
 __device__ __forceinline__ void load_bwd_query_step(const AttentionBwdParams& p, const float* d,
                                                     typename Traits::Elem* sQ, typename Traits::Elem* sdO,
@@ -43,12 +57,7 @@ __device__ __forceinline__ void load_bwd_query_step(const AttentionBwdParams& p,
   const Elem* dout = static_cast<const Elem*>(p.dout) + batch * p.do_batch_stride + head * p.do_head_stride;
   load_tile_async<Traits, kBlockM>(sQ + stage * Traits::kQTileElems, q, p.q_row_stride, m0, seqlen_q, head_dim);
   load_tile_async<Traits, kBlockM>(sdO + stage * Traits::kQTileElems, dout, p.do_row_stride, m0, seqlen_q, head_dim);
-  if (threadIdx.x < kBlockM) {
-    const int row = m0 + static_cast<int>(threadIdx.x);
-    const int64_t stat = (batch * p.heads_q + head) * p.seqlen_q + row;
-    sLse2[stage * kBlockM + threadIdx.x] = row < seqlen_q ? p.lse_in[stat] * kLog2e : INFINITY;
-    sD[stage * kBlockM + threadIdx.x] = row < seqlen_q ? d[stat] : 0.0f;
-  }
+  load_bwd_row_stats<kBlockM>(p, d, sLse2, sD, stage, head, m0, batch, seqlen_q);
 }
 
 }  // namespace fa::cuda::flash

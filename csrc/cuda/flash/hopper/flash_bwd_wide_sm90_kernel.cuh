@@ -30,11 +30,13 @@
 #include "cuda/flash/dq_accum.cuh"
 #include "cuda/flash/fragment_softmax.cuh"
 #include "cuda/flash/hopper/flash_bwd_sm90_kernel.cuh"
+#include "cuda/flash/hopper/kv_load.cuh"
 #include "cuda/flash/hopper/sw128_nonfinite.cuh"
 #include "cuda/flash/hopper/tma.cuh"
 #include "cuda/flash/hopper/wgmma.cuh"
 #include "cuda/flash/mask.cuh"
 #include "cuda/flash/ptx.cuh"
+#include "cuda/flash/tile_load.cuh"
 #include "cuda/flash/tile_scheduler.cuh"
 #include "cuda/smem_limits.h"
 
@@ -137,35 +139,14 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
   const auto load_iter = [&](int it, int stage) {
     const int head = head_kv * group + it / m_count;
     const int m0 = (m_begin + it % m_count) * kBlockM;
-    if (threadIdx.x == 0) {
-      mbarrier_arrive_expect_tx(bar_q(stage), static_cast<uint32_t>(2 * Traits::kQTileBytes));
-      const uint32_t off = static_cast<uint32_t>(stage * Traits::kQTileBytes);
-#pragma unroll
-      for (int cb = 0; cb < Traits::kColBlocks; ++cb) {
-        const uint32_t cb_off = off + static_cast<uint32_t>(cb * kBlockM * kSw128RowBytes);
-        tma_load_4d(sQ + cb_off, &maps.q, bar_q(stage), cb * kSw128BlockCols, m0, head, static_cast<int>(batch));
-        tma_load_4d(sdO + cb_off, &maps.dout, bar_q(stage), cb * kSw128BlockCols, m0, head, static_cast<int>(batch));
-      }
-    }
-    if (threadIdx.x < kBlockM) {
-      const int row = m0 + static_cast<int>(threadIdx.x);
-      const int64_t stat = (batch * p.heads_q + head) * p.seqlen_q + row;
-      // Rows past seqlen_q have no lse or D to read: placeholders, as they see no key (P, dS selected to 0).
-      sLse2[stage * kBlockM + threadIdx.x] = row < seqlen_q ? p.lse_in[stat] * kLog2e : INFINITY;
-      sD[stage * kBlockM + threadIdx.x] = row < seqlen_q ? ws.d[stat] : 0.0f;
-    }
+    if (threadIdx.x == 0)
+      load_query_tiles<Traits>(&maps.q, &maps.dout, sQ, sdO, bar_q(stage), stage, m0, head, static_cast<int>(batch));
+    load_bwd_row_stats<kBlockM>(p, ws.d, sLse2, sD, stage, head, m0, batch, seqlen_q);  // tile_load.cuh
   };
 
   if (iters > 0) {
-    if (threadIdx.x == 0) {
-      mbarrier_arrive_expect_tx(bar_kv, static_cast<uint32_t>(2 * Traits::kKvTileBytes));
-#pragma unroll
-      for (int cb = 0; cb < Traits::kColBlocks; ++cb) {
-        const uint32_t cb_off = static_cast<uint32_t>(cb * kBlockN * kSw128RowBytes);
-        tma_load_4d(sK + cb_off, &maps.k, bar_kv, cb * kSw128BlockCols, n0, head_kv, static_cast<int>(batch));
-        tma_load_4d(sV + cb_off, &maps.v, bar_kv, cb * kSw128BlockCols, n0, head_kv, static_cast<int>(batch));
-      }
-    }
+    if (threadIdx.x == 0)
+      load_resident_kv_tile<Traits>(&maps.k, &maps.v, sK, sV, bar_kv, n0, head_kv, static_cast<int>(batch));
     load_iter(0, 0);
     mbarrier_wait(bar_kv, 0);
   }
