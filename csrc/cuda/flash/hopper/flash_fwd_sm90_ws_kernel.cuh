@@ -195,18 +195,17 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
                       w.m0, w.head, static_cast<int>(w.batch));
         for (int j = 0; j < n_blocks; ++j, ++g) {
           const int st = g % kStages;
-          mbarrier_wait(empty_k(st), use_parity(g) ^ 1u);
-          mbarrier_arrive_expect_tx(full_k(st), kTileBytes);
+          // Tile j of K (or V) into stage st of sK (sV), once the stage's previous use is released.
+          const auto load = [&](uint32_t empty, uint32_t full, uint32_t dst, const CUtensorMap* map) {
+            mbarrier_wait(empty, use_parity(g) ^ 1u);
+            mbarrier_arrive_expect_tx(full, kTileBytes);
 #pragma unroll
-          for (int cb = 0; cb < Traits::kColBlocks; ++cb)
-            tma_load_4d(sK + stage_off(g) + static_cast<uint32_t>(cb * kBlockN * kSw128RowBytes), &maps.k, full_k(st),
-                        cb * kSw128BlockCols, j * kBlockN, w.head_kv, static_cast<int>(w.batch));
-          mbarrier_wait(empty_v(st), use_parity(g) ^ 1u);
-          mbarrier_arrive_expect_tx(full_v(st), kTileBytes);
-#pragma unroll
-          for (int cb = 0; cb < Traits::kColBlocks; ++cb)
-            tma_load_4d(sV + stage_off(g) + static_cast<uint32_t>(cb * kBlockN * kSw128RowBytes), &maps.v, full_v(st),
-                        cb * kSw128BlockCols, j * kBlockN, w.head_kv, static_cast<int>(w.batch));
+            for (int cb = 0; cb < Traits::kColBlocks; ++cb)
+              tma_load_4d(dst + stage_off(g) + static_cast<uint32_t>(cb * kBlockN * kSw128RowBytes), map, full,
+                          cb * kSw128BlockCols, j * kBlockN, w.head_kv, static_cast<int>(w.batch));
+          };
+          load(empty_k(st), full_k(st), sK, &maps.k);
+          load(empty_v(st), full_v(st), sV, &maps.v);
         }
       }
     }
