@@ -58,6 +58,9 @@
 // D 64 / 128, causal and not): median of 20 cudaEvent-timed single calls after warm-up, and the median
 // of 5 rounds of 20 calls queued back to back (check_timing.h); TFLOP/s = 2.5 * 4 B H S^2 D / t (halved when causal), FA2's count for
 // the backward. The naive backward (N^2 workspace) is timed at S 512 and 1k only.
+// FLASH_BWD_CHECK_BENCH=two-kernel,flash_bwd times only the paths whose names are in the
+// comma-separated list; FLASH_BWD_CHECK_BENCH_SEQLENS=8192 and FLASH_BWD_CHECK_BENCH_DIMS=64,128 only
+// those sequence lengths and head dims (for a profiler, say).
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -696,7 +699,16 @@ struct BenchInputs {
   }
 };
 
+// Whether the comma-separated list in environment variable `var` (unset: everything) holds `name`.
+bool bench_selected(const char* var, const std::string& name) {
+  const char* const wanted = std::getenv(var);
+  if (wanted == nullptr) return true;
+  const std::string list = std::string(",") + wanted + ",";
+  return list.find("," + name + ",") != std::string::npos;
+}
+
 void bench(BenchInputs& in, bool causal, const char* name, BwdFn bwd) {
+  if (!bench_selected("FLASH_BWD_CHECK_BENCH", name)) return;
   Case c = in.c;
   c.causal = causal;
   cudaStream_t stream;
@@ -828,6 +840,9 @@ int main(int argc, char** argv) {
   if (run_bench)
     for (int64_t seqlen : {512, 1024, 2048, 8192})
       for (int64_t d : {64, 96, 128, 192, 256}) {
+        if (!bench_selected("FLASH_BWD_CHECK_BENCH_SEQLENS", std::to_string(seqlen)) ||
+            !bench_selected("FLASH_BWD_CHECK_BENCH_DIMS", std::to_string(d)))
+          continue;
         BenchInputs in(seqlen, d, rng);
         for (bool causal : {false, true}) {
           for (const Path& path : paths) bench(in, causal, path.name, path.fn);

@@ -29,19 +29,39 @@ __device__ __forceinline__ void load_tile_async(typename Traits::Elem* smem, con
   }
 }
 
-// The statistics of one step of the backward's main loop (every backward kernel): the lse (base 2)
-// and D rows of query tile m0 of head `head` into stage `stage` of sLse2 and sD, by threads
-// [0, kBlockM). Rows past seqlen_q get placeholders (lse +inf, D 0): they see no key, so P and dS
-// select 0 for them.
+// The statistics of one step of the backward's main loop (every backward kernel): the lse and D rows
+// of query tile m0 of head `head`, one row per thread of [0, kBlockM). Rows past seqlen_q (and the
+// other threads) get placeholders (lse +inf, D 0): they see no key, so P and dS select 0 for them.
+// Read into registers first (read_bwd_row_stats) and stored into stage `stage` of sLse2 (base 2) and
+// sD later (store_bwd_row_stats), a pipelined kernel issues the loads for its next step and stores
+// them after the current step's products, so that their latency does not stall the warps that issue
+// those products.
+struct BwdRowStats {
+  float lse, d;
+};
+template <int kBlockM>
+__device__ __forceinline__ BwdRowStats read_bwd_row_stats(const AttentionBwdParams& p, const float* d, int head,
+                                                          int m0, int64_t batch, int seqlen_q) {
+  BwdRowStats s{INFINITY, 0.0f};
+  const int row = m0 + static_cast<int>(threadIdx.x);
+  if (threadIdx.x < kBlockM && row < seqlen_q) {
+    const int64_t stat = (batch * p.heads_q + head) * p.seqlen_q + row;
+    s.lse = p.lse_in[stat];
+    s.d = d[stat];
+  }
+  return s;
+}
+template <int kBlockM>
+__device__ __forceinline__ void store_bwd_row_stats(const BwdRowStats& s, float* sLse2, float* sD, int stage) {
+  if (threadIdx.x < kBlockM) {
+    sLse2[stage * kBlockM + threadIdx.x] = s.lse * kLog2e;
+    sD[stage * kBlockM + threadIdx.x] = s.d;
+  }
+}
 template <int kBlockM>
 __device__ __forceinline__ void load_bwd_row_stats(const AttentionBwdParams& p, const float* d, float* sLse2, float* sD,
                                                    int stage, int head, int m0, int64_t batch, int seqlen_q) {
-  if (threadIdx.x < kBlockM) {
-    const int row = m0 + static_cast<int>(threadIdx.x);
-    const int64_t stat = (batch * p.heads_q + head) * p.seqlen_q + row;
-    sLse2[stage * kBlockM + threadIdx.x] = row < seqlen_q ? p.lse_in[stat] * kLog2e : INFINITY;
-    sD[stage * kBlockM + threadIdx.x] = row < seqlen_q ? d[stat] : 0.0f;
-  }
+  store_bwd_row_stats<kBlockM>(read_bwd_row_stats<kBlockM>(p, d, head, m0, batch, seqlen_q), sLse2, sD, stage);
 }
 
 // The query side of one step of the backward's main loop (the mma.sync kernels, fp16 / bf16 and

@@ -143,23 +143,32 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSm)
       if (threadIdx.x == 0 && nb + 1 < n_blocks) issue_kv(nb + 1);
       const uint32_t sV_tile = sV + static_cast<uint32_t>(stage * Traits::kKvTileBytes);
 
-      // S = Q K^T and dP = dO V^T: (64 rows, kBlockN keys) per warpgroup.
+      // S = Q K^T and dP = dO V^T: (64 rows, kBlockN keys) per warpgroup, committed separately: without
+      // the causal mask P is computed while the tensor cores run dP (flash_bwd_sm90_kernel.cuh
+      // kPipelined has the measurement; the causal kernel waits for both).
       float s[kSTiles][4], dp[kSTiles][4];
       wgmma_fence();
 #pragma unroll
       for (int ks = 0; ks < Traits::kKSteps; ++ks)
         Wgmma<kBlockN, Elem>::ss(s, desc_k_major<kBlockM>(sQ_wg, ks), desc_k_major<kBlockN>(sK_tile, ks), ks > 0);
+      wgmma_commit();
 #pragma unroll
       for (int ks = 0; ks < Traits::kKSteps; ++ks)
         Wgmma<kBlockN, Elem>::ss(dp, desc_k_major<kBlockM>(sdO_wg, ks), desc_k_major<kBlockN>(sV_tile, ks), ks > 0);
       wgmma_commit();
-      wgmma_wait<0>();
+      wgmma_wait<kIsCausal ? 0 : 1>();  // S is ready; dP may still run
       fence_operands(s);
+#pragma unroll
+      for (int j = 0; j < kSTiles; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) s[j][e] = exp2_approx(s[j][e] * p.scale_log2 - lse2[e / 2]);
+      wgmma_wait<0>();
       fence_operands(dp);
 
-      // dS = P o (dP - D), P = 2^(S c - lse2). Element (j, e): row row0 + 8 (e / 2), key n0 + 8 j + 2 t + e % 2.
-      // On a tile that holds a hidden pair (`masked`, a std::bool_constant: the other tiles compile without
-      // the test), a hidden element gets dS = 0 by a select (mask.cuh), whatever S, lse, dP, D hold.
+      // dS = P o (dP - D), P = 2^(S c - lse2) (above). Element (j, e): row row0 + 8 (e / 2), key
+      // n0 + 8 j + 2 t + e % 2. On a tile that holds a hidden pair (`masked`, a std::bool_constant: the
+      // other tiles compile without the test), a hidden element gets dS = 0 by a select (mask.cuh),
+      // whatever S, lse, dP, D hold.
       const auto ds_of_tile = [&](auto masked) {
         constexpr bool kMasked = decltype(masked)::value;
         // The keys that row h sees: offsets below end[h] from n0 + 2 t, so that element (j, e) compares its
@@ -178,8 +187,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSm)
           for (int e = 0; e < 4; ++e) {
             const int h = e / 2;
             const bool hidden = kMasked & (8 * j + e % 2 >= end[h]);
-            const float pe = exp2_approx(s[j][e] * p.scale_log2 - lse2[h]);
-            const float ds = pe * (dp[j][e] - dval[h]);
+            const float ds = s[j][e] * (dp[j][e] - dval[h]);
             dp[j][e] = hidden ? 0.0f : ds;
           }
       };

@@ -1,4 +1,5 @@
-// Launcher of the Hopper FA2 backward's main kernel: the call's four tensor maps, the dtype x head dim x
+// Launcher of the Hopper FA2 backward's main kernel: the call's tensor maps (q, dout, k, v; the single
+// kernel's dQ accumulator), the dtype x head dim x
 // causal dispatch, dynamic shared-memory attribute, launch. Compiled for every target; the kernel has a
 // body only in the sm_90a pass, and flash_bwd_sm90_built() tells the dispatcher whether that pass was
 // part of the build.
@@ -9,8 +10,9 @@
 // same kernel without dQ, then the dQ kernel (128 query rows per block, 64-key K/V tiles; 32-key at
 // head dim 256); at head dims 192 and 256 its dK/dV kernel is flash_bwd_wide_sm90_kernel.cuh (64 keys
 // per block, warpgroup 0 accumulating dV and warpgroup 1 dK). ptxas (sm_90a, non-causal / causal
-// registers, spill stores): wide dK/dV kernel d192 168 / 218, d256 198 / 254, no spills; dQ kernel
-// d192 187 / 255 (44 bytes causal), d256 187 / 255 (108 bytes causal).
+// registers, spill stores): single kernel d64 201 / 222, d128 255 (4 bytes) / 255 (168 bytes); dK/dV
+// kernel d128 238 / 254, no spills; wide dK/dV kernel d192 166 / 218, d256 199 / 254, no spills; dQ
+// kernel d192 190 / 255 (44 bytes causal), d256 187 / 255 (112 bytes causal).
 // Other head dims of the single kernel run the mma.sync kernel (flash_bwd.cu).
 #include "cuda/flash/hopper/flash_bwd_sm90.h"
 
@@ -71,14 +73,17 @@ cudaError_t launch(const AttentionBwdParams& p, const flash::FlashBwdWorkspace& 
   } else {
     using Traits = flash::sm90::FlashBwdSm90Traits<kHeadDim, kSm90Config<kHeadDim>.block_m, Elem>;
     static_assert(flash::row_matches<Traits>(kSm90Config<kHeadDim>), "the row reports the traits' tile");
-    flash::sm90::BwdTensorMaps maps;
+    flash::sm90::BwdTensorMaps maps{};
     FA_CUDA_TRY(make_bwd_maps(&maps, p, Traits::kBlockM, Traits::kBlockN));
+    if constexpr (kComputeDq)
+      FA_CUDA_TRY(make_accum_map(&maps.dq_accum, ws.dq_accum, kHeadDim, ws.dq_rows, p.heads_q, p.batch,
+                                 ws.splits, ws.split_stride, Traits::kBlockM));
     auto kernel = flash::sm90::flash_bwd_sm90_kernel<Traits, kIsCausal, kComputeDq>;
-    FA_CUDA_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                     static_cast<int>(Traits::kSmemBytes)));
+    constexpr size_t kSmem = kComputeDq ? Traits::kSmemBytes : Traits::kDkDvSmemBytes;
+    FA_CUDA_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kSmem)));
     const int64_t tiles = p.deterministic && kComputeDq ? ws.splits : ceil_div<int64_t>(p.seqlen_k, Traits::kBlockN);
     const int64_t blocks = tiles * p.heads_kv * p.batch;
-    kernel<<<static_cast<unsigned>(blocks), Traits::kNThreads, Traits::kSmemBytes, stream>>>(p, maps, ws);
+    kernel<<<static_cast<unsigned>(blocks), Traits::kNThreads, kSmem, stream>>>(p, maps, ws);
     return cudaGetLastError();
   }
 }

@@ -46,16 +46,25 @@ struct FlashBwdSm90Traits {
   static constexpr size_t kDsBytes = static_cast<size_t>(kBlockN) * 128;
   // Layout: sK | sV | sQ [kStages] | sdO [kStages] | sdS (each 1024-aligned) | lse2, D [kStages][kBlockM]
   // floats | mbarriers: K/V, then Q/dO per stage | the K tile's NaN / ±Inf flag (an int, in an 8-byte
-  // slot); +1024 to align the dynamic base.
+  // slot) | (the single kernel) sdQ, 1024-aligned; +1024 to align the dynamic base.
   static constexpr size_t kFloatBytes = 2 * kStages * kBlockM * sizeof(float);
   static constexpr size_t kBarrierBytes = 8 * (1 + kStages) + 8;
-  static constexpr size_t kSmemBytes =
+  static constexpr size_t kDkDvSmemBytes =
       2 * kKvTileBytes + 2 * kStages * kQTileBytes + kDsBytes + kFloatBytes + kBarrierBytes + 1024;
+  // The single kernel's dQ staging tile: a step's dQ_i in fp32, [kHeadDim / 32 column blocks][kBlockM
+  // rows][32 columns] (128-byte rows, SW128: the boxes of its bulk reductions, tensor_map.h
+  // make_accum_map). Warpgroup w's piece is column blocks [w kDqN / 32, (w + 1) kDqN / 32).
+  static constexpr int kDqBoxes = kDqN / 32;  // column blocks per warpgroup piece
+  static constexpr int kDqBarrier0 = 1;       // named barriers 1, 2: warpgroup w's piece is staged
+  static constexpr size_t kDqStageBytes = static_cast<size_t>(kBlockM) * kHeadDim * sizeof(float);
+  static constexpr size_t kDqStageOffset = (kDkDvSmemBytes - 1024 + 1023) / 1024 * 1024;  // SW128 atoms: 1024 B
+  static constexpr size_t kSmemBytes = kDqStageOffset + kDqStageBytes + 1024;
 
   static_assert(sizeof(Elem) == 2, "the wgmma path takes fp16 or bf16");
   static_assert(kHeadDim % 64 == 0 || kHeadDim == 32, "head dim: whole 64-column blocks (or 32)");
   static_assert(kBlockM == 64, "query tile: the wgmma M of dQ");
   static_assert(kSmemBytes <= kSm90MaxSmemPerBlock, "shared memory exceeds the sm_90 per-block limit");
+  static_assert(kDqN % 32 == 0, "dQ pieces: whole 32-column blocks of the staging tile");
 };
 
 }  // namespace fa::cuda::flash::sm90

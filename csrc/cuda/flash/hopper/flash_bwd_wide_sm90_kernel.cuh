@@ -135,19 +135,20 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
 #pragma unroll
     for (int e = 0; e < 4; ++e) acc[j][e] = 0.0f;
 
-  // Iteration it's Q and dO tiles (thread 0, TMA) and its lse2 / D rows (threads < kBlockM).
+  // Iteration it's Q and dO tiles (thread 0, TMA, into `stage`) and its lse / D rows (threads <
+  // kBlockM, into registers: the caller stores them with store_bwd_row_stats, tile_load.cuh).
   const auto load_iter = [&](int it, int stage) {
     const int head = head_kv * group + it / m_count;
     const int m0 = (m_begin + it % m_count) * kBlockM;
     if (threadIdx.x == 0)
       load_query_tiles<Traits>(&maps.q, &maps.dout, sQ, sdO, bar_q(stage), stage, m0, head, static_cast<int>(batch));
-    load_bwd_row_stats<kBlockM>(p, ws.d, sLse2, sD, stage, head, m0, batch, seqlen_q);  // tile_load.cuh
+    return read_bwd_row_stats<kBlockM>(p, ws.d, head, m0, batch, seqlen_q);
   };
 
   if (iters > 0) {
     if (threadIdx.x == 0)
       load_resident_kv_tile<Traits>(&maps.k, &maps.v, sK, sV, bar_kv, n0, head_kv, static_cast<int>(batch));
-    load_iter(0, 0);
+    store_bwd_row_stats<kBlockM>(load_iter(0, 0), sLse2, sD, 0);
     mbarrier_wait(bar_kv, 0);
   }
 
@@ -176,48 +177,64 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
       } else {
         __syncthreads();
       }
-      if (it + 1 < iters) load_iter(it + 1, (it + 1) % kStages);
+      // The next iteration's loads: its lse / D rows are stored after this iteration's P^T and dS^T (the
+      // stage's previous reader, iteration it - 1, is past the barrier above).
+      const bool has_next = it + 1 < iters;
+      const BwdRowStats next_stats = has_next ? load_iter(it + 1, (it + 1) % kStages) : BwdRowStats{};
       const uint32_t sQs = sQ + static_cast<uint32_t>(stage * Traits::kQTileBytes);
       const uint32_t sdOs = sdO + static_cast<uint32_t>(stage * Traits::kQTileBytes);
       const float* lse2 = sLse2 + stage * kBlockM;
       const float* dvec = sD + stage * kBlockM;
 
-      // S^T = K Q_w^T and dP^T = V dO_w^T: (64 keys, this warpgroup's 32 queries).
+      // S^T = K Q_w^T and dP^T = V dO_w^T: (64 keys, this warpgroup's 32 queries), committed separately:
+      // P^T is computed while the tensor cores run dP^T.
       float st[kSTiles][4], dpt[kSTiles][4];
       const uint32_t q_rows = static_cast<uint32_t>(q_base * kSw128RowBytes);
       wgmma_fence();
 #pragma unroll
       for (int ks = 0; ks < Traits::kKSteps; ++ks)
         Wgmma<kWgQueries, Elem>::ss(st, desc_k_major<kBlockN>(sK, ks), desc_k_major<kBlockM>(sQs + q_rows, ks), ks > 0);
+      wgmma_commit();
 #pragma unroll
       for (int ks = 0; ks < Traits::kKSteps; ++ks)
         Wgmma<kWgQueries, Elem>::ss(dpt, desc_k_major<kBlockN>(sV, ks), desc_k_major<kBlockM>(sdOs + q_rows, ks), ks > 0);
       wgmma_commit();
-      wgmma_wait<0>();
-      fence_operands(st);
-      fence_operands(dpt);
 
-      // P^T and dS^T (flash_bwd_sm90_kernel.cuh's rule). Element (j, e): key n0 + key_row0 + 8 (e / 2),
+      // P^T, then dS^T (flash_bwd_sm90_kernel.cuh's rule). Element (j, e): key n0 + key_row0 + 8 (e / 2),
       // query m0 + q_base + 8 j + 2 t + e % 2.
-      const auto p_and_ds = [&](auto masked) {
-        constexpr bool kMasked = decltype(masked)::value;
+      const auto by_mask = [&](auto f) {
+        if (mask.template bwd_tile_needs_mask<kBlockM, kBlockN>(m0, n0))
+          f(std::true_type{});
+        else
+          f(std::false_type{});
+      };
+      const auto hidden_at = [&](auto masked, int j, int e) {
+        return decltype(masked)::value &
+               mask.hidden(m0 + q_base + 8 * j + 2 * t + e % 2, n0 + key_row0 + 8 * (e / 2));
+      };
+      wgmma_wait<1>();  // S^T is ready; dP^T may still run
+      fence_operands(st);
+      by_mask([&](auto masked) {
 #pragma unroll
-        for (int j = 0; j < kSTiles; ++j) {
+        for (int j = 0; j < kSTiles; ++j)
 #pragma unroll
           for (int e = 0; e < 4; ++e) {
-            const int qcol = q_base + 8 * j + 2 * t + e % 2;
-            const bool hidden = kMasked & mask.hidden(m0 + qcol, n0 + key_row0 + 8 * (e / 2));
-            const float pe = exp2_approx(__fmul_rn(st[j][e], p.scale_log2) - lse2[qcol]);
-            const float ds = pe * (dpt[j][e] - dvec[qcol]);
-            st[j][e] = hidden ? 0.0f : pe;
-            dpt[j][e] = hidden ? 0.0f : ds;
+            const float pe = exp2_approx(__fmul_rn(st[j][e], p.scale_log2) - lse2[q_base + 8 * j + 2 * t + e % 2]);
+            st[j][e] = hidden_at(masked, j, e) ? 0.0f : pe;
           }
-        }
-      };
-      if (mask.template bwd_tile_needs_mask<kBlockM, kBlockN>(m0, n0))
-        p_and_ds(std::true_type{});
-      else
-        p_and_ds(std::false_type{});
+      });
+      wgmma_wait<0>();
+      fence_operands(dpt);
+      by_mask([&](auto masked) {
+#pragma unroll
+        for (int j = 0; j < kSTiles; ++j)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const float ds = st[j][e] * (dpt[j][e] - dvec[q_base + 8 * j + 2 * t + e % 2]);
+            dpt[j][e] = hidden_at(masked, j, e) ? 0.0f : ds;
+          }
+      });
+      if (has_next) store_bwd_row_stats<kBlockM>(next_stats, sLse2, sD, (it + 1) % kStages);
 
       // This warpgroup's 32 queries of P^T and dS^T, rounded to Elem, into sP and sdS.
 #pragma unroll

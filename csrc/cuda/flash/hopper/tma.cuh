@@ -1,8 +1,8 @@
 // Tensor memory accelerator (TMA, sm_90) loads completing on shared-memory mbarriers: the wrappers
 // the Hopper FlashAttention kernels use to stream Q, K and V tiles without per-thread address
-// arithmetic; and the TMA stores of the GEMM's epilogue (below). A tile load is issued by one
-// thread; every consumer waits on the stage's mbarrier with the phase parity of that use of the
-// stage.
+// arithmetic; and the TMA stores of the GEMM's epilogue and the backward's dQ reductions (below). A
+// tile load is issued by one thread; every consumer waits on the stage's mbarrier with the phase
+// parity of that use of the stage.
 //
 // Protocol per buffer use: the issuing thread arms the barrier with the bytes it expects
 // (mbarrier_arrive_expect_tx, the one arrival the barrier was initialised with), then issues the
@@ -53,7 +53,7 @@ __device__ __forceinline__ void tma_load_4d(uint32_t dst, const CUtensorMap* map
 }
 
 
-// ---- TMA stores (shared -> global) ----------------------------------------------------------------
+// ---- TMA stores and reductions (shared -> global) -------------------------------------------------
 // Protocol per staging buffer: every thread that wrote the buffer runs fence_proxy_async_shared (its
 // generic-proxy writes become visible to TMA), a barrier, then one thread issues the store and
 // commits it as a bulk group. Before the buffer is written again, that thread waits until the
@@ -69,11 +69,27 @@ __device__ __forceinline__ void tma_store_4d(const CUtensorMap* map, uint32_t sr
                "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(src)
                : "memory");
 }
+// Adds a 5-D box of the fp32 tensor behind `map` at coordinates (c0 innermost .. c4) from shared memory
+// at src, element by element (a bulk reduction: the additions are atomic, in L2).
+__device__ __forceinline__ void tma_reduce_add_5d(const CUtensorMap* map, uint32_t src, int c0, int c1, int c2, int c3,
+                                                  int c4) {
+  asm volatile(
+      "cp.reduce.async.bulk.tensor.5d.global.shared::cta.add.tile.bulk_group [%0, {%1, %2, %3, %4, %5}], [%6];\n" ::"l"(
+          reinterpret_cast<uint64_t>(map)),
+      "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(c4), "r"(src)
+      : "memory");
+}
 __device__ __forceinline__ void bulk_commit_group() { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }
 // Blocks until at most kPending of this thread's committed store groups still read shared memory.
 template <int kPending>
 __device__ __forceinline__ void bulk_wait_read() {
   asm volatile("cp.async.bulk.wait_group.read %0;\n" ::"n"(kPending) : "memory");
+}
+// Blocks until at most kPending of this thread's committed groups are still pending: the others'
+// writes (or reductions) to global memory are done.
+template <int kPending>
+__device__ __forceinline__ void bulk_wait() {
+  asm volatile("cp.async.bulk.wait_group %0;\n" ::"n"(kPending) : "memory");
 }
 
 }  // namespace fa::cuda::flash::sm90

@@ -27,6 +27,7 @@ namespace fa::cuda::flash::sm90 {
 
 inline constexpr int kSw128RowBytes = 128;    // one row of a column block
 inline constexpr int kSw128BlockCols = 64;    // 16-bit elements per row of a column block
+inline constexpr int kSw128F32Cols = 32;      // fp32 elements per row of a column block (the dQ staging tile)
 inline constexpr int kSw128AtomBytes = 1024;  // 8 rows: the swizzle period, and the alignment
 
 // Orders this thread's generic-proxy shared-memory writes before later async-proxy reads (wgmma, TMA
