@@ -7,7 +7,8 @@
  * - CUDA (the suites run on sm_80 or newer, with the shared memory of an A100 or H100): 'auto' runs
  *   the FlashAttention-2 forward and backward for float16, bfloat16 and float32 (TF32) at every head
  *   dim (deterministic or not). The backward's algorithm 'auto' resolves to 'two-kernel' on Hopper
- *   for float16 / bfloat16 (every head dim), else to 'single-kernel'; an
+ *   for float16 / bfloat16 (every head dim; 'single-kernel' at head dims 64 / 128 from 8192 queries
+ *   and keys without a causal mask, not deterministic), else to 'single-kernel'; an
  *   explicit 'two-kernel' where it does not exist is refused with the reason (float32 here; the head
  *   dims in test/flash-backward.test.ts). 'naive' runs on request. The forward's only refusal ("needs
  *   a GPU of compute capability 8.0 (sm_80) or newer") cannot be reached on the GPUs the suites run on.
@@ -119,6 +120,25 @@ describeEachDevice('kernel choice', (device) => {
           expect(c.plan).toEqual({ family: 'sm90-wgmma', headDim: 128, blockM: 128, blockN, warps, stages });
         } finally {
           for (const t of [q, k, v, dout, c.out, c.lse]) t.dispose();
+        }
+      });
+
+    // The backward's 'auto' at 8192 queries and keys: the single kernel without a causal mask at head dims
+    // 64 and 128 (flash_configs.h kBwdSingleKernelMinSeqlen), the two kernels when causal, deterministic,
+    // below 8192 or at head dim 32.
+    test.each([
+      [128, 8192, false, false, 'single-kernel'], [64, 8192, false, false, 'single-kernel'],
+      [128, 8191, false, false, 'two-kernel'], [128, 8192, true, false, 'two-kernel'],
+      [128, 8192, false, true, 'two-kernel'], [32, 8192, false, false, 'two-kernel'],
+    ] as const)('bfloat16, head dim %d, seqlen %d, causal %s, deterministic %s on Hopper: auto runs %s',
+      (headDim, seqlen, causal, deterministic, algorithm) => {
+        const [q, k, v, dout] = make('bfloat16', headDim, seqlen);
+        const f = flashAttention(q, k, v, { causal });
+        const g = flashAttentionBackward(dout, q, k, v, f.out, f.lse, { causal, deterministic });
+        try {
+          expect([g.kernel, g.algorithm]).toEqual(['flash', algorithm]);
+        } finally {
+          for (const t of [q, k, v, dout, f.out, f.lse, g.dq, g.dk, g.dv]) t.dispose();
         }
       });
 

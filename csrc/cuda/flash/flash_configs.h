@@ -85,6 +85,13 @@ inline constexpr FlashConfig kBwdSm80Configs[] = {
 inline constexpr FlashConfig kBwdSm90Configs[] = {
     {32, 64, 128, 8, 2, 0, false}, {64, 64, 128, 8, 2, 0, false}, {128, 64, 128, 8, 2, 0, false},
 };
+// 'auto' runs the single kernel (dQ by bulk reductions of a staged tile) rather than the two kernels
+// for calls without a causal mask and with at least kBwdSingleKernelMinSeqlen queries and keys, not
+// deterministic. H100, bf16, B*S = 16k, H*D = 2048, TFLOP/s at seqlen 512 / 1k / 2k / 8k (2026-11-26,
+// test/native/flash_bwd_check.cu, same run): d128 single 204 / 292 / 374 / 468, two kernels 242 / 318 /
+// 376 / 381; d64 170 / 231 / 283 / 343 and 202 / 263 / 303 / 326. Causal, the single kernel is at most
+// 1.02x (8k) and 0.73-0.85x below it; 4k and head dim 32 were not measured.
+inline constexpr int64_t kBwdSingleKernelMinSeqlen = 8192;
 inline constexpr FlashConfig kBwdDqSm90Configs[] = {
     {32, 128, 64, 8, 2, 0, false},  {64, 128, 64, 8, 2, 0, false},  {128, 128, 64, 8, 2, 0, false},
     {192, 128, 64, 8, 2, 0, false}, {256, 128, 32, 8, 2, 0, false},

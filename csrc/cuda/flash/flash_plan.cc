@@ -56,9 +56,14 @@ BwdPlan plan_backward(const AttentionBwdParams& p, BwdAlgorithm algorithm) {
     plan.family = FlashFamily::kFp32Mma;
     if (plan.unsupported == nullptr) plan.workspace_bytes = flash_bwd_fp32_workspace_bytes(p);
   } else {
-    // 'auto' tries the two kernels first and falls back to the single kernel where they cannot run.
+    // 'auto' takes the single kernel where it is faster (flash_configs.h kBwdSingleKernelMinSeqlen), else
+    // tries the two kernels first and falls back to the single kernel where they cannot run.
     AttentionBwdParams q = p;
-    q.two_kernel = algorithm != BwdAlgorithm::kSingleKernel;
+    q.two_kernel = false;
+    const bool single_faster = !p.deterministic && !p.causal && p.seqlen_q >= flash::kBwdSingleKernelMinSeqlen &&
+                               p.seqlen_k >= flash::kBwdSingleKernelMinSeqlen &&
+                               flash::padded_head_dim(p.head_dim) >= 64 && flash_bwd_runs_sm90(q);
+    q.two_kernel = algorithm == BwdAlgorithm::kTwoKernel || (algorithm == BwdAlgorithm::kAuto && !single_faster);
     plan.unsupported = flash_bwd_unsupported_reason(q);
     if (algorithm == BwdAlgorithm::kAuto && plan.unsupported != nullptr) {
       q.two_kernel = false;

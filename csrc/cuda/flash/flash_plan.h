@@ -38,10 +38,10 @@ struct BwdPlan {
   FlashFamily family = FlashFamily::kNone;  // of the main kernels
   flash::FlashConfig config{};              // the main kernel's row for the padded head dim (flash_configs.h)
   // The algorithm: the two-kernel backward (dK/dV, then dQ without atomics) or the single kernel.
-  // BwdAlgorithm::kAuto takes the two kernels wherever they exist (Hopper, fp16 / bf16, head dims
-  // 32 / 64 / 128 after padding): on an H200 they took 0.97x the single kernel's time over the bf16
-  // FA2 grid (0.93-1.03x per cell, bench/RESULTS.md, 2026-11-21), need no fp32 dq accumulator and
-  // are deterministic.
+  // BwdAlgorithm::kAuto takes the two kernels wherever they exist (Hopper, fp16 / bf16): they need no
+  // fp32 dq accumulator and are deterministic. Except the single kernel on Hopper where it is faster:
+  // head dims 64 and 128 without a causal mask from 8192 queries and keys, not deterministic
+  // (flash_configs.h kBwdSingleKernelMinSeqlen).
   bool two_kernel = false;
   const char* unsupported = nullptr;  // a sentence for an error message when family is kNone
   size_t workspace_bytes = 0;         // what the launch allocates on its stream (and frees)
