@@ -1,5 +1,6 @@
 // The backward's fp32 dQ accumulator, shared by the mma.sync and wgmma backward kernels: where the
-// launcher's workspace lives, and the atomic add of two neighbouring accumulator elements.
+// launcher's workspace lives, and the mma.sync kernels' atomic add of two neighbouring accumulator
+// elements (the wgmma single kernel adds whole tiles by bulk reductions: flash_bwd_sm90_kernel.cuh).
 #pragma once
 #include <cstdint>
 
@@ -13,7 +14,8 @@ struct FlashBwdWorkspace {
   // Deterministic mode: accumulator slices (one per block of a KV head), split_stride elements apart,
   // summed in order by the conversion. Atomic mode: 1 slice.
   // Each element of a slice is added to by one thread only, in its program order: the atomics then
-  // apply in that order (per-location coherence), so the slice's sums are the same in every run.
+  // apply in that order (per-location coherence), so the slice's sums are the same in every run. (The
+  // wgmma single kernel: by one thread's bulk reductions, each K/V tile's completed before the next.)
   int splits;
   int64_t split_stride;
 };
