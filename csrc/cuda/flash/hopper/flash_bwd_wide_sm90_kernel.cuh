@@ -208,32 +208,15 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
         else
           f(std::false_type{});
       };
-      const auto hidden_at = [&](auto masked, int j, int e) {
-        return decltype(masked)::value &
-               mask.hidden(m0 + q_base + 8 * j + 2 * t + e % 2, n0 + key_row0 + 8 * (e / 2));
-      };
+      const int key0 = n0 + key_row0;
       wgmma_wait<1>();  // S^T is ready; dP^T may still run
       fence_operands(st);
-      by_mask([&](auto masked) {
-#pragma unroll
-        for (int j = 0; j < kSTiles; ++j)
-#pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            const float pe = exp2_approx(__fmul_rn(st[j][e], p.scale_log2) - lse2[q_base + 8 * j + 2 * t + e % 2]);
-            st[j][e] = hidden_at(masked, j, e) ? 0.0f : pe;
-          }
+      by_mask([&](auto masked) {  // fragment_softmax.cuh
+        bwd_p_transposed<decltype(masked)::value>(st, mask, p.scale_log2, lse2, m0, q_base, t, key0);
       });
       wgmma_wait<0>();
       fence_operands(dpt);
-      by_mask([&](auto masked) {
-#pragma unroll
-        for (int j = 0; j < kSTiles; ++j)
-#pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            const float ds = st[j][e] * (dpt[j][e] - dvec[q_base + 8 * j + 2 * t + e % 2]);
-            dpt[j][e] = hidden_at(masked, j, e) ? 0.0f : ds;
-          }
-      });
+      by_mask([&](auto masked) { bwd_ds_transposed<decltype(masked)::value>(dpt, st, mask, dvec, m0, q_base, t, key0); });
       if (has_next) store_bwd_row_stats<kBlockM>(next_stats, sLse2, sD, (it + 1) % kStages);
 
       // This warpgroup's 32 queries of P^T and dS^T, rounded to Elem, into sP and sdS.
