@@ -55,9 +55,10 @@ struct FlashFwdSm90WsTraits {
   // Causal: the K/V bytes of the heads whose query tiles the blocks take longest first together
   // (tile_scheduler.cuh query_tile_work_at); by default all heads.
   static constexpr uint32_t kL2SectionKiB = kL2SectionKiB_;
-  // setmaxnreg budgets: 128 x 40 + 256 x 232 = 64,512 of the 65,536 registers. The producer's
-  // checker warps spilled at 24 (ptxas, causal); at 232 the consumers of d128 with 128-key tiles
-  // spill nothing, with 176-key tiles the causal kernel spills (non-causal does not).
+  // setmaxnreg budgets: the launch gives each thread 168 registers (65,536 / 384, in steps of 8), and
+  // the consumers can take only what the producer gives up: 128 x 40 + 256 x 232 = 384 x 168. The
+  // producer's checker warps spilled at 24 (ptxas, causal); at 232 the consumers of d128 with 128-key
+  // tiles spill nothing, with 176-key tiles the causal kernel spills (non-causal does not).
   static constexpr int kProducerRegs = 40;
   static constexpr int kConsumerRegs = 232;
 
@@ -86,7 +87,8 @@ struct FlashFwdSm90WsTraits {
   static_assert(kHeadDim % 16 == 0 && kHeadDim <= 256, "head dim: a multiple of 16 up to 256");
   static_assert(kBlockN % 16 == 0 && kBlockN <= 256, "kBlockN: wgmma N of S and a multiple of the P V k-step");
   static_assert(kStages >= 2, "K and V double-buffered at least");
-  static_assert(128 * kProducerRegs + kConsumerThreads * kConsumerRegs <= 65536, "the register file");
+  static_assert(128 * kProducerRegs + kConsumerThreads * kConsumerRegs <= (65536 / kNThreads) / 8 * 8 * kNThreads,
+                "setmaxnreg: the consumers take only what the producer gives up");
   static_assert(kSmemBytes <= kSm90MaxSmemPerBlock, "shared memory exceeds the sm_90 per-block limit");
 };
 
