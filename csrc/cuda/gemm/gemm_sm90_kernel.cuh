@@ -119,8 +119,11 @@ struct Sm90Traits {
   static constexpr int kSmemBytes = kDataBytes + flash::sm90::kSw128AtomBytes + kBarrierBytes;
   static_assert(kBlockM % (64 * kMmaBlocks) == 0 && kBlockN % 64 == 0 && kBlockN <= 256,
                 "tiles of whole 64-wide column blocks");
-  static_assert(!kRebalanceRegs || kProducerRegs * 128 + kConsumerRegs * kMmaThreads <= 65536,
-                "the warpgroups' register budgets fit the register file");
+  // setmaxnreg.inc can take only what .dec gave up: the budgets fit the launch's registers per thread
+  // (65,536 / kNThreads in steps of 8) x kNThreads, not the whole register file.
+  static_assert(!kRebalanceRegs ||
+                    kProducerRegs * 128 + kConsumerRegs * kMmaThreads <= (65536 / kNThreads) / 8 * 8 * kNThreads,
+                "the warpgroups' register budgets fit the registers the launch gives the block");
   static_assert(kPassCols % 8 == 0 && kPassCols * kEpiloguePasses == kBlockN, "passes of whole n8 fragments");
   static_assert(kWarpSpecialized || (kEpiloguePasses == 1 && kTileGroups == 1),
                 "the plain kernel's warpgroups share one tile, staged at once");
