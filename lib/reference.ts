@@ -26,7 +26,9 @@
  * @module reference
  */
 
+import { describeValue, quoteList, rangeError, refuseUnknownKeys, typeError } from './errors';
 import { checkNumberArg, DType, dtypeRounder } from './half';
+import { trueLength } from './tensor';
 
 // Module-level aliases of the Math functions used in the hot loops: a global lookup per call is
 // slow inside vm contexts (Jest runs tests in one: ~0.3 µs per `Math.x` access).
@@ -170,48 +172,67 @@ interface Resolved {
   precision: ReferencePrecision;
 }
 
+const SHAPE_KEYS = ['batch', 'seqlenQ', 'seqlenK', 'headsQ', 'headsKV', 'headDim'] as const;
+const OPTION_KEYS = ['causal', 'softmaxScale', 'precision'] as const;
+const PRECISIONS: readonly ReferencePrecision[] = ['float64', 'float32', 'float16', 'bfloat16', 'tf32'];
+
+/** A positive safe integer read from `shape.<name>`. */
 function checkPositiveInt(name: string, v: unknown): number {
-  if (typeof v !== 'number' || !Number.isSafeInteger(v) || v < 1) {
-    throw new RangeError(`shape.${name} must be a positive integer, got ${String(v)}`);
-  }
+  if (typeof v !== 'number') throw typeError(`shape.${name} to be a number`, describeValue(v));
+  if (!Number.isSafeInteger(v) || v < 1) throw rangeError(`shape.${name} to be an integer >= 1`, String(v));
   return v;
 }
 
+/** An array of values (by tag: arrays from another realm pass) of `expected` elements (typed arrays: their real length). */
 function checkLength(name: string, a: ReferenceInput, expected: number, dims: string): void {
   // Only arrays of values: an Int16Array / Uint16Array (half-precision bits, say) would be read as
   // numbers and give garbage.
-  // By tag, not instanceof: arrays from another realm (a vm context, a test runner) are accepted too.
   const tag = Object.prototype.toString.call(a);
-  const ok = tag === '[object Float32Array]' || tag === '[object Float64Array]'
-    || (Array.isArray(a) && a.every((x) => typeof x === 'number'));
-  if (!ok) {
-    const got = a === null ? 'null' : ArrayBuffer.isView(a) ? (a as object).constructor.name : Array.isArray(a) ? 'an Array with a non-number' : typeof a;
-    throw new TypeError(`${name} must be a Float32Array, Float64Array or number[] (float values; convert half-precision bits first), got ${got}`);
+  const typed = tag === '[object Float32Array]' || tag === '[object Float64Array]';
+  if (!typed && !(Array.isArray(a) && a.every((x) => typeof x === 'number'))) {
+    throw typeError(`${name} to be a Float32Array, Float64Array or number[] (float values; convert half-precision bits first)`,
+      Array.isArray(a) ? 'an Array with a non-number' : describeValue(a));
   }
-  if (a.length !== expected) {
-    throw new RangeError(`${name} has ${a.length} elements, expected ${expected} (${dims})`);
-  }
+  const length = typed ? trueLength(a as Float32Array | Float64Array) : a.length;
+  if (length !== expected) throw rangeError(`${name} to have ${expected} elements (${dims})`, String(length));
 }
 
+// Reads each key of shape and options once, into the snapshot it checks and returns (a getter that
+// changes its answer cannot make the checked and the used values differ); unknown keys are refused.
 function resolve(shape: ReferenceShape, options: ReferenceOptions | undefined): Resolved {
-  if (shape === null || typeof shape !== 'object') throw new TypeError('shape must be an object');
+  if (shape === null || typeof shape !== 'object' || Array.isArray(shape)) {
+    throw typeError(`shape to be an object { ${SHAPE_KEYS.join(', ')} }`, describeValue(shape));
+  }
+  refuseUnknownKeys(shape, 'shape', SHAPE_KEYS);
   const B = checkPositiveInt('batch', shape.batch);
   const Sq = checkPositiveInt('seqlenQ', shape.seqlenQ);
   const Sk = checkPositiveInt('seqlenK', shape.seqlenK);
   const Hq = checkPositiveInt('headsQ', shape.headsQ);
   const Hkv = checkPositiveInt('headsKV', shape.headsKV);
   const d = checkPositiveInt('headDim', shape.headDim);
-  if (Hq % Hkv !== 0) throw new RangeError(`headsQ (${Hq}) must be a multiple of headsKV (${Hkv})`);
-  const opts = options ?? {};
-  const scale = opts.softmaxScale ?? 1 / Math.sqrt(d);
-  if (typeof scale !== 'number' || !Number.isFinite(scale) || scale <= 0) {
-    throw new RangeError(`softmaxScale must be a finite number > 0, got ${String(scale)}`);
+  if (Hq % Hkv !== 0) throw rangeError(`shape.headsQ to be a multiple of shape.headsKV (${Hkv})`, String(Hq));
+  if (options !== undefined && (options === null || typeof options !== 'object' || Array.isArray(options))) {
+    throw typeError('options to be an object or undefined', describeValue(options));
   }
-  const precision = opts.precision ?? 'float64';
-  if (!['float64', 'float32', 'float16', 'bfloat16', 'tf32'].includes(precision as string)) {
-    throw new TypeError(`precision must be 'float64', 'float32', 'float16', 'bfloat16' or 'tf32', got ${String(precision)}`);
+  const opts: Record<string, unknown> = options === undefined ? {} : (options as Record<string, unknown>);
+  refuseUnknownKeys(opts, 'options', OPTION_KEYS);
+  const causal = opts.causal;
+  const scaleIn = opts.softmaxScale;
+  const precisionIn = opts.precision;
+  if (causal !== undefined && typeof causal !== 'boolean') {
+    throw typeError('options.causal to be a boolean', describeValue(causal));
   }
-  return { B, Sq, Sk, Hq, Hkv, d, group: Hq / Hkv, scale, causal: opts.causal === true, precision };
+  let scale = 1 / Math.sqrt(d);
+  if (scaleIn !== undefined) {
+    if (typeof scaleIn !== 'number') throw typeError('options.softmaxScale to be a number', describeValue(scaleIn));
+    if (!Number.isFinite(scaleIn) || scaleIn <= 0) throw rangeError('options.softmaxScale to be a finite number > 0', String(scaleIn));
+    scale = scaleIn;
+  }
+  const precision = precisionIn ?? 'float64';
+  if (!(PRECISIONS as readonly unknown[]).includes(precision)) {
+    throw typeError(`options.precision to be ${quoteList(PRECISIONS)}`, describeValue(precision));
+  }
+  return { B, Sq, Sk, Hq, Hkv, d, group: Hq / Hkv, scale, causal: causal === true, precision: precision as ReferencePrecision };
 }
 
 /** Number of keys that query row i sees (keys 0 .. n-1). */

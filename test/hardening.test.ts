@@ -207,9 +207,9 @@ describe('the float64 reference takes float values only', () => {
   const shape = { batch: 1, seqlenQ: 2, seqlenK: 2, headsQ: 1, headsKV: 1, headDim: 8 };
 
   test.each([
-    ['Uint16Array (half-precision bits)', () => new Uint16Array(16), /got Uint16Array$/],
-    ['Int32Array', () => new Int32Array(16), /got Int32Array$/],
-    ['an Array holding a string', () => [...new Array(15).fill(0), '1'], /got an Array with a non-number$/],
+    ['Uint16Array (half-precision bits)', () => new Uint16Array(16), /received a Uint16Array$/],
+    ['Int32Array', () => new Int32Array(16), /received an Int32Array$/],
+    ['an Array holding a string', () => [...new Array(15).fill(0), '1'], /received an Array with a non-number$/],
   ])('refuses %s', async (_, make, message) => {
     const good = new Float32Array(16);
     await refused(() => referenceAttention(make() as never, good, good, shape), 'TypeError', message as RegExp);

@@ -324,6 +324,8 @@ describe('forward, general', () => {
     }
   });
 
+  const shapeOf = () => ({ batch: 1, seqlenQ: 2, seqlenK: 2, headsQ: 2, headsKV: 1, headDim: 2 });
+
   test('validation: bad shapes, lengths and options throw', () => {
     const shape = { batch: 1, seqlenQ: 2, seqlenK: 2, headsQ: 2, headsKV: 1, headDim: 2 };
     const q = new Float64Array(8);
@@ -338,6 +340,47 @@ describe('forward, general', () => {
     expect(() => referenceAttention(q, k, k, shape, { softmaxScale: -1 })).toThrow(RangeError);
     expect(() => referenceAttention(q, k, k, shape, { precision: 'int8' as unknown as DType })).toThrow(TypeError);
     expect(() => referenceAttentionBackward(q.subarray(2), q, k, k, shape)).toThrow(RangeError);
+  });
+
+  // Each refusal names the argument, what was expected and what was received; a typo in a key or a
+  // non-boolean causal flag must not fall back to a default (a silently wrong reference).
+  test.each([
+    ['an unknown option key', shapeOf(), { causl: true },
+      new TypeError("Expected options to have only the keys 'causal', 'softmaxScale' or 'precision' but received unknown key 'causl'")],
+    ['an unknown shape key', { ...shapeOf(), seqlen: 2 }, undefined,
+      new TypeError("Expected shape to have only the keys 'batch', 'seqlenQ', 'seqlenK', 'headsQ', 'headsKV' or 'headDim' but received unknown key 'seqlen'")],
+    ['a non-boolean causal', shapeOf(), { causal: 'yes' },
+      new TypeError('Expected options.causal to be a boolean but received "yes" of type string')],
+    ['a string softmaxScale', shapeOf(), { softmaxScale: '0.5' },
+      new TypeError('Expected options.softmaxScale to be a number but received "0.5" of type string')],
+    ['a zero softmaxScale', shapeOf(), { softmaxScale: 0 },
+      new RangeError('Expected options.softmaxScale to be a finite number > 0 but received 0')],
+    ['an unknown precision', shapeOf(), { precision: 'int8' },
+      new TypeError("Expected options.precision to be 'float64', 'float32', 'float16', 'bfloat16' or 'tf32' but received \"int8\" of type string")],
+    ['options that are not an object', shapeOf(), [],
+      new TypeError('Expected options to be an object or undefined but received an Array of length 0')],
+    ['a fractional size', { ...shapeOf(), batch: 1.5 }, undefined,
+      new RangeError('Expected shape.batch to be an integer >= 1 but received 1.5')],
+    ['a string size', { ...shapeOf(), headDim: '2' }, undefined,
+      new TypeError('Expected shape.headDim to be a number but received "2" of type string')],
+    ['headsQ not a multiple of headsKV', { ...shapeOf(), headsKV: 3 }, undefined,
+      new RangeError('Expected shape.headsQ to be a multiple of shape.headsKV (3) but received 2')],
+    ['a shape that is not an object', null, undefined,
+      new TypeError('Expected shape to be an object { batch, seqlenQ, seqlenK, headsQ, headsKV, headDim } but received null')],
+  ])('refuses %s with a message naming it, in both passes', (_, shape, options, error) => {
+    const q = new Float64Array(8);
+    const k = new Float64Array(4);
+    expect(() => referenceAttention(q, k, k, shape as never, options as never)).toThrow(error);
+    expect(() => referenceAttentionBackward(q, q, k, k, shape as never, options as never)).toThrow(error);
+  });
+
+  test('an array of the wrong length or kind names the argument and its layout', () => {
+    const q = new Float64Array(8);
+    const k = new Float64Array(4);
+    expect(() => referenceAttention(q.subarray(1), k, k, shapeOf())).toThrow(
+      new RangeError('Expected q to have 8 elements ([batch, seqlenQ, headsQ, headDim]) but received 7'));
+    expect(() => referenceAttentionBackward(q, q, k, new Uint16Array(4) as never, shapeOf())).toThrow(
+      new TypeError('Expected v to be a Float32Array, Float64Array or number[] (float values; convert half-precision bits first) but received a Uint16Array'));
   });
 });
 
