@@ -14,6 +14,11 @@
  * - Causal masking is aligned to the bottom-right corner: query row `i` sees key `j` iff
  *   `j <= i + seqlenK - seqlenQ`. With `seqlenQ > seqlenK` the first `seqlenQ - seqlenK` rows see no
  *   key: they get `out = 0`, `lse = +Infinity`, `dq = 0`, and add nothing to `dk`/`dv`. Never NaN.
+ * - Sliding window `[left, right]` (−1: unbounded), aligned like the causal mask: query row `i` sees key
+ *   `j` iff `i + seqlenK − seqlenQ − left <= j <= i + seqlenK − seqlenQ + right`; with `causal`, `right`
+ *   is at most 0. A row whose window holds no key is empty, as above.
+ * - Softcapping (`softcap = c > 0`): the scores become `c · tanh(S / c)` before the softmax (Gemma 2),
+ *   and the backward multiplies dS by `1 − tanh²(S / c)`.
  * - GQA/MQA: query head `h` reads key/value head `floor(h / (headsQ / headsKV))`; `dk`/`dv` of a
  *   key/value head are summed over the query heads that share it.
  * - Backward (seed 001): `D_i = Σ_c dO_ic·O_ic`, `dV = Pᵀ·dO`, `dP = dO·Vᵀ`, `dS = P∘(dP − D)`,
@@ -35,6 +40,7 @@ import { trueLength } from './tensor';
 const f = Math.fround;
 const exp = Math.exp;
 const log = Math.log;
+const tanh = Math.tanh;
 
 /** Input arrays accepted by the reference: any flat row-major array of numbers (not half bits). */
 export type ReferenceInput = Float32Array | Float64Array | ReadonlyArray<number>;
@@ -62,6 +68,19 @@ export interface ReferenceOptions {
   /** Multiplies `q·k` before the softmax; finite and > 0. Default `1 / sqrt(headDim)`. */
   softmaxScale?: number;
   /**
+   * Sliding window `[left, right]`: query `i` sees key `j` iff
+   * `i + seqlenK − seqlenQ − left <= j <= i + seqlenK − seqlenQ + right` (bottom-right aligned, as the
+   * causal mask); integers >= −1, −1 leaving that side unbounded. With `causal: true` the right side is
+   * bounded at 0. Default `[-1, -1]` (no window).
+   */
+  window?: readonly [number, number];
+  /**
+   * Softcapping: with `softcap = c > 0` the scores `s = softmaxScale · q·k` become `c · tanh(s / c)`
+   * before the softmax (the backward has the exact gradient). A finite number >= 0; 0 (default) leaves
+   * the scores as they are.
+   */
+  softcap?: number;
+  /**
    * `'float64'` (default): exact reference, every operation in float64 on the inputs as given.
    *
    * A {@link DType}: "same-precision" mode, emulating a plain (non-tiled) implementation that stores
@@ -72,7 +91,8 @@ export interface ReferenceOptions {
    *
    * Forward, for each (batch, query head, row i), over the visible keys j in increasing order:
    * 1. inputs rounded: `q̃ = rd(q)`, `k̃ = rd(k)`, `ṽ = rd(v)` (and `dÕ = rd(dout)` in the backward);
-   * 2. `s_j = f(scale · Σᶠ_c q̃_ic k̃_jc)`;
+   * 2. `s_j = f(scale · Σᶠ_c q̃_ic k̃_jc)`; with a softcap `c` (as float32), `t_j = f(tanh(f(s_j / c)))`
+   *    and `s_j = f(c · t_j)`;
    * 3. `m = max_j s_j`, `e_j = f(exp(f(s_j − m)))`, `l = f-sum of e_j`, `p_j = f(e_j / l)`,
    *    `lse_i = f(m + f(log l))` (lse is float32, never rounded to the dtype);
    * 4. `p̃_j = rd(p_j)` (P rounded to the dtype before P·V);
@@ -82,8 +102,9 @@ export interface ReferenceOptions {
    * 6. `D_i = Σᶠ_c dÕ_ic · out_ic` (with the rounded `out` of step 5);
    * 7. `dv_j += f(p̃_j · dÕ_ic)` in a float32 accumulator (rows in order, query heads of a group in order);
    * 8. `dp_j = Σᶠ_c dÕ_ic ṽ_jc`;
-   * 9. `ds_j = f(p_j · f(dp_j − D_i))` with the float32 `p_j` of step 3, then `d̃s_j = rd(ds_j)`
-   *    (dS rounded to the dtype before the dS·K and dSᵀ·Q products);
+   * 9. `ds_j = f(p_j · f(dp_j − D_i))` with the float32 `p_j` of step 3 (with a softcap,
+   *    `ds_j = f(ds_j · f(1 − f(t_j · t_j)))`), then `d̃s_j = rd(ds_j)` (dS rounded to the dtype before the
+   *    dS·K and dSᵀ·Q products);
    * 10. `dq_i = rd(f(scale · Σᶠ_j d̃s_j k̃_j))`;
    * 11. `dk_j += f(d̃s_j · q̃_ic)` in a float32 accumulator; at the end `dk = rd(f(scale · dk))`,
    *     `dv = rd(dv)`.
@@ -169,11 +190,16 @@ interface Resolved {
   group: number;
   scale: number;
   causal: boolean;
+  /** Window sides in keys, Infinity where unbounded. */
+  left: number;
+  right: number;
+  /** 0: no softcap. */
+  softcap: number;
   precision: ReferencePrecision;
 }
 
 const SHAPE_KEYS = ['batch', 'seqlenQ', 'seqlenK', 'headsQ', 'headsKV', 'headDim'] as const;
-const OPTION_KEYS = ['causal', 'softmaxScale', 'precision'] as const;
+const OPTION_KEYS = ['causal', 'softmaxScale', 'window', 'softcap', 'precision'] as const;
 const PRECISIONS: readonly ReferencePrecision[] = ['float64', 'float32', 'float16', 'bfloat16', 'tf32'];
 
 /** A positive safe integer read from `shape.<name>`. */
@@ -218,6 +244,8 @@ function resolve(shape: ReferenceShape, options: ReferenceOptions | undefined): 
   refuseUnknownKeys(opts, 'options', OPTION_KEYS);
   const causal = opts.causal;
   const scaleIn = opts.softmaxScale;
+  const windowIn = opts.window;
+  const softcapIn = opts.softcap;
   const precisionIn = opts.precision;
   if (causal !== undefined && typeof causal !== 'boolean') {
     throw typeError('options.causal to be a boolean', describeValue(causal));
@@ -228,18 +256,50 @@ function resolve(shape: ReferenceShape, options: ReferenceOptions | undefined): 
     if (!Number.isFinite(scaleIn) || scaleIn <= 0) throw rangeError('options.softmaxScale to be a finite number > 0', String(scaleIn));
     scale = scaleIn;
   }
+  const [left, right] = checkWindow(windowIn);
+  let softcap = 0;
+  if (softcapIn !== undefined) {
+    if (typeof softcapIn !== 'number') throw typeError('options.softcap to be a number', describeValue(softcapIn));
+    if (!Number.isFinite(softcapIn) || softcapIn < 0) {
+      throw rangeError('options.softcap to be a finite number >= 0 (0: no softcap)', String(softcapIn));
+    }
+    softcap = softcapIn;
+  }
   const precision = precisionIn ?? 'float64';
   if (!(PRECISIONS as readonly unknown[]).includes(precision)) {
     throw typeError(`options.precision to be ${quoteList(PRECISIONS)}`, describeValue(precision));
   }
-  return { B, Sq, Sk, Hq, Hkv, d, group: Hq / Hkv, scale, causal: causal === true, precision: precision as ReferencePrecision };
+  return {
+    B, Sq, Sk, Hq, Hkv, d, group: Hq / Hkv, scale, causal: causal === true, left, right, softcap,
+    precision: precision as ReferencePrecision,
+  };
 }
 
-/** Number of keys that query row i sees (keys 0 .. n-1). */
-function visibleKeys(r: Resolved, i: number): number {
-  if (!r.causal) return r.Sk;
-  const n = i + r.Sk - r.Sq + 1;
-  return n <= 0 ? 0 : n >= r.Sk ? r.Sk : n;
+/** `options.window` (undefined: none) as [left, right] key counts, Infinity where unbounded. */
+function checkWindow(window: unknown): [number, number] {
+  if (window === undefined) return [Infinity, Infinity];
+  const what = 'options.window to be [left, right], integers >= -1 (-1: unbounded)';
+  if (!Array.isArray(window) || window.length !== 2) throw typeError(what, describeValue(window));
+  const sides = [window[0], window[1]]; // each element read once
+  for (const x of sides) {
+    if (typeof x !== 'number') throw typeError(what, `an element ${describeValue(x)}`);
+    if (!Number.isSafeInteger(x) || x < -1) throw rangeError(what, `[${sides.map(String).join(', ')}]`);
+  }
+  return [sides[0] === -1 ? Infinity : sides[0], sides[1] === -1 ? Infinity : sides[1]];
+}
+
+/** The first key query row i sees (with {@link endKey}: keys [firstKey, endKey); none when equal). */
+function firstKey(r: Resolved, i: number): number {
+  const lo = i + r.Sk - r.Sq - r.left;
+  return lo <= 0 ? 0 : lo >= r.Sk ? r.Sk : lo;
+}
+
+/** One past the last key query row i sees, at least firstKey(r, i). */
+function endKey(r: Resolved, i: number): number {
+  const right = r.causal ? Math.min(r.right, 0) : r.right;
+  const hi = i + r.Sk - r.Sq + right + 1;
+  const lo = firstKey(r, i);
+  return hi <= lo ? lo : hi >= r.Sk ? r.Sk : hi;
 }
 
 /** Copies head `h` of batch `b` of a `[B, S, H, d]` array into `dst` as `[S, d]`, mapped by `conv`. */
@@ -291,13 +351,21 @@ function scatterHead(
 // float64 kernels (rows of length d, contiguous)
 // ---------------------------------------------------------------------------------------------
 
-/** s[j] = scale · (Q[qo..qo+d) · K[j]) for j < n, float64. */
-function scores64(Q: Float64Array, qo: number, K: Float64Array, n: number, d: number, scale: number, s: Float64Array): void {
+/**
+ * s[j] = scale · (Q[qo..qo+d) · K[lo + j]) for j < n, float64; with a softcap c > 0, t[j] = tanh(s[j] / c)
+ * and s[j] = c · t[j].
+ */
+function scores64(Q: Float64Array, qo: number, K: Float64Array, lo: number, n: number, d: number, scale: number,
+  cap: number, s: Float64Array, t: Float64Array): void {
   for (let j = 0; j < n; j++) {
-    const o = j * d;
+    const o = (lo + j) * d;
     let a = 0;
     for (let c = 0; c < d; c++) a += Q[qo + c] * K[o + c];
     s[j] = a * scale;
+    if (cap > 0) {
+      t[j] = tanh(s[j] / cap);
+      s[j] = cap * t[j];
+    }
   }
 }
 
@@ -316,12 +384,12 @@ function softmax64(s: Float64Array, n: number): number {
   return m + log(l);
 }
 
-/** orow = Σ_j p[j] · V[j], float64. */
-function pv64(p: Float64Array, V: Float64Array, n: number, d: number, orow: Float64Array): void {
+/** orow = Σ_j p[j] · V[lo + j], float64. */
+function pv64(p: Float64Array, V: Float64Array, lo: number, n: number, d: number, orow: Float64Array): void {
   orow.fill(0);
   for (let j = 0; j < n; j++) {
     const pj = p[j];
-    const o = j * d;
+    const o = (lo + j) * d;
     for (let c = 0; c < d; c++) orow[c] += pj * V[o + c];
   }
 }
@@ -331,12 +399,18 @@ function pv64(p: Float64Array, V: Float64Array, n: number, d: number, orow: Floa
 // ---------------------------------------------------------------------------------------------
 
 
-function scores32(Q: Float32Array, qo: number, K: Float32Array, n: number, d: number, scale: number, s: Float32Array): void {
+/** scores64 in float32 arithmetic (same-precision mode, step 2 of {@link ReferenceOptions.precision}). */
+function scores32(Q: Float32Array, qo: number, K: Float32Array, lo: number, n: number, d: number, scale: number,
+  cap: number, s: Float32Array, t: Float32Array): void {
   for (let j = 0; j < n; j++) {
-    const o = j * d;
+    const o = (lo + j) * d;
     let a = 0;
     for (let c = 0; c < d; c++) a = f(a + f(Q[qo + c] * K[o + c]));
     s[j] = f(a * scale);
+    if (cap > 0) {
+      t[j] = f(tanh(f(s[j] / cap)));
+      s[j] = f(cap * t[j]);
+    }
   }
 }
 
@@ -354,11 +428,11 @@ function softmax32(s: Float32Array, n: number): number {
   return f(m + f(log(l)));
 }
 
-function pv32(p: Float32Array, V: Float32Array, n: number, d: number, acc: Float32Array): void {
+function pv32(p: Float32Array, V: Float32Array, lo: number, n: number, d: number, acc: Float32Array): void {
   acc.fill(0);
   for (let j = 0; j < n; j++) {
     const pj = p[j];
-    const o = j * d;
+    const o = (lo + j) * d;
     for (let c = 0; c < d; c++) acc[c] = f(acc[c] + f(pj * V[o + c]));
   }
 }
@@ -378,6 +452,7 @@ function forward64(q: ReferenceInput, k: ReferenceInput, v: ReferenceInput, r: R
   const V = new Float64Array(Sk * d);
   const Q = new Float64Array(Sq * d);
   const s = new Float64Array(Sk);
+  const t = new Float64Array(Sk);
   const orow = new Float64Array(d);
   for (let b = 0; b < B; b++) {
     for (let kh = 0; kh < Hkv; kh++) {
@@ -388,14 +463,15 @@ function forward64(q: ReferenceInput, k: ReferenceInput, v: ReferenceInput, r: R
         for (let i = 0; i < Sq; i++) {
           const ob = ((b * Sq + i) * Hq + h) * d;
           const li = (b * Hq + h) * Sq + i;
-          const n = visibleKeys(r, i);
+          const lo = firstKey(r, i);
+          const n = endKey(r, i) - lo;
           if (n === 0) {
             lse[li] = Infinity; // out stays 0
             continue;
           }
-          scores64(Q, i * d, K, n, d, scale, s);
+          scores64(Q, i * d, K, lo, n, d, scale, r.softcap, s, t);
           lse[li] = softmax64(s, n);
-          pv64(s, V, n, d, orow);
+          pv64(s, V, lo, n, d, orow);
           for (let c = 0; c < d; c++) out[ob + c] = orow[c];
         }
       }
@@ -419,6 +495,8 @@ function forwardSame(
   const V = new Float32Array(Sk * d);
   const Q = new Float32Array(Sq * d);
   const s = new Float32Array(Sk);
+  const t = new Float32Array(Sk);
+  const cap = f(r.softcap);
   const acc = new Float32Array(d);
   for (let b = 0; b < B; b++) {
     for (let kh = 0; kh < Hkv; kh++) {
@@ -429,15 +507,16 @@ function forwardSame(
         for (let i = 0; i < Sq; i++) {
           const ob = ((b * Sq + i) * Hq + h) * d;
           const li = (b * Hq + h) * Sq + i;
-          const n = visibleKeys(r, i);
+          const lo = firstKey(r, i);
+          const n = endKey(r, i) - lo;
           if (n === 0) {
             lse[li] = Infinity;
             continue;
           }
-          scores32(Q, i * d, K, n, d, scale, s);
+          scores32(Q, i * d, K, lo, n, d, scale, cap, s, t);
           lse[li] = softmax32(s, n);
           for (let j = 0; j < n; j++) s[j] = rd(s[j]);
-          pv32(s, V, n, d, acc);
+          pv32(s, V, lo, n, d, acc);
           for (let c = 0; c < d; c++) out[ob + c] = rdOut(acc[c]);
         }
       }
@@ -495,6 +574,7 @@ function backward64(
   const dK = new Float64Array(Sk * d);
   const dV = new Float64Array(Sk * d);
   const p = new Float64Array(Sk);
+  const t = new Float64Array(Sk);
   const orow = new Float64Array(d);
   const dqrow = new Float64Array(d);
   for (let b = 0; b < B; b++) {
@@ -509,16 +589,17 @@ function backward64(
         for (let i = 0; i < Sq; i++) {
           const ob = ((b * Sq + i) * Hq + h) * d;
           const li = (b * Hq + h) * Sq + i;
-          const n = visibleKeys(r, i);
+          const lo = firstKey(r, i);
+          const n = endKey(r, i) - lo;
           if (n === 0) {
             lse[li] = Infinity; // out, dq stay 0; nothing reaches dk/dv
             continue;
           }
           const qo = i * d;
           // Forward recompute of the row.
-          scores64(Q, qo, K, n, d, scale, p);
+          scores64(Q, qo, K, lo, n, d, scale, r.softcap, p, t);
           lse[li] = softmax64(p, n);
-          pv64(p, V, n, d, orow);
+          pv64(p, V, lo, n, d, orow);
           let D = 0;
           for (let c = 0; c < d; c++) {
             out[ob + c] = orow[c];
@@ -526,7 +607,7 @@ function backward64(
           }
           dqrow.fill(0);
           for (let j = 0; j < n; j++) {
-            const o = j * d;
+            const o = (lo + j) * d;
             const pj = p[j];
             // dV_j += P_ij · dO_i ; dP_ij = dO_i · V_j
             let dp = 0;
@@ -534,7 +615,8 @@ function backward64(
               dV[o + c] += pj * DO[qo + c];
               dp += DO[qo + c] * V[o + c];
             }
-            const ds = pj * (dp - D);
+            // dS_ij, through the softcap's tanh when there is one.
+            const ds = r.softcap > 0 ? pj * (dp - D) * (1 - t[j] * t[j]) : pj * (dp - D);
             // dQ_i += dS_ij · K_j ; dK_j += dS_ij · Q_i   (scale applied at the end)
             for (let c = 0; c < d; c++) {
               dqrow[c] += ds * K[o + c];
@@ -574,6 +656,8 @@ function backwardSame(
   const dV = new Float32Array(Sk * d);
   const p = new Float32Array(Sk); // float32 softmax
   const pr = new Float32Array(Sk); // rounded to the dtype
+  const t = new Float32Array(Sk); // the softcap's tanh
+  const cap = f(r.softcap);
   const acc = new Float32Array(d);
   const orow = new Float32Array(d);
   const dqacc = new Float32Array(d);
@@ -589,16 +673,17 @@ function backwardSame(
         for (let i = 0; i < Sq; i++) {
           const ob = ((b * Sq + i) * Hq + h) * d;
           const li = (b * Hq + h) * Sq + i;
-          const n = visibleKeys(r, i);
+          const lo = firstKey(r, i);
+          const n = endKey(r, i) - lo;
           if (n === 0) {
             lse[li] = Infinity;
             continue;
           }
           const qo = i * d;
-          scores32(Q, qo, K, n, d, scale, p);
+          scores32(Q, qo, K, lo, n, d, scale, cap, p, t);
           lse[li] = softmax32(p, n);
           for (let j = 0; j < n; j++) pr[j] = rd(p[j]);
-          pv32(pr, V, n, d, acc);
+          pv32(pr, V, lo, n, d, acc);
           let D = 0;
           for (let c = 0; c < d; c++) {
             const o = rdOut(acc[c]);
@@ -608,14 +693,15 @@ function backwardSame(
           }
           dqacc.fill(0);
           for (let j = 0; j < n; j++) {
-            const o = j * d;
+            const o = (lo + j) * d;
             const pj = pr[j];
             let dp = 0;
             for (let c = 0; c < d; c++) {
               dV[o + c] = f(dV[o + c] + f(pj * DO[qo + c]));
               dp = f(dp + f(DO[qo + c] * V[o + c]));
             }
-            const ds = rd(f(p[j] * f(dp - D)));
+            const dsp = f(p[j] * f(dp - D));
+            const ds = rd(cap > 0 ? f(dsp * f(1 - f(t[j] * t[j]))) : dsp);
             for (let c = 0; c < d; c++) {
               dqacc[c] = f(dqacc[c] + f(ds * K[o + c]));
               dK[o + c] = f(dK[o + c] + f(ds * Q[qo + c]));

@@ -53,7 +53,8 @@ const at = (b: number, s: number, h: number, c: number, S: number, H: number, d:
  * Direct, deliberately unoptimised attention: mask by explicit condition, exp without max
  * subtraction (fine for moderate scores), sum, divide. Independent of lib/reference.ts.
  */
-function directAttention(q: ReferenceInput, k: ReferenceInput, v: ReferenceInput, sh: ReferenceShape, causal: boolean, scale: number) {
+function directAttention(q: ReferenceInput, k: ReferenceInput, v: ReferenceInput, sh: ReferenceShape, causal: boolean, scale: number,
+  window: [number, number] = [-1, -1], softcap = 0) {
   const { batch: B, seqlenQ: Sq, seqlenK: Sk, headsQ: Hq, headsKV: Hkv, headDim: d } = sh;
   const out = new Float64Array(qSize(sh));
   const lse = new Float64Array(B * Hq * Sq);
@@ -65,9 +66,11 @@ function directAttention(q: ReferenceInput, k: ReferenceInput, v: ReferenceInput
         const w = new Float64Array(Sk);
         for (let j = 0; j < Sk; j++) {
           if (causal && j > i + Sk - Sq) continue;
+          if (window[0] >= 0 && j < i + Sk - Sq - window[0]) continue;
+          if (window[1] >= 0 && j > i + Sk - Sq + window[1]) continue;
           let dot = 0;
           for (let c = 0; c < d; c++) dot += q[at(b, i, h, c, Sq, Hq, d)] * k[at(b, j, kh, c, Sk, Hkv, d)];
-          w[j] = Math.exp(scale * dot);
+          w[j] = Math.exp(softcap > 0 ? softcap * Math.tanh((scale * dot) / softcap) : scale * dot);
           sum += w[j];
         }
         lse[(b * Hq + h) * Sq + i] = Math.log(sum); // log(0) = -Infinity for empty rows; fixed below
@@ -346,7 +349,7 @@ describe('forward, general', () => {
   // non-boolean causal flag must not fall back to a default (a silently wrong reference).
   test.each([
     ['an unknown option key', shapeOf(), { causl: true },
-      new TypeError("Expected options to have only the keys 'causal', 'softmaxScale' or 'precision' but received unknown key 'causl'")],
+      new TypeError("Expected options to have only the keys 'causal', 'softmaxScale', 'window', 'softcap' or 'precision' but received unknown key 'causl'")],
     ['an unknown shape key', { ...shapeOf(), seqlen: 2 }, undefined,
       new TypeError("Expected shape to have only the keys 'batch', 'seqlenQ', 'seqlenK', 'headsQ', 'headsKV' or 'headDim' but received unknown key 'seqlen'")],
     ['a non-boolean causal', shapeOf(), { causal: 'yes' },
@@ -365,6 +368,18 @@ describe('forward, general', () => {
       new TypeError('Expected shape.headDim to be a number but received "2" of type string')],
     ['headsQ not a multiple of headsKV', { ...shapeOf(), headsKV: 3 }, undefined,
       new RangeError('Expected shape.headsQ to be a multiple of shape.headsKV (3) but received 2')],
+    ['a window that is not a pair', shapeOf(), { window: [3] },
+      new TypeError('Expected options.window to be [left, right], integers >= -1 (-1: unbounded) but received an Array of length 1')],
+    ['a window side below -1', shapeOf(), { window: [2, -2] },
+      new RangeError('Expected options.window to be [left, right], integers >= -1 (-1: unbounded) but received [2, -2]')],
+    ['a fractional window side', shapeOf(), { window: [1.5, 0] },
+      new RangeError('Expected options.window to be [left, right], integers >= -1 (-1: unbounded) but received [1.5, 0]')],
+    ['a string window side', shapeOf(), { window: ['1', 0] },
+      new TypeError('Expected options.window to be [left, right], integers >= -1 (-1: unbounded) but received an element "1" of type string')],
+    ['a negative softcap', shapeOf(), { softcap: -1 },
+      new RangeError('Expected options.softcap to be a finite number >= 0 (0: no softcap) but received -1')],
+    ['an infinite softcap', shapeOf(), { softcap: Infinity },
+      new RangeError('Expected options.softcap to be a finite number >= 0 (0: no softcap) but received Infinity')],
     ['a shape that is not an object', null, undefined,
       new TypeError('Expected shape to be an object { batch, seqlenQ, seqlenK, headsQ, headsKV, headDim } but received null')],
   ])('refuses %s with a message naming it, in both passes', (_, shape, options, error) => {
@@ -516,6 +531,140 @@ describe('backward', () => {
 // ----------------------------------------------------------------------------------------------
 // Same-precision mode
 // ----------------------------------------------------------------------------------------------
+
+describe('sliding window and softcap', () => {
+  const cases: Array<[string, ReferenceShape, ReferenceOptions]> = [
+    ['window [2, 1]', { batch: 1, seqlenQ: 7, seqlenK: 7, headsQ: 2, headsKV: 1, headDim: 4 }, { window: [2, 1] }],
+    ['window [0, 0]: the diagonal only', { batch: 2, seqlenQ: 5, seqlenK: 5, headsQ: 1, headsKV: 1, headDim: 3 }, { window: [0, 0] }],
+    ['left only, Sq < Sk', { batch: 1, seqlenQ: 4, seqlenK: 9, headsQ: 2, headsKV: 2, headDim: 4 }, { window: [3, -1] }],
+    ['right only, Sq > Sk (empty rows)', { batch: 1, seqlenQ: 8, seqlenK: 5, headsQ: 1, headsKV: 1, headDim: 4 }, { window: [-1, 0] }],
+    ['causal with a left window, GQA', { batch: 1, seqlenQ: 9, seqlenK: 9, headsQ: 4, headsKV: 2, headDim: 2 }, { causal: true, window: [3, 5] }],
+    ['window [1, 1], Sq > Sk: rows past the keys see none', { batch: 1, seqlenQ: 9, seqlenK: 3, headsQ: 1, headsKV: 1, headDim: 4 }, { window: [1, 1] }],
+    ['softcap 2', { batch: 1, seqlenQ: 6, seqlenK: 5, headsQ: 2, headsKV: 1, headDim: 4 }, { softcap: 2 }],
+    ['softcap 0.5, causal, window [2, -1]', { batch: 2, seqlenQ: 6, seqlenK: 6, headsQ: 1, headsKV: 1, headDim: 3 }, { softcap: 0.5, causal: true, window: [2, -1] }],
+  ];
+
+  test.each(cases)('%s: forward equals a direct implementation', (name, shape, opts) => {
+    const { q, k, v } = randomInputs(shape, rngFor(`win-${name}`), 1.5);
+    const r = referenceAttention(q, k, v, shape, opts);
+    const scale = 1 / Math.sqrt(shape.headDim);
+    const direct = directAttention(q, k, v, shape, opts.causal === true, scale,
+      (opts.window ?? [-1, -1]) as [number, number], opts.softcap ?? 0);
+    expectClose(r.out, direct.out, 1e-12, `${name} out`);
+    expect(r.lse.map((x) => (Number.isFinite(x) ? 0 : 1))).toEqual(direct.lse.map((x) => (Number.isFinite(x) ? 0 : 1)));
+    expectClose(r.lse.filter(Number.isFinite), direct.lse.filter(Number.isFinite), 1e-12, `${name} lse`);
+  });
+
+  test('window [0, 0] gives out = v of the same position and lse = its own score', () => {
+    const shape = { batch: 1, seqlenQ: 4, seqlenK: 4, headsQ: 1, headsKV: 1, headDim: 2 };
+    const { q, k, v } = randomInputs(shape, rngFor('win-diag'));
+    const r = referenceAttention(q, k, v, shape, { window: [0, 0], softmaxScale: 0.5 });
+    for (let i = 0; i < 4; i++) {
+      expect(Array.from(r.out.subarray(2 * i, 2 * i + 2))).toEqual(Array.from(v.subarray(2 * i, 2 * i + 2)));
+      expect(r.lse[i]).toBeCloseTo(0.5 * (q[2 * i] * k[2 * i] + q[2 * i + 1] * k[2 * i + 1]), 14);
+    }
+  });
+
+  test('a window wider than the sequence and softcap 0 change nothing (bit for bit, both passes, every precision)', () => {
+    const shape = { batch: 1, seqlenQ: 6, seqlenK: 8, headsQ: 2, headsKV: 1, headDim: 4 };
+    const { q, k, v, dout } = randomInputs(shape, rngFor('win-wide'));
+    for (const precision of ['float64', 'bfloat16', 'tf32'] as const) {
+      for (const causal of [false, true]) {
+        const plain = referenceAttentionBackward(dout, q, k, v, shape, { causal, precision });
+        expect(referenceAttentionBackward(dout, q, k, v, shape, { causal, precision, window: [8, 8], softcap: 0 })).toEqual(plain);
+        expect(referenceAttentionBackward(dout, q, k, v, shape, { causal, precision, window: [-1, -1] })).toEqual(plain);
+      }
+    }
+  });
+
+  test('a large softcap approaches the uncapped scores; a small one flattens the softmax', () => {
+    const shape = { batch: 1, seqlenQ: 5, seqlenK: 7, headsQ: 1, headsKV: 1, headDim: 4 };
+    const { q, k, v } = randomInputs(shape, rngFor('softcap-limits'), 2);
+    const plain = referenceAttention(q, k, v, shape);
+    expectClose(referenceAttention(q, k, v, shape, { softcap: 1e4 }).out, plain.out, 1e-6, 'softcap 1e4');
+    // c -> 0: every score -> 0, P uniform, out -> the mean of V.
+    const flat = referenceAttention(q, k, v, shape, { softcap: 1e-9 });
+    for (let c = 0; c < 4; c++) {
+      let mean = 0;
+      for (let j = 0; j < 7; j++) mean += v[j * 4 + c] / 7;
+      for (let i = 0; i < 5; i++) expect(flat.out[i * 4 + c]).toBeCloseTo(mean, 8);
+    }
+    expect(flat.lse[0]).toBeCloseTo(Math.log(7), 8);
+  });
+
+  test('rows whose window holds no key: out 0, lse +Inf, dq 0, nothing added to dk / dv, in every precision', () => {
+    // Sq 6 > Sk 3 with window [0, 0]: rows 0-2 see no key (their diagonal lies before key 0).
+    const shape = { batch: 1, seqlenQ: 6, seqlenK: 3, headsQ: 1, headsKV: 1, headDim: 2 };
+    const { q, k, v, dout } = randomInputs(shape, rngFor('win-empty'));
+    for (const precision of ['float64', 'float16'] as const) {
+      const g = referenceAttentionBackward(dout, q, k, v, shape, { window: [0, 0], precision });
+      expect(Array.from(g.lse.subarray(0, 3))).toEqual([Infinity, Infinity, Infinity]);
+      expect(Array.from(g.out.subarray(0, 6))).toEqual([0, 0, 0, 0, 0, 0]);
+      expect(Array.from(g.dq.subarray(0, 6))).toEqual([0, 0, 0, 0, 0, 0]);
+      expect(g.lse.subarray(3).every(Number.isFinite)).toBe(true);
+      // Row 3 + j sees key j only: dv_j = dout_{3+j} (P = 1).
+      for (let j = 0; j < 3; j++) expectClose(g.dv.subarray(2 * j, 2 * j + 2), dout.subarray(2 * (3 + j), 2 * (3 + j) + 2), precision === 'float64' ? 0 : 2e-3, `dv ${j}`);
+    }
+  });
+
+  test.each(cases)('%s: gradients match central finite differences', (name, shape, opts) => {
+    const { q, k, v, dout: W } = randomInputs(shape, rngFor(`win-fd-${name}`));
+    const g = referenceAttentionBackward(W, q, k, v, shape, opts);
+    const loss = (xs: Float64Array[]) => {
+      const { out } = referenceAttention(xs[0], xs[1], xs[2], shape, opts);
+      let L = 0;
+      for (let i = 0; i < out.length; i++) L += out[i] * W[i];
+      return L;
+    };
+    const h = 1e-5;
+    const fd = (which: number) => {
+      const xs = [q.slice(), k.slice(), v.slice()];
+      const x = xs[which];
+      const grad = new Float64Array(x.length);
+      for (let e = 0; e < x.length; e++) {
+        const x0 = x[e];
+        x[e] = x0 + h;
+        const lp = loss(xs);
+        x[e] = x0 - h;
+        const lm = loss(xs);
+        x[e] = x0;
+        grad[e] = (lp - lm) / (2 * h);
+      }
+      return grad;
+    };
+    // A window of one key ([0, 0]) makes P = 1 whatever the scores: dq and dk are exactly 0.
+    const oneKey = opts.window?.[0] === 0 && opts.window?.[1] === 0;
+    for (const [n, analytic, which] of [['dq', g.dq, 0], ['dk', g.dk, 1], ['dv', g.dv, 2]] as const) {
+      if (oneKey && n !== 'dv') {
+        expect(maxAbs(analytic)).toBe(0);
+        expect(maxAbs(fd(which))).toBeLessThan(1e-9);
+        continue;
+      }
+      expect(maxAbs(analytic)).toBeGreaterThan(1e-3);
+      const rel = relErr(analytic, fd(which));
+      if (!(rel <= 1e-6)) throw new Error(`${name} ${n}: relative error vs finite differences ${rel}; ${seedHint()}`);
+    }
+  });
+
+  test.each<DType>(['bfloat16', 'float16', 'float32'])('%s same-precision mode with a window and a softcap: the float64 result within the dtype\'s error, outputs in the dtype', (dtype) => {
+    const shape = { batch: 1, seqlenQ: 40, seqlenK: 48, headsQ: 2, headsKV: 1, headDim: 16 };
+    const rng = rngFor(`win-sp-${dtype}`);
+    const rd = (a: Float32Array) => Float64Array.from(a, (x) => roundToDtype(x, dtype));
+    const q = rd(randn(qSize(shape), rng, 2));
+    const k = rd(randn(kSize(shape), rng, 2));
+    const v = rd(randn(kSize(shape), rng));
+    const dout = rd(randn(qSize(shape), rng));
+    const opts: ReferenceOptions = { causal: true, window: [11, -1], softcap: 3 };
+    const ref = referenceAttentionBackward(dout, q, k, v, shape, opts);
+    const sp = referenceAttentionBackward(dout, q, k, v, shape, { ...opts, precision: dtype });
+    const hi = { bfloat16: 3e-2, float16: 4e-3, float32: 1e-5 }[dtype];
+    for (const n of ['out', 'dq', 'dk', 'dv'] as const) {
+      const e = relErr(sp[n], ref[n]);
+      if (!(e > 0 && e <= hi)) throw new Error(`${dtype} ${n}: relative error ${e} not in (0, ${hi}]; ${seedHint()}`);
+      expect(sp[n].every((x) => roundToDtype(x, dtype) === x)).toBe(true);
+    }
+  });
+});
 
 describe('same-precision mode', () => {
   const shape = { batch: 1, seqlenQ: 96, seqlenK: 80, headsQ: 2, headsKV: 1, headDim: 64 };
