@@ -19,6 +19,12 @@
  *   is at most 0. A row whose window holds no key is empty, as above.
  * - Softcapping (`softcap = c > 0`): the scores become `c · tanh(S / c)` before the softmax (Gemma 2),
  *   and the backward multiplies dS by `1 − tanh²(S / c)`.
+ * - ALiBi (`alibiSlopes`, per head or per batch and head): `−slope · |i + seqlenK − seqlenQ − j|` is
+ *   added to each score (after the softcap), as FlashAttention-2 defines it.
+ * - Learnable sinks (`sinks`, a logit per query head): each row's softmax denominator gains
+ *   `exp(sink)` for a key without a value, so `lse_i = log(exp(sink) + Σ_j exp(S_ij))` (`sink` for a
+ *   row that sees no key) and the rows' weights sum to less than 1; the backward returns
+ *   `dsinks_h = −Σ_i exp(sink_h − lse_i) · D_i`.
  * - GQA/MQA: query head `h` reads key/value head `floor(h / (headsQ / headsKV))`; `dk`/`dv` of a
  *   key/value head are summed over the query heads that share it.
  * - Backward (seed 001): `D_i = Σ_c dO_ic·O_ic`, `dV = Pᵀ·dO`, `dP = dO·Vᵀ`, `dS = P∘(dP − D)`,
@@ -81,6 +87,18 @@ export interface ReferenceOptions {
    */
   softcap?: number;
   /**
+   * ALiBi slopes: `−slope · |i + seqlenK − seqlenQ − j|` is added to the score of query `i` and key `j`
+   * (after the softcap), with the slope of the row's query head: `headsQ` values, or `batch · headsQ`
+   * (`[batch, headsQ]`) for a slope per sequence. Finite. Default none.
+   */
+  alibiSlopes?: ReferenceInput;
+  /**
+   * Learnable attention sinks: a logit per query head (`headsQ` finite values) that joins every row's
+   * softmax denominator without a value (gpt-oss). The lse includes it; the backward returns `dsinks`.
+   * Default none.
+   */
+  sinks?: ReferenceInput;
+  /**
    * `'float64'` (default): exact reference, every operation in float64 on the inputs as given.
    *
    * A {@link DType}: "same-precision" mode, emulating a plain (non-tiled) implementation that stores
@@ -92,9 +110,11 @@ export interface ReferenceOptions {
    * Forward, for each (batch, query head, row i), over the visible keys j in increasing order:
    * 1. inputs rounded: `q̃ = rd(q)`, `k̃ = rd(k)`, `ṽ = rd(v)` (and `dÕ = rd(dout)` in the backward);
    * 2. `s_j = f(scale · Σᶠ_c q̃_ic k̃_jc)`; with a softcap `c` (as float32), `t_j = f(tanh(f(s_j / c)))`
-   *    and `s_j = f(c · t_j)`;
+   *    and `s_j = f(c · t_j)`; with an ALiBi slope `a` (as float32), `s_j = f(s_j − f(a · |i + seqlenK −
+   *    seqlenQ − j|))`;
    * 3. `m = max_j s_j`, `e_j = f(exp(f(s_j − m)))`, `l = f-sum of e_j`, `p_j = f(e_j / l)`,
-   *    `lse_i = f(m + f(log l))` (lse is float32, never rounded to the dtype);
+   *    `lse_i = f(m + f(log l))` (lse is float32, never rounded to the dtype); with a sink `σ` (as
+   *    float32), `m` also takes `σ`, the sum starts from `e_σ = f(exp(f(σ − m)))` and `p_σ = f(e_σ / l)`;
    * 4. `p̃_j = rd(p_j)` (P rounded to the dtype before P·V);
    * 5. `out_ic = rd(Σᶠ_j p̃_j ṽ_jc)`.
    *
@@ -107,7 +127,9 @@ export interface ReferenceOptions {
    *    dS·K and dSᵀ·Q products);
    * 10. `dq_i = rd(f(scale · Σᶠ_j d̃s_j k̃_j))`;
    * 11. `dk_j += f(d̃s_j · q̃_ic)` in a float32 accumulator; at the end `dk = rd(f(scale · dk))`,
-   *     `dv = rd(dv)`.
+   *     `dv = rd(dv)`;
+   * 12. with sinks, `dsinks_h = f(dsinks_h − f(p_σ · D_i))` over the rows in order (batch by batch),
+   *     from 0; `dsinks` stays float32.
    *
    * With `'float32'`, `rd = f`: only the float32 accumulation differs from the exact reference.
    *
@@ -166,7 +188,10 @@ function roundingOf(precision: DType | 'tf32'): Rounding {
 export interface ReferenceForwardResult {
   /** `[batch, seqlenQ, headsQ, headDim]`, the attention output. */
   out: Float64Array;
-  /** `[batch, headsQ, seqlenQ]`, natural-log log-sum-exp of the visible scaled scores; +Infinity for empty rows. */
+  /**
+   * `[batch, headsQ, seqlenQ]`, natural-log log-sum-exp of the visible scaled scores (and the sink);
+   * +Infinity for empty rows (the sink's logit with sinks).
+   */
   lse: Float64Array;
 }
 
@@ -178,6 +203,8 @@ export interface ReferenceBackwardResult extends ReferenceForwardResult {
   dk: Float64Array;
   /** `[batch, seqlenK, headsKV, headDim]`, gradient with respect to `v` (summed over the query heads of a group). */
   dv: Float64Array;
+  /** `[headsQ]`, gradient with respect to `sinks` (summed over the batch); present when `sinks` was given. */
+  dsinks?: Float64Array;
 }
 
 interface Resolved {
@@ -195,11 +222,15 @@ interface Resolved {
   right: number;
   /** 0: no softcap. */
   softcap: number;
+  /** The ALiBi slope of (batch, query head) at b · headsQ + h, or null. */
+  alibi: Float64Array | null;
+  /** The sink logit of each query head, or null. */
+  sinks: Float64Array | null;
   precision: ReferencePrecision;
 }
 
 const SHAPE_KEYS = ['batch', 'seqlenQ', 'seqlenK', 'headsQ', 'headsKV', 'headDim'] as const;
-const OPTION_KEYS = ['causal', 'softmaxScale', 'window', 'softcap', 'precision'] as const;
+const OPTION_KEYS = ['causal', 'softmaxScale', 'window', 'softcap', 'alibiSlopes', 'sinks', 'precision'] as const;
 const PRECISIONS: readonly ReferencePrecision[] = ['float64', 'float32', 'float16', 'bfloat16', 'tf32'];
 
 /** A positive safe integer read from `shape.<name>`. */
@@ -246,6 +277,8 @@ function resolve(shape: ReferenceShape, options: ReferenceOptions | undefined): 
   const scaleIn = opts.softmaxScale;
   const windowIn = opts.window;
   const softcapIn = opts.softcap;
+  const alibiIn = opts.alibiSlopes;
+  const sinksIn = opts.sinks;
   const precisionIn = opts.precision;
   if (causal !== undefined && typeof causal !== 'boolean') {
     throw typeError('options.causal to be a boolean', describeValue(causal));
@@ -265,14 +298,37 @@ function resolve(shape: ReferenceShape, options: ReferenceOptions | undefined): 
     }
     softcap = softcapIn;
   }
+  let alibi: Float64Array | null = null;
+  if (alibiIn !== undefined) {
+    const a = finiteValues('options.alibiSlopes', alibiIn as ReferenceInput, [Hq, B * Hq], '[headsQ] or [batch, headsQ]');
+    alibi = a.length === B * Hq ? a : Float64Array.from({ length: B * Hq }, (_, i) => a[i % Hq]);
+  }
+  const sinks = sinksIn === undefined ? null : finiteValues('options.sinks', sinksIn as ReferenceInput, [Hq], '[headsQ]');
   const precision = precisionIn ?? 'float64';
   if (!(PRECISIONS as readonly unknown[]).includes(precision)) {
     throw typeError(`options.precision to be ${quoteList(PRECISIONS)}`, describeValue(precision));
   }
   return {
-    B, Sq, Sk, Hq, Hkv, d, group: Hq / Hkv, scale, causal: causal === true, left, right, softcap,
+    B, Sq, Sk, Hq, Hkv, d, group: Hq / Hkv, scale, causal: causal === true, left, right, softcap, alibi, sinks,
     precision: precision as ReferencePrecision,
   };
+}
+
+/** A copy of an array of finite values whose length is one of `lengths`. */
+function finiteValues(name: string, a: ReferenceInput, lengths: readonly number[], dims: string): Float64Array {
+  const tag = Object.prototype.toString.call(a);
+  const typed = tag === '[object Float32Array]' || tag === '[object Float64Array]';
+  if (!typed && !(Array.isArray(a) && a.every((x) => typeof x === 'number'))) {
+    throw typeError(`${name} to be a Float32Array, Float64Array or number[]`, Array.isArray(a) ? 'an Array with a non-number' : describeValue(a));
+  }
+  const length = typed ? trueLength(a as Float32Array | Float64Array) : a.length;
+  if (!lengths.includes(length)) {
+    throw rangeError(`${name} to have ${[...new Set(lengths)].join(' or ')} elements (${dims})`, String(length));
+  }
+  const copy = Float64Array.from({ length }, (_, i) => a[i]);
+  const bad = copy.findIndex((x) => !Number.isFinite(x));
+  if (bad >= 0) throw rangeError(`${name} to hold finite values`, `${copy[bad]} at index ${bad}`);
+  return copy;
 }
 
 /** `options.window` (undefined: none) as [left, right] key counts, Infinity where unbounded. */
@@ -286,6 +342,21 @@ function checkWindow(window: unknown): [number, number] {
     if (!Number.isSafeInteger(x) || x < -1) throw rangeError(what, `[${sides.map(String).join(', ')}]`);
   }
   return [sides[0] === -1 ? Infinity : sides[0], sides[1] === -1 ? Infinity : sides[1]];
+}
+
+/** What modifies the scores of one row: the softcap, the row's ALiBi slope and its diagonal key. */
+interface RowMods {
+  cap: number;
+  slope: number;
+  diag: number;
+}
+
+/** The score modifiers of row i of (batch b, query head h); `mods` is filled and returned. */
+function rowMods(r: Resolved, b: number, h: number, i: number, mods: RowMods): RowMods {
+  mods.cap = r.softcap;
+  mods.slope = r.alibi === null ? 0 : r.alibi[b * r.Hq + h];
+  mods.diag = i + r.Sk - r.Sq;
+  return mods;
 }
 
 /** The first key query row i sees (with {@link endKey}: keys [firstKey, endKey); none when equal). */
@@ -353,27 +424,31 @@ function scatterHead(
 
 /**
  * s[j] = scale · (Q[qo..qo+d) · K[lo + j]) for j < n, float64; with a softcap c > 0, t[j] = tanh(s[j] / c)
- * and s[j] = c · t[j].
+ * and s[j] = c · t[j]; then minus the ALiBi bias slope · |diag − (lo + j)|.
  */
 function scores64(Q: Float64Array, qo: number, K: Float64Array, lo: number, n: number, d: number, scale: number,
-  cap: number, s: Float64Array, t: Float64Array): void {
+  m: RowMods, s: Float64Array, t: Float64Array): void {
   for (let j = 0; j < n; j++) {
     const o = (lo + j) * d;
     let a = 0;
     for (let c = 0; c < d; c++) a += Q[qo + c] * K[o + c];
     s[j] = a * scale;
-    if (cap > 0) {
-      t[j] = tanh(s[j] / cap);
-      s[j] = cap * t[j];
+    if (m.cap > 0) {
+      t[j] = tanh(s[j] / m.cap);
+      s[j] = m.cap * t[j];
     }
+    if (m.slope !== 0) s[j] -= m.slope * Math.abs(m.diag - lo - j);
   }
 }
 
-/** In place: s[0..n) -> softmax(s); returns log Σ exp(s). n >= 1. */
-function softmax64(s: Float64Array, n: number): number {
-  let m = -Infinity;
+/**
+ * In place: s[0..n) -> softmax(s) with a sink logit (−Infinity: none) in the denominator; returns
+ * log(exp(sink) + Σ exp(s)). n >= 1.
+ */
+function softmax64(s: Float64Array, n: number, sink: number): number {
+  let m = sink;
   for (let j = 0; j < n; j++) if (s[j] > m) m = s[j];
-  let l = 0;
+  let l = exp(sink - m);
   for (let j = 0; j < n; j++) {
     const e = exp(s[j] - m);
     s[j] = e;
@@ -401,7 +476,9 @@ function pv64(p: Float64Array, V: Float64Array, lo: number, n: number, d: number
 
 /** scores64 in float32 arithmetic (same-precision mode, step 2 of {@link ReferenceOptions.precision}). */
 function scores32(Q: Float32Array, qo: number, K: Float32Array, lo: number, n: number, d: number, scale: number,
-  cap: number, s: Float32Array, t: Float32Array): void {
+  m: RowMods, s: Float32Array, t: Float32Array): void {
+  const cap = f(m.cap);
+  const slope = f(m.slope);
   for (let j = 0; j < n; j++) {
     const o = (lo + j) * d;
     let a = 0;
@@ -411,20 +488,26 @@ function scores32(Q: Float32Array, qo: number, K: Float32Array, lo: number, n: n
       t[j] = f(tanh(f(s[j] / cap)));
       s[j] = f(cap * t[j]);
     }
+    if (slope !== 0) s[j] = f(s[j] - f(slope * Math.abs(m.diag - lo - j)));
   }
 }
 
-/** In place: s -> float32 softmax p (unrounded to the dtype); returns the float32 lse. */
-function softmax32(s: Float32Array, n: number): number {
-  let m = -Infinity;
+/**
+ * In place: s -> float32 softmax p (unrounded to the dtype) with a sink logit (float32; −Infinity:
+ * none), whose probability goes to ps[0]; returns the float32 lse (step 3).
+ */
+function softmax32(s: Float32Array, n: number, sink: number, ps: Float32Array): number {
+  let m = sink;
   for (let j = 0; j < n; j++) if (s[j] > m) m = s[j];
-  let l = 0;
+  const es = f(exp(f(sink - m)));
+  let l = es;
   for (let j = 0; j < n; j++) {
     const e = f(exp(f(s[j] - m)));
     s[j] = e;
     l = f(l + e);
   }
   for (let j = 0; j < n; j++) s[j] = f(s[j] / l);
+  ps[0] = f(es / l);
   return f(m + f(log(l)));
 }
 
@@ -453,6 +536,7 @@ function forward64(q: ReferenceInput, k: ReferenceInput, v: ReferenceInput, r: R
   const Q = new Float64Array(Sq * d);
   const s = new Float64Array(Sk);
   const t = new Float64Array(Sk);
+  const mods: RowMods = { cap: 0, slope: 0, diag: 0 };
   const orow = new Float64Array(d);
   for (let b = 0; b < B; b++) {
     for (let kh = 0; kh < Hkv; kh++) {
@@ -465,12 +549,13 @@ function forward64(q: ReferenceInput, k: ReferenceInput, v: ReferenceInput, r: R
           const li = (b * Hq + h) * Sq + i;
           const lo = firstKey(r, i);
           const n = endKey(r, i) - lo;
+          const sink = r.sinks === null ? -Infinity : r.sinks[h];
           if (n === 0) {
-            lse[li] = Infinity; // out stays 0
+            lse[li] = r.sinks === null ? Infinity : sink; // out stays 0
             continue;
           }
-          scores64(Q, i * d, K, lo, n, d, scale, r.softcap, s, t);
-          lse[li] = softmax64(s, n);
+          scores64(Q, i * d, K, lo, n, d, scale, rowMods(r, b, h, i, mods), s, t);
+          lse[li] = softmax64(s, n, sink);
           pv64(s, V, lo, n, d, orow);
           for (let c = 0; c < d; c++) out[ob + c] = orow[c];
         }
@@ -496,7 +581,8 @@ function forwardSame(
   const Q = new Float32Array(Sq * d);
   const s = new Float32Array(Sk);
   const t = new Float32Array(Sk);
-  const cap = f(r.softcap);
+  const mods: RowMods = { cap: 0, slope: 0, diag: 0 };
+  const ps = new Float32Array(1);
   const acc = new Float32Array(d);
   for (let b = 0; b < B; b++) {
     for (let kh = 0; kh < Hkv; kh++) {
@@ -509,12 +595,13 @@ function forwardSame(
           const li = (b * Hq + h) * Sq + i;
           const lo = firstKey(r, i);
           const n = endKey(r, i) - lo;
+          const sink = r.sinks === null ? -Infinity : f(r.sinks[h]);
           if (n === 0) {
-            lse[li] = Infinity;
+            lse[li] = r.sinks === null ? Infinity : sink;
             continue;
           }
-          scores32(Q, i * d, K, lo, n, d, scale, cap, s, t);
-          lse[li] = softmax32(s, n);
+          scores32(Q, i * d, K, lo, n, d, scale, rowMods(r, b, h, i, mods), s, t);
+          lse[li] = softmax32(s, n, sink, ps);
           for (let j = 0; j < n; j++) s[j] = rd(s[j]);
           pv32(s, V, lo, n, d, acc);
           for (let c = 0; c < d; c++) out[ob + c] = rdOut(acc[c]);
@@ -575,6 +662,8 @@ function backward64(
   const dV = new Float64Array(Sk * d);
   const p = new Float64Array(Sk);
   const t = new Float64Array(Sk);
+  const mods: RowMods = { cap: 0, slope: 0, diag: 0 };
+  const dsinks = r.sinks === null ? null : new Float64Array(Hq);
   const orow = new Float64Array(d);
   const dqrow = new Float64Array(d);
   for (let b = 0; b < B; b++) {
@@ -591,20 +680,23 @@ function backward64(
           const li = (b * Hq + h) * Sq + i;
           const lo = firstKey(r, i);
           const n = endKey(r, i) - lo;
+          const sink = r.sinks === null ? -Infinity : r.sinks[h];
           if (n === 0) {
-            lse[li] = Infinity; // out, dq stay 0; nothing reaches dk/dv
+            // out, dq stay 0; nothing reaches dk / dv; a sink's weight is 1 but D = 0: dsinks gains 0.
+            lse[li] = r.sinks === null ? Infinity : sink;
             continue;
           }
           const qo = i * d;
           // Forward recompute of the row.
-          scores64(Q, qo, K, lo, n, d, scale, r.softcap, p, t);
-          lse[li] = softmax64(p, n);
+          scores64(Q, qo, K, lo, n, d, scale, rowMods(r, b, h, i, mods), p, t);
+          lse[li] = softmax64(p, n, sink);
           pv64(p, V, lo, n, d, orow);
           let D = 0;
           for (let c = 0; c < d; c++) {
             out[ob + c] = orow[c];
             D += DO[qo + c] * orow[c];
           }
+          if (dsinks !== null) dsinks[h] -= exp(sink - lse[li]) * D;
           dqrow.fill(0);
           for (let j = 0; j < n; j++) {
             const o = (lo + j) * d;
@@ -630,7 +722,7 @@ function backward64(
       scatterHead(dV, b, kh, Sk, Hkv, d, dv, 1, null);
     }
   }
-  return { dq, dk, dv, out, lse };
+  return dsinks === null ? { dq, dk, dv, out, lse } : { dq, dk, dv, out, lse, dsinks };
 }
 
 function backwardSame(
@@ -658,6 +750,9 @@ function backwardSame(
   const pr = new Float32Array(Sk); // rounded to the dtype
   const t = new Float32Array(Sk); // the softcap's tanh
   const cap = f(r.softcap);
+  const mods: RowMods = { cap: 0, slope: 0, diag: 0 };
+  const ps = new Float32Array(1); // the sink's probability
+  const dsinks = r.sinks === null ? null : new Float32Array(Hq);
   const acc = new Float32Array(d);
   const orow = new Float32Array(d);
   const dqacc = new Float32Array(d);
@@ -675,13 +770,14 @@ function backwardSame(
           const li = (b * Hq + h) * Sq + i;
           const lo = firstKey(r, i);
           const n = endKey(r, i) - lo;
+          const sink = r.sinks === null ? -Infinity : f(r.sinks[h]);
           if (n === 0) {
-            lse[li] = Infinity;
+            lse[li] = r.sinks === null ? Infinity : sink;
             continue;
           }
           const qo = i * d;
-          scores32(Q, qo, K, lo, n, d, scale, cap, p, t);
-          lse[li] = softmax32(p, n);
+          scores32(Q, qo, K, lo, n, d, scale, rowMods(r, b, h, i, mods), p, t);
+          lse[li] = softmax32(p, n, sink, ps);
           for (let j = 0; j < n; j++) pr[j] = rd(p[j]);
           pv32(pr, V, lo, n, d, acc);
           let D = 0;
@@ -691,6 +787,7 @@ function backwardSame(
             out[ob + c] = o;
             D = f(D + f(DO[qo + c] * o));
           }
+          if (dsinks !== null) dsinks[h] = f(dsinks[h] - f(ps[0] * D));
           dqacc.fill(0);
           for (let j = 0; j < n; j++) {
             const o = (lo + j) * d;
@@ -714,7 +811,7 @@ function backwardSame(
       scatterHead(dV, b, kh, Sk, Hkv, d, dv, 1, rdOut);
     }
   }
-  return { dq, dk, dv, out, lse };
+  return dsinks === null ? { dq, dk, dv, out, lse } : { dq, dk, dv, out, lse, dsinks: Float64Array.from(dsinks) };
 }
 
 /**

@@ -54,7 +54,7 @@ const at = (b: number, s: number, h: number, c: number, S: number, H: number, d:
  * subtraction (fine for moderate scores), sum, divide. Independent of lib/reference.ts.
  */
 function directAttention(q: ReferenceInput, k: ReferenceInput, v: ReferenceInput, sh: ReferenceShape, causal: boolean, scale: number,
-  window: [number, number] = [-1, -1], softcap = 0) {
+  window: [number, number] = [-1, -1], softcap = 0, alibi: ArrayLike<number> | null = null, sinks: ArrayLike<number> | null = null) {
   const { batch: B, seqlenQ: Sq, seqlenK: Sk, headsQ: Hq, headsKV: Hkv, headDim: d } = sh;
   const out = new Float64Array(qSize(sh));
   const lse = new Float64Array(B * Hq * Sq);
@@ -70,9 +70,12 @@ function directAttention(q: ReferenceInput, k: ReferenceInput, v: ReferenceInput
           if (window[1] >= 0 && j > i + Sk - Sq + window[1]) continue;
           let dot = 0;
           for (let c = 0; c < d; c++) dot += q[at(b, i, h, c, Sq, Hq, d)] * k[at(b, j, kh, c, Sk, Hkv, d)];
-          w[j] = Math.exp(softcap > 0 ? softcap * Math.tanh((scale * dot) / softcap) : scale * dot);
+          const capped = softcap > 0 ? softcap * Math.tanh((scale * dot) / softcap) : scale * dot;
+          const slope = alibi === null ? 0 : alibi.length === Hq ? alibi[h] : alibi[b * Hq + h];
+          w[j] = Math.exp(capped - slope * Math.abs(i + Sk - Sq - j));
           sum += w[j];
         }
+        if (sinks !== null) sum += Math.exp(sinks[h]); // a key without a value
         lse[(b * Hq + h) * Sq + i] = Math.log(sum); // log(0) = -Infinity for empty rows; fixed below
         if (sum === 0) {
           lse[(b * Hq + h) * Sq + i] = Infinity;
@@ -349,7 +352,7 @@ describe('forward, general', () => {
   // non-boolean causal flag must not fall back to a default (a silently wrong reference).
   test.each([
     ['an unknown option key', shapeOf(), { causl: true },
-      new TypeError("Expected options to have only the keys 'causal', 'softmaxScale', 'window', 'softcap' or 'precision' but received unknown key 'causl'")],
+      new TypeError("Expected options to have only the keys 'causal', 'softmaxScale', 'window', 'softcap', 'alibiSlopes', 'sinks' or 'precision' but received unknown key 'causl'")],
     ['an unknown shape key', { ...shapeOf(), seqlen: 2 }, undefined,
       new TypeError("Expected shape to have only the keys 'batch', 'seqlenQ', 'seqlenK', 'headsQ', 'headsKV' or 'headDim' but received unknown key 'seqlen'")],
     ['a non-boolean causal', shapeOf(), { causal: 'yes' },
@@ -380,6 +383,16 @@ describe('forward, general', () => {
       new RangeError('Expected options.softcap to be a finite number >= 0 (0: no softcap) but received -1')],
     ['an infinite softcap', shapeOf(), { softcap: Infinity },
       new RangeError('Expected options.softcap to be a finite number >= 0 (0: no softcap) but received Infinity')],
+    ['ALiBi slopes of the wrong length', shapeOf(), { alibiSlopes: [0.5, 0.25, 0.125] },
+      new RangeError('Expected options.alibiSlopes to have 2 elements ([headsQ] or [batch, headsQ]) but received 3')],
+    ['a non-finite ALiBi slope', shapeOf(), { alibiSlopes: [0.5, NaN] },
+      new RangeError('Expected options.alibiSlopes to hold finite values but received NaN at index 1')],
+    ['sinks of the wrong kind', shapeOf(), { sinks: new Int32Array(2) },
+      new TypeError('Expected options.sinks to be a Float32Array, Float64Array or number[] but received an Int32Array')],
+    ['sinks of the wrong length', shapeOf(), { sinks: [1] },
+      new RangeError('Expected options.sinks to have 2 elements ([headsQ]) but received 1')],
+    ['an infinite sink', shapeOf(), { sinks: [-Infinity, 0] },
+      new RangeError('Expected options.sinks to hold finite values but received -Infinity at index 0')],
     ['a shape that is not an object', null, undefined,
       new TypeError('Expected shape to be an object { batch, seqlenQ, seqlenK, headsQ, headsKV, headDim } but received null')],
   ])('refuses %s with a message naming it, in both passes', (_, shape, options, error) => {
@@ -663,6 +676,106 @@ describe('sliding window and softcap', () => {
       if (!(e > 0 && e <= hi)) throw new Error(`${dtype} ${n}: relative error ${e} not in (0, ${hi}]; ${seedHint()}`);
       expect(sp[n].every((x) => roundToDtype(x, dtype) === x)).toBe(true);
     }
+  });
+});
+
+describe('ALiBi and learnable sinks', () => {
+  const cases: Array<[string, ReferenceShape, ReferenceOptions]> = [
+    ['ALiBi per head', { batch: 2, seqlenQ: 6, seqlenK: 6, headsQ: 2, headsKV: 1, headDim: 4 }, { alibiSlopes: [0.5, 0.125] }],
+    ['ALiBi per sequence and head, causal, Sq < Sk', { batch: 2, seqlenQ: 4, seqlenK: 7, headsQ: 2, headsKV: 2, headDim: 3 },
+      { causal: true, alibiSlopes: [0.3, 0.7, 1.1, 0.05] }],
+    ['sinks', { batch: 1, seqlenQ: 5, seqlenK: 6, headsQ: 2, headsKV: 1, headDim: 4 }, { sinks: [0.5, -1.25] }],
+    ['sinks, causal Sq > Sk (rows that see no key)', { batch: 1, seqlenQ: 7, seqlenK: 4, headsQ: 2, headsKV: 2, headDim: 3 },
+      { causal: true, sinks: [1.5, -0.5] }],
+    ['everything: window, softcap, ALiBi, sinks, GQA', { batch: 2, seqlenQ: 6, seqlenK: 8, headsQ: 4, headsKV: 2, headDim: 3 },
+      { causal: true, window: [3, -1], softcap: 1.5, alibiSlopes: [0.25, 0.5, 0.75, 1], sinks: [0.1, -0.2, 0.3, 2] }],
+  ];
+
+  test.each(cases)('%s: forward equals a direct implementation', (name, shape, opts) => {
+    const { q, k, v } = randomInputs(shape, rngFor(`alibi-${name}`), 1.5);
+    const r = referenceAttention(q, k, v, shape, opts);
+    const direct = directAttention(q, k, v, shape, opts.causal === true, 1 / Math.sqrt(shape.headDim),
+      (opts.window ?? [-1, -1]) as [number, number], opts.softcap ?? 0,
+      (opts.alibiSlopes ?? null) as number[] | null, (opts.sinks ?? null) as number[] | null);
+    expectClose(r.out, direct.out, 1e-12, `${name} out`);
+    expectClose(r.lse, direct.lse, 1e-12, `${name} lse`);
+  });
+
+  test('a row that sees no key with a sink: out 0, lse = the sink, dq 0 (and finite everywhere)', () => {
+    const shape = { batch: 1, seqlenQ: 5, seqlenK: 3, headsQ: 1, headsKV: 1, headDim: 2 };
+    const { q, k, v, dout } = randomInputs(shape, rngFor('sink-empty'));
+    for (const precision of ['float64', 'bfloat16'] as const) {
+      const g = referenceAttentionBackward(dout, q, k, v, shape, { causal: true, sinks: [0.75], precision });
+      expect(Array.from(g.lse.subarray(0, 2))).toEqual([0.75, 0.75]);
+      expect(Array.from(g.out.subarray(0, 4))).toEqual([0, 0, 0, 0]);
+      expect(Array.from(g.dq.subarray(0, 4))).toEqual([0, 0, 0, 0]);
+      expect([...g.lse, ...g.out, ...g.dq, ...g.dk, ...g.dv, ...(g.dsinks as Float64Array)].every(Number.isFinite)).toBe(true);
+    }
+  });
+
+  test('a sink of -30 is no sink; ALiBi slopes of 0 are no bias (within float64 rounding)', () => {
+    const shape = { batch: 1, seqlenQ: 4, seqlenK: 5, headsQ: 2, headsKV: 1, headDim: 4 };
+    const { q, k, v, dout } = randomInputs(shape, rngFor('sink-limits'));
+    const plain = referenceAttentionBackward(dout, q, k, v, shape);
+    const faint = referenceAttentionBackward(dout, q, k, v, shape, { sinks: [-30, -30] });
+    for (const n of ['out', 'lse', 'dq', 'dk', 'dv'] as const) expectClose(faint[n], plain[n], 1e-10, `sink -30 ${n}`);
+    expect(maxAbs(faint.dsinks as Float64Array)).toBeLessThan(1e-10);
+    expect(referenceAttentionBackward(dout, q, k, v, shape, { alibiSlopes: [0, 0] })).toEqual(plain);
+  });
+
+  test.each(cases)('%s: gradients, dsinks included, match central finite differences', (name, shape, opts) => {
+    const { q, k, v, dout: W } = randomInputs(shape, rngFor(`alibi-fd-${name}`));
+    const g = referenceAttentionBackward(W, q, k, v, shape, opts);
+    const sinks = opts.sinks === undefined ? null : Float64Array.from(opts.sinks as number[]);
+    const loss = (xs: Float64Array[]) => {
+      const { out } = referenceAttention(xs[0], xs[1], xs[2], shape, sinks === null ? opts : { ...opts, sinks: xs[3] });
+      let L = 0;
+      for (let i = 0; i < out.length; i++) L += out[i] * W[i];
+      return L;
+    };
+    const h = 1e-5;
+    const fd = (which: number) => {
+      const xs = [q.slice(), k.slice(), v.slice(), (sinks ?? new Float64Array(0)).slice()];
+      const x = xs[which];
+      const grad = new Float64Array(x.length);
+      for (let e = 0; e < x.length; e++) {
+        const x0 = x[e];
+        x[e] = x0 + h;
+        const lp = loss(xs);
+        x[e] = x0 - h;
+        const lm = loss(xs);
+        x[e] = x0;
+        grad[e] = (lp - lm) / (2 * h);
+      }
+      return grad;
+    };
+    const named: Array<[string, Float64Array, number]> = [['dq', g.dq, 0], ['dk', g.dk, 1], ['dv', g.dv, 2]];
+    if (sinks !== null) named.push(['dsinks', g.dsinks as Float64Array, 3]);
+    else expect(g.dsinks).toBeUndefined();
+    for (const [n, analytic, which] of named) {
+      expect(maxAbs(analytic)).toBeGreaterThan(1e-3);
+      const rel = relErr(analytic, fd(which));
+      if (!(rel <= 1e-6)) throw new Error(`${name} ${n}: relative error vs finite differences ${rel}; ${seedHint()}`);
+    }
+  });
+
+  test.each<DType>(['bfloat16', 'float16', 'float32'])('%s same-precision mode with ALiBi and sinks: the float64 result within the dtype\'s error', (dtype) => {
+    const shape = { batch: 2, seqlenQ: 40, seqlenK: 48, headsQ: 2, headsKV: 1, headDim: 16 };
+    const rng = rngFor(`alibi-sp-${dtype}`);
+    const rd = (a: Float32Array) => Float64Array.from(a, (x) => roundToDtype(x, dtype));
+    const q = rd(randn(qSize(shape), rng, 2));
+    const k = rd(randn(kSize(shape), rng, 2));
+    const v = rd(randn(kSize(shape), rng));
+    const dout = rd(randn(qSize(shape), rng));
+    const opts: ReferenceOptions = { causal: true, alibiSlopes: [0.0625, 0.25, 0.125, 0.5], sinks: [1, -0.5] };
+    const ref = referenceAttentionBackward(dout, q, k, v, shape, opts);
+    const sp = referenceAttentionBackward(dout, q, k, v, shape, { ...opts, precision: dtype });
+    const hi = { bfloat16: 3e-2, float16: 4e-3, float32: 1e-5 }[dtype];
+    for (const n of ['out', 'dq', 'dk', 'dv', 'dsinks'] as const) {
+      const e = relErr(sp[n] as Float64Array, ref[n] as Float64Array);
+      if (!(e > 0 && e <= hi)) throw new Error(`${dtype} ${n}: relative error ${e} not in (0, ${hi}]; ${seedHint()}`);
+    }
+    expect((sp.dsinks as Float64Array).every((x) => Math.fround(x) === x)).toBe(true);
   });
 });
 
