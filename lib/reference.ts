@@ -7,6 +7,9 @@
  * - `q`, `out`, `dout`, `dq`: `[batch, seqlenQ, headsQ, headDim]`
  * - `k`, `v`, `dk`, `dv`:     `[batch, seqlenK, headsKV, headDim]`
  * - `lse`:                    `[batch, headsQ, seqlenQ]`, natural log of the row's sum of exp(scores).
+ * - Varlen (`cuSeqlensQ` / `cuSeqlensK`): the sequences packed along one row dimension, `q` etc.
+ *   `[totalQ, headsQ, headDim]`, `k` etc. `[totalK, headsKV, headDim]`, `lse` `[headsQ, totalQ]`; each
+ *   sequence attends to its own keys, its masks aligned to its own lengths.
  *
  * Semantics:
  * - `S = softmaxScale · Q·Kᵀ`, `P = softmax(S)` over the visible keys of each row, `O = P·V`,
@@ -99,6 +102,17 @@ export interface ReferenceOptions {
    */
   sinks?: ReferenceInput;
   /**
+   * Varlen: the sequences' query rows as prefix sums (`batch + 1` integers from 0, an Int32Array or
+   * number[]), with {@link cuSeqlensK} for the keys. The arrays are then packed: `q`, `out`, `dout`,
+   * `dq` `[totalQ, headsQ, headDim]` and `k`, `v`, `dk`, `dv` `[totalK, headsKV, headDim]` (totalQ =
+   * `cuSeqlensQ[batch]`), and `lse` is `[headsQ, totalQ]`. Sequence b has `cuSeqlensQ[b + 1] −
+   * cuSeqlensQ[b]` queries (0 to `shape.seqlenQ`, the longest) and its own keys; the causal mask and the
+   * window are aligned per sequence. Default none (dense).
+   */
+  cuSeqlensQ?: Int32Array | readonly number[];
+  /** Varlen: the sequences' key rows as prefix sums (0 to `shape.seqlenK` keys each); see {@link cuSeqlensQ}. */
+  cuSeqlensK?: Int32Array | readonly number[];
+  /**
    * `'float64'` (default): exact reference, every operation in float64 on the inputs as given.
    *
    * A {@link DType}: "same-precision" mode, emulating a plain (non-tiled) implementation that stores
@@ -186,10 +200,10 @@ function roundingOf(precision: DType | 'tf32'): Rounding {
 
 /** Result of {@link referenceAttention}. */
 export interface ReferenceForwardResult {
-  /** `[batch, seqlenQ, headsQ, headDim]`, the attention output. */
+  /** `[batch, seqlenQ, headsQ, headDim]` (varlen: `[totalQ, headsQ, headDim]`), the attention output. */
   out: Float64Array;
   /**
-   * `[batch, headsQ, seqlenQ]`, natural-log log-sum-exp of the visible scaled scores (and the sink);
+   * `[batch, headsQ, seqlenQ]` (varlen: `[headsQ, totalQ]`), natural-log log-sum-exp of the visible scaled scores (and the sink);
    * +Infinity for empty rows (the sink's logit with sinks).
    */
   lse: Float64Array;
@@ -226,11 +240,19 @@ interface Resolved {
   alibi: Float64Array | null;
   /** The sink logit of each query head, or null. */
   sinks: Float64Array | null;
+  /** Varlen: the sequences' query and key prefix sums (batch + 1 each), or null (dense). */
+  cuQ: Int32Array | null;
+  cuK: Int32Array | null;
+  /** Query and key rows of the row dimension: batch · seqlen, or the prefix sums' last values. */
+  totalQ: number;
+  totalK: number;
   precision: ReferencePrecision;
 }
 
 const SHAPE_KEYS = ['batch', 'seqlenQ', 'seqlenK', 'headsQ', 'headsKV', 'headDim'] as const;
-const OPTION_KEYS = ['causal', 'softmaxScale', 'window', 'softcap', 'alibiSlopes', 'sinks', 'precision'] as const;
+const OPTION_KEYS = [
+  'causal', 'softmaxScale', 'window', 'softcap', 'alibiSlopes', 'sinks', 'cuSeqlensQ', 'cuSeqlensK', 'precision',
+] as const;
 const PRECISIONS: readonly ReferencePrecision[] = ['float64', 'float32', 'float16', 'bfloat16', 'tf32'];
 
 /** A positive safe integer read from `shape.<name>`. */
@@ -279,6 +301,8 @@ function resolve(shape: ReferenceShape, options: ReferenceOptions | undefined): 
   const softcapIn = opts.softcap;
   const alibiIn = opts.alibiSlopes;
   const sinksIn = opts.sinks;
+  const cuQIn = opts.cuSeqlensQ;
+  const cuKIn = opts.cuSeqlensK;
   const precisionIn = opts.precision;
   if (causal !== undefined && typeof causal !== 'boolean') {
     throw typeError('options.causal to be a boolean', describeValue(causal));
@@ -304,14 +328,47 @@ function resolve(shape: ReferenceShape, options: ReferenceOptions | undefined): 
     alibi = a.length === B * Hq ? a : Float64Array.from({ length: B * Hq }, (_, i) => a[i % Hq]);
   }
   const sinks = sinksIn === undefined ? null : finiteValues('options.sinks', sinksIn as ReferenceInput, [Hq], '[headsQ]');
+  if ((cuQIn === undefined) !== (cuKIn === undefined)) {
+    throw typeError('options.cuSeqlensQ and options.cuSeqlensK to be given together',
+      cuQIn === undefined ? 'only cuSeqlensK' : 'only cuSeqlensQ');
+  }
+  const cuQ = cuQIn === undefined ? null : prefixSums('options.cuSeqlensQ', cuQIn, B, Sq, 'seqlenQ');
+  const cuK = cuKIn === undefined ? null : prefixSums('options.cuSeqlensK', cuKIn, B, Sk, 'seqlenK');
   const precision = precisionIn ?? 'float64';
   if (!(PRECISIONS as readonly unknown[]).includes(precision)) {
     throw typeError(`options.precision to be ${quoteList(PRECISIONS)}`, describeValue(precision));
   }
   return {
     B, Sq, Sk, Hq, Hkv, d, group: Hq / Hkv, scale, causal: causal === true, left, right, softcap, alibi, sinks,
+    cuQ, cuK, totalQ: cuQ === null ? B * Sq : cuQ[B], totalK: cuK === null ? B * Sk : cuK[B],
     precision: precision as ReferencePrecision,
   };
+}
+
+/**
+ * A copy of `batch + 1` prefix sums of sequence lengths: integers from 0, non-decreasing, each length at
+ * most `max` (shape.<maxName>).
+ */
+function prefixSums(name: string, a: unknown, batch: number, max: number, maxName: string): Int32Array {
+  const tag = Object.prototype.toString.call(a);
+  const typed = tag === '[object Int32Array]';
+  if (!typed && !(Array.isArray(a) && a.every((x) => typeof x === 'number'))) {
+    throw typeError(`${name} to be an Int32Array or number[]`, Array.isArray(a) ? 'an Array with a non-number' : describeValue(a));
+  }
+  const length = typed ? trueLength(a as Int32Array) : (a as number[]).length;
+  if (length !== batch + 1) throw rangeError(`${name} to have shape.batch + 1 = ${batch + 1} elements`, String(length));
+  const values = Array.from({ length }, (_, i) => (a as ArrayLike<number>)[i]);
+  if (values[0] !== 0) throw rangeError(`${name}[0] to be 0`, String(values[0]));
+  for (let b = 0; b < batch; b++) {
+    const next = values[b + 1];
+    if (!Number.isSafeInteger(next)) throw rangeError(`${name}[${b + 1}] to be an integer`, String(next));
+    const n = next - values[b];
+    if (n < 0 || n > max) {
+      throw rangeError(`sequence ${b}'s length ${name}[${b + 1}] − ${name}[${b}] to be from 0 to shape.${maxName} = ${max}`, String(n));
+    }
+  }
+  if (values[batch] > 0x7fffffff) throw rangeError(`${name}[${batch}] to fit an int32`, String(values[batch]));
+  return Int32Array.from(values);
 }
 
 /** A copy of an array of finite values whose length is one of `lengths`. */
@@ -351,41 +408,77 @@ interface RowMods {
   diag: number;
 }
 
-/** The score modifiers of row i of (batch b, query head h); `mods` is filled and returned. */
-function rowMods(r: Resolved, b: number, h: number, i: number, mods: RowMods): RowMods {
+/** The layouts of the query-side and key-side arrays, for messages. */
+function layouts(r: Resolved): [string, string] {
+  return r.cuQ === null
+    ? ['[batch, seqlenQ, headsQ, headDim]', '[batch, seqlenK, headsKV, headDim]']
+    : [`[totalQ = ${r.totalQ}, headsQ, headDim]`, `[totalK = ${r.totalK}, headsKV, headDim]`];
+}
+
+/** Sequence b's rows of the (packed) row dimension: queries [q0, q0 + sq), keys [k0, k0 + sk). */
+interface Seq {
+  q0: number;
+  sq: number;
+  k0: number;
+  sk: number;
+}
+
+/** Fills and returns `seq` with sequence b's rows (dense: b · seqlen; varlen: the prefix sums). */
+function sequence(r: Resolved, b: number, seq: Seq): Seq {
+  if (r.cuQ === null || r.cuK === null) {
+    seq.q0 = b * r.Sq;
+    seq.sq = r.Sq;
+    seq.k0 = b * r.Sk;
+    seq.sk = r.Sk;
+  } else {
+    seq.q0 = r.cuQ[b];
+    seq.sq = r.cuQ[b + 1] - r.cuQ[b];
+    seq.k0 = r.cuK[b];
+    seq.sk = r.cuK[b + 1] - r.cuK[b];
+  }
+  return seq;
+}
+
+/** Where row i of sequence b, query head h, keeps its lse: `[batch, headsQ, seqlenQ]`, or `[headsQ, totalQ]` (varlen). */
+function lseIndex(r: Resolved, b: number, h: number, seq: Seq, i: number): number {
+  return r.cuQ === null ? (b * r.Hq + h) * r.Sq + i : h * r.totalQ + seq.q0 + i;
+}
+
+/** The score modifiers of row i of (sequence b, query head h); `mods` is filled and returned. */
+function rowMods(r: Resolved, b: number, h: number, seq: Seq, i: number, mods: RowMods): RowMods {
   mods.cap = r.softcap;
   mods.slope = r.alibi === null ? 0 : r.alibi[b * r.Hq + h];
-  mods.diag = i + r.Sk - r.Sq;
+  mods.diag = i + seq.sk - seq.sq;
   return mods;
 }
 
-/** The first key query row i sees (with {@link endKey}: keys [firstKey, endKey); none when equal). */
-function firstKey(r: Resolved, i: number): number {
-  const lo = i + r.Sk - r.Sq - r.left;
-  return lo <= 0 ? 0 : lo >= r.Sk ? r.Sk : lo;
+/** The first key query row i sees (with {@link endKey}: keys [firstKey, endKey) of its sequence; none when equal). */
+function firstKey(r: Resolved, seq: Seq, i: number): number {
+  const lo = i + seq.sk - seq.sq - r.left;
+  return lo <= 0 ? 0 : lo >= seq.sk ? seq.sk : lo;
 }
 
-/** One past the last key query row i sees, at least firstKey(r, i). */
-function endKey(r: Resolved, i: number): number {
+/** One past the last key query row i sees, at least firstKey(r, seq, i). */
+function endKey(r: Resolved, seq: Seq, i: number): number {
   const right = r.causal ? Math.min(r.right, 0) : r.right;
-  const hi = i + r.Sk - r.Sq + right + 1;
-  const lo = firstKey(r, i);
-  return hi <= lo ? lo : hi >= r.Sk ? r.Sk : hi;
+  const hi = i + seq.sk - seq.sq + right + 1;
+  const lo = firstKey(r, seq, i);
+  return hi <= lo ? lo : hi >= seq.sk ? seq.sk : hi;
 }
 
-/** Copies head `h` of batch `b` of a `[B, S, H, d]` array into `dst` as `[S, d]`, mapped by `conv`. */
+/** Copies head `h` of rows [row0, row0 + S) of a `[rows, H, d]` array into `dst` as `[S, d]`, mapped by `conv`. */
 function gatherHead(
   src: ReferenceInput,
-  b: number,
-  h: number,
+  row0: number,
   S: number,
+  h: number,
   H: number,
   d: number,
   dst: Float64Array | Float32Array,
   conv: ((x: number) => number) | null,
 ): void {
   for (let s = 0; s < S; s++) {
-    const base = ((b * S + s) * H + h) * d;
+    const base = ((row0 + s) * H + h) * d;
     const o = s * d;
     if (conv === null) {
       for (let c = 0; c < d; c++) dst[o + c] = src[base + c];
@@ -395,12 +488,12 @@ function gatherHead(
   }
 }
 
-/** Writes `[S, d]` `src` into head `h` of batch `b` of a `[B, S, H, d]` array, multiplied by `mul`, mapped by `conv`. */
+/** Writes `[S, d]` `src` into head `h` of rows [row0, row0 + S) of a `[rows, H, d]` array, multiplied by `mul`, mapped by `conv`. */
 function scatterHead(
   src: Float64Array | Float32Array,
-  b: number,
-  h: number,
+  row0: number,
   S: number,
+  h: number,
   H: number,
   d: number,
   dst: Float64Array,
@@ -408,7 +501,7 @@ function scatterHead(
   conv: ((x: number) => number) | null,
 ): void {
   for (let s = 0; s < S; s++) {
-    const base = ((b * S + s) * H + h) * d;
+    const base = ((row0 + s) * H + h) * d;
     const o = s * d;
     if (conv === null) {
       for (let c = 0; c < d; c++) dst[base + c] = src[o + c] * mul;
@@ -521,7 +614,7 @@ function pv32(p: Float32Array, V: Float32Array, lo: number, n: number, d: number
 }
 
 function makeOutputs(r: Resolved): { out: Float64Array; lse: Float64Array } {
-  return { out: new Float64Array(r.B * r.Sq * r.Hq * r.d), lse: new Float64Array(r.B * r.Hq * r.Sq) };
+  return { out: new Float64Array(r.totalQ * r.Hq * r.d), lse: new Float64Array(r.Hq * r.totalQ) };
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -531,6 +624,7 @@ function makeOutputs(r: Resolved): { out: Float64Array; lse: Float64Array } {
 function forward64(q: ReferenceInput, k: ReferenceInput, v: ReferenceInput, r: Resolved): ReferenceForwardResult {
   const { B, Sq, Sk, Hq, Hkv, d, group, scale } = r;
   const { out, lse } = makeOutputs(r);
+  const seq: Seq = { q0: 0, sq: 0, k0: 0, sk: 0 };
   const K = new Float64Array(Sk * d);
   const V = new Float64Array(Sk * d);
   const Q = new Float64Array(Sq * d);
@@ -539,22 +633,23 @@ function forward64(q: ReferenceInput, k: ReferenceInput, v: ReferenceInput, r: R
   const mods: RowMods = { cap: 0, slope: 0, diag: 0 };
   const orow = new Float64Array(d);
   for (let b = 0; b < B; b++) {
+    sequence(r, b, seq);
     for (let kh = 0; kh < Hkv; kh++) {
-      gatherHead(k, b, kh, Sk, Hkv, d, K, null);
-      gatherHead(v, b, kh, Sk, Hkv, d, V, null);
+      gatherHead(k, seq.k0, seq.sk, kh, Hkv, d, K, null);
+      gatherHead(v, seq.k0, seq.sk, kh, Hkv, d, V, null);
       for (let h = kh * group; h < (kh + 1) * group; h++) {
-        gatherHead(q, b, h, Sq, Hq, d, Q, null);
-        for (let i = 0; i < Sq; i++) {
-          const ob = ((b * Sq + i) * Hq + h) * d;
-          const li = (b * Hq + h) * Sq + i;
-          const lo = firstKey(r, i);
-          const n = endKey(r, i) - lo;
+        gatherHead(q, seq.q0, seq.sq, h, Hq, d, Q, null);
+        for (let i = 0; i < seq.sq; i++) {
+          const ob = ((seq.q0 + i) * Hq + h) * d;
+          const li = lseIndex(r, b, h, seq, i);
+          const lo = firstKey(r, seq, i);
+          const n = endKey(r, seq, i) - lo;
           const sink = r.sinks === null ? -Infinity : r.sinks[h];
           if (n === 0) {
             lse[li] = r.sinks === null ? Infinity : sink; // out stays 0
             continue;
           }
-          scores64(Q, i * d, K, lo, n, d, scale, rowMods(r, b, h, i, mods), s, t);
+          scores64(Q, i * d, K, lo, n, d, scale, rowMods(r, b, h, seq, i, mods), s, t);
           lse[li] = softmax64(s, n, sink);
           pv64(s, V, lo, n, d, orow);
           for (let c = 0; c < d; c++) out[ob + c] = orow[c];
@@ -576,6 +671,7 @@ function forwardSame(
   const { input: rd, output: rdOut } = roundingOf(precision);
   const scale = f(r.scale);
   const { out, lse } = makeOutputs(r);
+  const seq: Seq = { q0: 0, sq: 0, k0: 0, sk: 0 };
   const K = new Float32Array(Sk * d);
   const V = new Float32Array(Sk * d);
   const Q = new Float32Array(Sq * d);
@@ -585,22 +681,23 @@ function forwardSame(
   const ps = new Float32Array(1);
   const acc = new Float32Array(d);
   for (let b = 0; b < B; b++) {
+    sequence(r, b, seq);
     for (let kh = 0; kh < Hkv; kh++) {
-      gatherHead(k, b, kh, Sk, Hkv, d, K, rd);
-      gatherHead(v, b, kh, Sk, Hkv, d, V, rd);
+      gatherHead(k, seq.k0, seq.sk, kh, Hkv, d, K, rd);
+      gatherHead(v, seq.k0, seq.sk, kh, Hkv, d, V, rd);
       for (let h = kh * group; h < (kh + 1) * group; h++) {
-        gatherHead(q, b, h, Sq, Hq, d, Q, rd);
-        for (let i = 0; i < Sq; i++) {
-          const ob = ((b * Sq + i) * Hq + h) * d;
-          const li = (b * Hq + h) * Sq + i;
-          const lo = firstKey(r, i);
-          const n = endKey(r, i) - lo;
+        gatherHead(q, seq.q0, seq.sq, h, Hq, d, Q, rd);
+        for (let i = 0; i < seq.sq; i++) {
+          const ob = ((seq.q0 + i) * Hq + h) * d;
+          const li = lseIndex(r, b, h, seq, i);
+          const lo = firstKey(r, seq, i);
+          const n = endKey(r, seq, i) - lo;
           const sink = r.sinks === null ? -Infinity : f(r.sinks[h]);
           if (n === 0) {
             lse[li] = r.sinks === null ? Infinity : sink;
             continue;
           }
-          scores32(Q, i * d, K, lo, n, d, scale, rowMods(r, b, h, i, mods), s, t);
+          scores32(Q, i * d, K, lo, n, d, scale, rowMods(r, b, h, seq, i, mods), s, t);
           lse[li] = softmax32(s, n, sink, ps);
           for (let j = 0; j < n; j++) s[j] = rd(s[j]);
           pv32(s, V, lo, n, d, acc);
@@ -632,9 +729,10 @@ export function referenceAttention(
   options?: ReferenceOptions,
 ): ReferenceForwardResult {
   const r = resolve(shape, options);
-  checkLength('q', q, r.B * r.Sq * r.Hq * r.d, '[batch, seqlenQ, headsQ, headDim]');
-  checkLength('k', k, r.B * r.Sk * r.Hkv * r.d, '[batch, seqlenK, headsKV, headDim]');
-  checkLength('v', v, r.B * r.Sk * r.Hkv * r.d, '[batch, seqlenK, headsKV, headDim]');
+  const [qDims, kDims] = layouts(r);
+  checkLength('q', q, r.totalQ * r.Hq * r.d, qDims);
+  checkLength('k', k, r.totalK * r.Hkv * r.d, kDims);
+  checkLength('v', v, r.totalK * r.Hkv * r.d, kDims);
   return r.precision === 'float64' ? forward64(q, k, v, r) : forwardSame(q, k, v, r, r.precision);
 }
 
@@ -651,8 +749,9 @@ function backward64(
 ): ReferenceBackwardResult {
   const { B, Sq, Sk, Hq, Hkv, d, group, scale } = r;
   const { out, lse } = makeOutputs(r);
+  const seq: Seq = { q0: 0, sq: 0, k0: 0, sk: 0 };
   const dq = new Float64Array(out.length);
-  const dk = new Float64Array(B * Sk * Hkv * d);
+  const dk = new Float64Array(r.totalK * Hkv * d);
   const dv = new Float64Array(dk.length);
   const K = new Float64Array(Sk * d);
   const V = new Float64Array(Sk * d);
@@ -667,19 +766,20 @@ function backward64(
   const orow = new Float64Array(d);
   const dqrow = new Float64Array(d);
   for (let b = 0; b < B; b++) {
+    sequence(r, b, seq);
     for (let kh = 0; kh < Hkv; kh++) {
-      gatherHead(k, b, kh, Sk, Hkv, d, K, null);
-      gatherHead(v, b, kh, Sk, Hkv, d, V, null);
+      gatherHead(k, seq.k0, seq.sk, kh, Hkv, d, K, null);
+      gatherHead(v, seq.k0, seq.sk, kh, Hkv, d, V, null);
       dK.fill(0);
       dV.fill(0);
       for (let h = kh * group; h < (kh + 1) * group; h++) {
-        gatherHead(q, b, h, Sq, Hq, d, Q, null);
-        gatherHead(dout, b, h, Sq, Hq, d, DO, null);
-        for (let i = 0; i < Sq; i++) {
-          const ob = ((b * Sq + i) * Hq + h) * d;
-          const li = (b * Hq + h) * Sq + i;
-          const lo = firstKey(r, i);
-          const n = endKey(r, i) - lo;
+        gatherHead(q, seq.q0, seq.sq, h, Hq, d, Q, null);
+        gatherHead(dout, seq.q0, seq.sq, h, Hq, d, DO, null);
+        for (let i = 0; i < seq.sq; i++) {
+          const ob = ((seq.q0 + i) * Hq + h) * d;
+          const li = lseIndex(r, b, h, seq, i);
+          const lo = firstKey(r, seq, i);
+          const n = endKey(r, seq, i) - lo;
           const sink = r.sinks === null ? -Infinity : r.sinks[h];
           if (n === 0) {
             // out, dq stay 0; nothing reaches dk / dv; a sink's weight is 1 but D = 0: dsinks gains 0.
@@ -688,7 +788,7 @@ function backward64(
           }
           const qo = i * d;
           // Forward recompute of the row.
-          scores64(Q, qo, K, lo, n, d, scale, rowMods(r, b, h, i, mods), p, t);
+          scores64(Q, qo, K, lo, n, d, scale, rowMods(r, b, h, seq, i, mods), p, t);
           lse[li] = softmax64(p, n, sink);
           pv64(p, V, lo, n, d, orow);
           let D = 0;
@@ -718,8 +818,8 @@ function backward64(
           for (let c = 0; c < d; c++) dq[ob + c] = dqrow[c] * scale;
         }
       }
-      scatterHead(dK, b, kh, Sk, Hkv, d, dk, scale, null);
-      scatterHead(dV, b, kh, Sk, Hkv, d, dv, 1, null);
+      scatterHead(dK, seq.k0, seq.sk, kh, Hkv, d, dk, scale, null);
+      scatterHead(dV, seq.k0, seq.sk, kh, Hkv, d, dv, 1, null);
     }
   }
   return dsinks === null ? { dq, dk, dv, out, lse } : { dq, dk, dv, out, lse, dsinks };
@@ -737,8 +837,9 @@ function backwardSame(
   const { input: rd, output: rdOut } = roundingOf(precision);
   const scale = f(r.scale);
   const { out, lse } = makeOutputs(r);
+  const seq: Seq = { q0: 0, sq: 0, k0: 0, sk: 0 };
   const dq = new Float64Array(out.length);
-  const dk = new Float64Array(B * Sk * Hkv * d);
+  const dk = new Float64Array(r.totalK * Hkv * d);
   const dv = new Float64Array(dk.length);
   const K = new Float32Array(Sk * d);
   const V = new Float32Array(Sk * d);
@@ -757,26 +858,27 @@ function backwardSame(
   const orow = new Float32Array(d);
   const dqacc = new Float32Array(d);
   for (let b = 0; b < B; b++) {
+    sequence(r, b, seq);
     for (let kh = 0; kh < Hkv; kh++) {
-      gatherHead(k, b, kh, Sk, Hkv, d, K, rd);
-      gatherHead(v, b, kh, Sk, Hkv, d, V, rd);
+      gatherHead(k, seq.k0, seq.sk, kh, Hkv, d, K, rd);
+      gatherHead(v, seq.k0, seq.sk, kh, Hkv, d, V, rd);
       dK.fill(0);
       dV.fill(0);
       for (let h = kh * group; h < (kh + 1) * group; h++) {
-        gatherHead(q, b, h, Sq, Hq, d, Q, rd);
-        gatherHead(dout, b, h, Sq, Hq, d, DO, rd);
-        for (let i = 0; i < Sq; i++) {
-          const ob = ((b * Sq + i) * Hq + h) * d;
-          const li = (b * Hq + h) * Sq + i;
-          const lo = firstKey(r, i);
-          const n = endKey(r, i) - lo;
+        gatherHead(q, seq.q0, seq.sq, h, Hq, d, Q, rd);
+        gatherHead(dout, seq.q0, seq.sq, h, Hq, d, DO, rd);
+        for (let i = 0; i < seq.sq; i++) {
+          const ob = ((seq.q0 + i) * Hq + h) * d;
+          const li = lseIndex(r, b, h, seq, i);
+          const lo = firstKey(r, seq, i);
+          const n = endKey(r, seq, i) - lo;
           const sink = r.sinks === null ? -Infinity : f(r.sinks[h]);
           if (n === 0) {
             lse[li] = r.sinks === null ? Infinity : sink;
             continue;
           }
           const qo = i * d;
-          scores32(Q, qo, K, lo, n, d, scale, rowMods(r, b, h, i, mods), p, t);
+          scores32(Q, qo, K, lo, n, d, scale, rowMods(r, b, h, seq, i, mods), p, t);
           lse[li] = softmax32(p, n, sink, ps);
           for (let j = 0; j < n; j++) pr[j] = rd(p[j]);
           pv32(pr, V, lo, n, d, acc);
@@ -807,8 +909,8 @@ function backwardSame(
           for (let c = 0; c < d; c++) dq[ob + c] = rdOut(f(dqacc[c] * scale));
         }
       }
-      scatterHead(dK, b, kh, Sk, Hkv, d, dk, scale, rdOut);
-      scatterHead(dV, b, kh, Sk, Hkv, d, dv, 1, rdOut);
+      scatterHead(dK, seq.k0, seq.sk, kh, Hkv, d, dk, scale, rdOut);
+      scatterHead(dV, seq.k0, seq.sk, kh, Hkv, d, dv, 1, rdOut);
     }
   }
   return dsinks === null ? { dq, dk, dv, out, lse } : { dq, dk, dv, out, lse, dsinks: Float64Array.from(dsinks) };
@@ -840,12 +942,13 @@ export function referenceAttentionBackward(
   options?: ReferenceOptions,
 ): ReferenceBackwardResult {
   const r = resolve(shape, options);
-  const nq = r.B * r.Sq * r.Hq * r.d;
-  const nk = r.B * r.Sk * r.Hkv * r.d;
-  checkLength('dout', dout, nq, '[batch, seqlenQ, headsQ, headDim]');
-  checkLength('q', q, nq, '[batch, seqlenQ, headsQ, headDim]');
-  checkLength('k', k, nk, '[batch, seqlenK, headsKV, headDim]');
-  checkLength('v', v, nk, '[batch, seqlenK, headsKV, headDim]');
+  const nq = r.totalQ * r.Hq * r.d;
+  const nk = r.totalK * r.Hkv * r.d;
+  const [qDims, kDims] = layouts(r);
+  checkLength('dout', dout, nq, qDims);
+  checkLength('q', q, nq, qDims);
+  checkLength('k', k, nk, kDims);
+  checkLength('v', v, nk, kDims);
   return r.precision === 'float64'
     ? backward64(dout, q, k, v, r)
     : backwardSame(dout, q, k, v, r, r.precision);

@@ -352,7 +352,7 @@ describe('forward, general', () => {
   // non-boolean causal flag must not fall back to a default (a silently wrong reference).
   test.each([
     ['an unknown option key', shapeOf(), { causl: true },
-      new TypeError("Expected options to have only the keys 'causal', 'softmaxScale', 'window', 'softcap', 'alibiSlopes', 'sinks' or 'precision' but received unknown key 'causl'")],
+      new TypeError("Expected options to have only the keys 'causal', 'softmaxScale', 'window', 'softcap', 'alibiSlopes', 'sinks', 'cuSeqlensQ', 'cuSeqlensK' or 'precision' but received unknown key 'causl'")],
     ['an unknown shape key', { ...shapeOf(), seqlen: 2 }, undefined,
       new TypeError("Expected shape to have only the keys 'batch', 'seqlenQ', 'seqlenK', 'headsQ', 'headsKV' or 'headDim' but received unknown key 'seqlen'")],
     ['a non-boolean causal', shapeOf(), { causal: 'yes' },
@@ -393,6 +393,18 @@ describe('forward, general', () => {
       new RangeError('Expected options.sinks to have 2 elements ([headsQ]) but received 1')],
     ['an infinite sink', shapeOf(), { sinks: [-Infinity, 0] },
       new RangeError('Expected options.sinks to hold finite values but received -Infinity at index 0')],
+    ['cuSeqlensQ without cuSeqlensK', shapeOf(), { cuSeqlensQ: [0, 2] },
+      new TypeError('Expected options.cuSeqlensQ and options.cuSeqlensK to be given together but received only cuSeqlensQ')],
+    ['prefix sums of the wrong length', shapeOf(), { cuSeqlensQ: [0, 1, 2], cuSeqlensK: [0, 2] },
+      new RangeError('Expected options.cuSeqlensQ to have shape.batch + 1 = 2 elements but received 3')],
+    ['prefix sums not from 0', shapeOf(), { cuSeqlensQ: [1, 2], cuSeqlensK: [0, 2] },
+      new RangeError('Expected options.cuSeqlensQ[0] to be 0 but received 1')],
+    ['a sequence longer than the shape allows', shapeOf(), { cuSeqlensQ: [0, 2], cuSeqlensK: [0, 3] },
+      new RangeError("Expected sequence 0's length options.cuSeqlensK[1] − options.cuSeqlensK[0] to be from 0 to shape.seqlenK = 2 but received 3")],
+    ['decreasing prefix sums', { ...shapeOf(), batch: 2 }, { cuSeqlensQ: [0, 2, 1], cuSeqlensK: [0, 2, 4] },
+      new RangeError("Expected sequence 1's length options.cuSeqlensQ[2] − options.cuSeqlensQ[1] to be from 0 to shape.seqlenQ = 2 but received -1")],
+    ['prefix sums of the wrong kind', shapeOf(), { cuSeqlensQ: new Float32Array([0, 2]), cuSeqlensK: [0, 2] },
+      new TypeError('Expected options.cuSeqlensQ to be an Int32Array or number[] but received a Float32Array')],
     ['a shape that is not an object', null, undefined,
       new TypeError('Expected shape to be an object { batch, seqlenQ, seqlenK, headsQ, headsKV, headDim } but received null')],
   ])('refuses %s with a message naming it, in both passes', (_, shape, options, error) => {
@@ -776,6 +788,91 @@ describe('ALiBi and learnable sinks', () => {
       if (!(e > 0 && e <= hi)) throw new Error(`${dtype} ${n}: relative error ${e} not in (0, ${hi}]; ${seedHint()}`);
     }
     expect((sp.dsinks as Float64Array).every((x) => Math.fround(x) === x)).toBe(true);
+  });
+});
+
+describe('varlen: packed sequences', () => {
+  // [label, prefix sums of queries and keys, heads Q / KV, head dim, options]
+  const cases: Array<[string, number[], number[], number, number, number, ReferenceOptions]> = [
+    ['mixed lengths, causal', [0, 5, 6, 13], [0, 7, 8, 13], 2, 2, 4, { causal: true }],
+    ['an empty sequence, a sequence without keys, length 1', [0, 0, 3, 4, 9], [0, 2, 2, 3, 11], 2, 1, 3, { causal: true }],
+    ['a sequence without keys, with sinks', [0, 3, 5], [0, 0, 6], 2, 2, 2, { sinks: [0.25, -1.5] }],
+    ['window and softcap, GQA', [0, 6, 14], [0, 9, 14], 4, 2, 2, { window: [2, 1], softcap: 1.5 }],
+    ['ALiBi per sequence and sinks', [0, 4, 11, 12], [0, 4, 11, 20], 2, 2, 3,
+      { causal: true, alibiSlopes: [0.5, 0.25, 0.125, 1, 0.75, 0.3], sinks: [0.4, -0.6] }],
+  ];
+
+  test.each(cases)('%s: each sequence equals the dense reference on it alone, every precision', (name, cuQ, cuK, Hq, Hkv, d, opts) => {
+    const B = cuQ.length - 1;
+    const maxQ = Math.max(...cuQ.slice(1).map((x, b) => x - cuQ[b]));
+    const maxK = Math.max(...cuK.slice(1).map((x, b) => x - cuK[b]));
+    const shape = { batch: B, seqlenQ: maxQ, seqlenK: maxK, headsQ: Hq, headsKV: Hkv, headDim: d };
+    const rng = rngFor(`varlen-${name}`);
+    const totalQ = cuQ[B];
+    const totalK = cuK[B];
+    const q = Float64Array.from(randn(totalQ * Hq * d, rng));
+    const k = Float64Array.from(randn(totalK * Hkv * d, rng));
+    const v = Float64Array.from(randn(totalK * Hkv * d, rng));
+    const dout = Float64Array.from(randn(totalQ * Hq * d, rng));
+    for (const precision of ['float64', 'bfloat16', 'tf32'] as const) {
+      const g = referenceAttentionBackward(dout, q, k, v, shape, { ...opts, precision, cuSeqlensQ: cuQ, cuSeqlensK: Int32Array.from(cuK) });
+      const f = referenceAttention(q, k, v, shape, { ...opts, precision, cuSeqlensQ: cuQ, cuSeqlensK: cuK });
+      expect(f.out).toEqual(g.out);
+      expect(f.lse).toEqual(g.lse);
+      expect(g.out.length).toBe(totalQ * Hq * d);
+      expect(g.lse.length).toBe(Hq * totalQ);
+      expect(g.dk.length).toBe(totalK * Hkv * d);
+      const dsinks = new Float64Array(Hq);
+      for (let b = 0; b < B; b++) {
+        const sq = cuQ[b + 1] - cuQ[b];
+        const sk = cuK[b + 1] - cuK[b];
+        const qs = (x: Float64Array) => x.subarray(cuQ[b] * Hq * d, cuQ[b + 1] * Hq * d);
+        const ks = (x: Float64Array) => x.subarray(cuK[b] * Hkv * d, cuK[b + 1] * Hkv * d);
+        if (sq === 0) continue;
+        const lseOf = (h: number) => Array.from({ length: sq }, (_, i) => g.lse[h * totalQ + cuQ[b] + i]);
+        if (sk === 0) {
+          // Queries without keys: empty rows (the sink's logit as lse with sinks), nothing else.
+          expect(maxAbs(qs(g.out))).toBe(0);
+          expect(maxAbs(qs(g.dq))).toBe(0);
+          for (let h = 0; h < Hq; h++) {
+            const sink = opts.sinks === undefined ? Infinity : (opts.sinks as number[])[h];
+            expect(lseOf(h)).toEqual(new Array(sq).fill(precision === 'float64' ? sink : Math.fround(sink)));
+          }
+          continue;
+        }
+        const one = { batch: 1, seqlenQ: sq, seqlenK: sk, headsQ: Hq, headsKV: Hkv, headDim: d };
+        const alibi = opts.alibiSlopes === undefined ? {} : { alibiSlopes: (opts.alibiSlopes as number[]).slice(b * Hq, (b + 1) * Hq) };
+        const dense = referenceAttentionBackward(qs(dout), qs(q), ks(k), ks(v), one, { ...opts, ...alibi, precision });
+        expect(qs(g.out)).toEqual(dense.out);
+        expect(qs(g.dq)).toEqual(dense.dq);
+        expect(ks(g.dk)).toEqual(dense.dk);
+        expect(ks(g.dv)).toEqual(dense.dv);
+        for (let h = 0; h < Hq; h++) expect(lseOf(h)).toEqual(Array.from(dense.lse.subarray(h * sq, (h + 1) * sq)));
+        if (dense.dsinks) for (let h = 0; h < Hq; h++) dsinks[h] += dense.dsinks[h];
+      }
+      if (opts.sinks !== undefined && precision === 'float64') expectClose(g.dsinks as Float64Array, dsinks, 1e-12, `${name} dsinks`);
+    }
+  });
+
+  test('sequences of equal length equal the dense batch (the same memory order; lse [headsQ, totalQ])', () => {
+    const shape = { batch: 3, seqlenQ: 5, seqlenK: 7, headsQ: 2, headsKV: 1, headDim: 4 };
+    const { q, k, v, dout } = randomInputs(shape, rngFor('varlen-dense'));
+    const dense = referenceAttentionBackward(dout, q, k, v, shape, { causal: true });
+    const packed = referenceAttentionBackward(dout, q, k, v, shape, { causal: true, cuSeqlensQ: [0, 5, 10, 15], cuSeqlensK: [0, 7, 14, 21] });
+    for (const n of ['out', 'dq', 'dk', 'dv'] as const) expect(packed[n]).toEqual(dense[n]);
+    for (let b = 0; b < 3; b++)
+      for (let h = 0; h < 2; h++)
+        for (let i = 0; i < 5; i++) expect(packed.lse[h * 15 + b * 5 + i]).toBe(dense.lse[(b * 2 + h) * 5 + i]);
+  });
+
+  test('the packed arrays must hold totalQ / totalK rows', () => {
+    const shape = { batch: 2, seqlenQ: 3, seqlenK: 3, headsQ: 1, headsKV: 1, headDim: 2 };
+    const opts = { cuSeqlensQ: [0, 3, 4], cuSeqlensK: [0, 2, 5] };
+    expect(() => referenceAttention(new Float64Array(8), new Float64Array(10), new Float64Array(10), shape, opts)).not.toThrow();
+    expect(() => referenceAttention(new Float64Array(12), new Float64Array(10), new Float64Array(10), shape, opts)).toThrow(
+      new RangeError('Expected q to have 8 elements ([totalQ = 4, headsQ, headDim]) but received 12'));
+    expect(() => referenceAttentionBackward(new Float64Array(8), new Float64Array(8), new Float64Array(12), new Float64Array(10), shape, opts)).toThrow(
+      new RangeError('Expected k to have 10 elements ([totalK = 5, headsKV, headDim]) but received 12'));
   });
 });
 
