@@ -113,6 +113,14 @@ export interface ReferenceOptions {
   /** Varlen: the sequences' key rows as prefix sums (0 to `shape.seqlenK` keys each); see {@link cuSeqlensQ}. */
   cuSeqlensK?: Int32Array | readonly number[];
   /**
+   * Key padding for the batch layout: sequence b's length (`batch` integers from 0 to
+   * min(seqlenQ, seqlenK), an Int32Array or number[]). Its keys from that length on are excluded, and so
+   * are its queries: their `out`, `dq` are 0 and their `lse` +Infinity. Sequence b is then attention of
+   * its first `seqlens[b]` queries over its first `seqlens[b]` keys (the causal mask and the window
+   * aligned to them). Not with varlen. Default none.
+   */
+  seqlens?: Int32Array | readonly number[];
+  /**
    * `'float64'` (default): exact reference, every operation in float64 on the inputs as given.
    *
    * A {@link DType}: "same-precision" mode, emulating a plain (non-tiled) implementation that stores
@@ -243,6 +251,8 @@ interface Resolved {
   /** Varlen: the sequences' query and key prefix sums (batch + 1 each), or null (dense). */
   cuQ: Int32Array | null;
   cuK: Int32Array | null;
+  /** Key padding: each sequence's length (batch), or null. */
+  lens: Int32Array | null;
   /** Query and key rows of the row dimension: batch · seqlen, or the prefix sums' last values. */
   totalQ: number;
   totalK: number;
@@ -251,7 +261,7 @@ interface Resolved {
 
 const SHAPE_KEYS = ['batch', 'seqlenQ', 'seqlenK', 'headsQ', 'headsKV', 'headDim'] as const;
 const OPTION_KEYS = [
-  'causal', 'softmaxScale', 'window', 'softcap', 'alibiSlopes', 'sinks', 'cuSeqlensQ', 'cuSeqlensK', 'precision',
+  'causal', 'softmaxScale', 'window', 'softcap', 'alibiSlopes', 'sinks', 'cuSeqlensQ', 'cuSeqlensK', 'seqlens', 'precision',
 ] as const;
 const PRECISIONS: readonly ReferencePrecision[] = ['float64', 'float32', 'float16', 'bfloat16', 'tf32'];
 
@@ -303,6 +313,7 @@ function resolve(shape: ReferenceShape, options: ReferenceOptions | undefined): 
   const sinksIn = opts.sinks;
   const cuQIn = opts.cuSeqlensQ;
   const cuKIn = opts.cuSeqlensK;
+  const lensIn = opts.seqlens;
   const precisionIn = opts.precision;
   if (causal !== undefined && typeof causal !== 'boolean') {
     throw typeError('options.causal to be a boolean', describeValue(causal));
@@ -334,13 +345,18 @@ function resolve(shape: ReferenceShape, options: ReferenceOptions | undefined): 
   }
   const cuQ = cuQIn === undefined ? null : prefixSums('options.cuSeqlensQ', cuQIn, B, Sq, 'seqlenQ');
   const cuK = cuKIn === undefined ? null : prefixSums('options.cuSeqlensK', cuKIn, B, Sk, 'seqlenK');
+  if (lensIn !== undefined && cuQ !== null) {
+    throw typeError('options.seqlens (key padding of the batch layout) without options.cuSeqlensQ / cuSeqlensK (varlen)',
+      'both');
+  }
+  const lens = lensIn === undefined ? null : sequenceLengths(lensIn, B, Math.min(Sq, Sk));
   const precision = precisionIn ?? 'float64';
   if (!(PRECISIONS as readonly unknown[]).includes(precision)) {
     throw typeError(`options.precision to be ${quoteList(PRECISIONS)}`, describeValue(precision));
   }
   return {
     B, Sq, Sk, Hq, Hkv, d, group: Hq / Hkv, scale, causal: causal === true, left, right, softcap, alibi, sinks,
-    cuQ, cuK, totalQ: cuQ === null ? B * Sq : cuQ[B], totalK: cuK === null ? B * Sk : cuK[B],
+    cuQ, cuK, lens, totalQ: cuQ === null ? B * Sq : cuQ[B], totalK: cuK === null ? B * Sk : cuK[B],
     precision: precision as ReferencePrecision,
   };
 }
@@ -368,6 +384,25 @@ function prefixSums(name: string, a: unknown, batch: number, max: number, maxNam
     }
   }
   if (values[batch] > 0x7fffffff) throw rangeError(`${name}[${batch}] to fit an int32`, String(values[batch]));
+  return Int32Array.from(values);
+}
+
+/** A copy of `options.seqlens`: `batch` integers from 0 to `max`. */
+function sequenceLengths(a: unknown, batch: number, max: number): Int32Array {
+  const name = 'options.seqlens';
+  const tag = Object.prototype.toString.call(a);
+  const typed = tag === '[object Int32Array]';
+  if (!typed && !(Array.isArray(a) && a.every((x) => typeof x === 'number'))) {
+    throw typeError(`${name} to be an Int32Array or number[]`, Array.isArray(a) ? 'an Array with a non-number' : describeValue(a));
+  }
+  const length = typed ? trueLength(a as Int32Array) : (a as number[]).length;
+  if (length !== batch) throw rangeError(`${name} to have shape.batch = ${batch} elements`, String(length));
+  const values = Array.from({ length }, (_, i) => (a as ArrayLike<number>)[i]);
+  values.forEach((x, b) => {
+    if (!Number.isSafeInteger(x) || x < 0 || x > max) {
+      throw rangeError(`${name}[${b}] to be an integer from 0 to min(shape.seqlenQ, shape.seqlenK) = ${max}`, String(x));
+    }
+  });
   return Int32Array.from(values);
 }
 
@@ -427,9 +462,9 @@ interface Seq {
 function sequence(r: Resolved, b: number, seq: Seq): Seq {
   if (r.cuQ === null || r.cuK === null) {
     seq.q0 = b * r.Sq;
-    seq.sq = r.Sq;
+    seq.sq = r.lens === null ? r.Sq : r.lens[b];
     seq.k0 = b * r.Sk;
-    seq.sk = r.Sk;
+    seq.sk = r.lens === null ? r.Sk : r.lens[b];
   } else {
     seq.q0 = r.cuQ[b];
     seq.sq = r.cuQ[b + 1] - r.cuQ[b];
@@ -613,8 +648,11 @@ function pv32(p: Float32Array, V: Float32Array, lo: number, n: number, d: number
   }
 }
 
+/** Zeroed out and lse, the lse of key padding's excluded queries +Infinity (the loops never visit them). */
 function makeOutputs(r: Resolved): { out: Float64Array; lse: Float64Array } {
-  return { out: new Float64Array(r.totalQ * r.Hq * r.d), lse: new Float64Array(r.Hq * r.totalQ) };
+  const lse = new Float64Array(r.Hq * r.totalQ);
+  if (r.lens !== null) lse.fill(Infinity);
+  return { out: new Float64Array(r.totalQ * r.Hq * r.d), lse };
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -352,7 +352,7 @@ describe('forward, general', () => {
   // non-boolean causal flag must not fall back to a default (a silently wrong reference).
   test.each([
     ['an unknown option key', shapeOf(), { causl: true },
-      new TypeError("Expected options to have only the keys 'causal', 'softmaxScale', 'window', 'softcap', 'alibiSlopes', 'sinks', 'cuSeqlensQ', 'cuSeqlensK' or 'precision' but received unknown key 'causl'")],
+      new TypeError("Expected options to have only the keys 'causal', 'softmaxScale', 'window', 'softcap', 'alibiSlopes', 'sinks', 'cuSeqlensQ', 'cuSeqlensK', 'seqlens' or 'precision' but received unknown key 'causl'")],
     ['an unknown shape key', { ...shapeOf(), seqlen: 2 }, undefined,
       new TypeError("Expected shape to have only the keys 'batch', 'seqlenQ', 'seqlenK', 'headsQ', 'headsKV' or 'headDim' but received unknown key 'seqlen'")],
     ['a non-boolean causal', shapeOf(), { causal: 'yes' },
@@ -405,6 +405,12 @@ describe('forward, general', () => {
       new RangeError("Expected sequence 1's length options.cuSeqlensQ[2] − options.cuSeqlensQ[1] to be from 0 to shape.seqlenQ = 2 but received -1")],
     ['prefix sums of the wrong kind', shapeOf(), { cuSeqlensQ: new Float32Array([0, 2]), cuSeqlensK: [0, 2] },
       new TypeError('Expected options.cuSeqlensQ to be an Int32Array or number[] but received a Float32Array')],
+    ['key padding with varlen', shapeOf(), { seqlens: [2], cuSeqlensQ: [0, 2], cuSeqlensK: [0, 2] },
+      new TypeError('Expected options.seqlens (key padding of the batch layout) without options.cuSeqlensQ / cuSeqlensK (varlen) but received both')],
+    ['a padding length past the sequence', shapeOf(), { seqlens: [3] },
+      new RangeError('Expected options.seqlens[0] to be an integer from 0 to min(shape.seqlenQ, shape.seqlenK) = 2 but received 3')],
+    ['padding lengths of the wrong count', shapeOf(), { seqlens: [1, 1] },
+      new RangeError('Expected options.seqlens to have shape.batch = 1 elements but received 2')],
     ['a shape that is not an object', null, undefined,
       new TypeError('Expected shape to be an object { batch, seqlenQ, seqlenK, headsQ, headsKV, headDim } but received null')],
   ])('refuses %s with a message naming it, in both passes', (_, shape, options, error) => {
@@ -873,6 +879,49 @@ describe('varlen: packed sequences', () => {
       new RangeError('Expected q to have 8 elements ([totalQ = 4, headsQ, headDim]) but received 12'));
     expect(() => referenceAttentionBackward(new Float64Array(8), new Float64Array(8), new Float64Array(12), new Float64Array(10), shape, opts)).toThrow(
       new RangeError('Expected k to have 10 elements ([totalK = 5, headsKV, headDim]) but received 12'));
+  });
+});
+
+describe('key padding (per-sequence lengths of the batch layout)', () => {
+  test.each([
+    ['causal, a sequence of length 0 and a full one', [3, 0, 6, 1], { causal: true }],
+    ['window, ALiBi per sequence, sinks', [4, 2, 6, 5], { window: [1, 2], alibiSlopes: [0.5, 0.25, 1, 0.125, 0.75, 0.3, 0.6, 0.9], sinks: [0.5, -1] }],
+  ] as Array<[string, number[], ReferenceOptions]>)('%s: each sequence equals the dense reference on its first tokens; the padding is zero', (name, lens, opts) => {
+    const shape = { batch: 4, seqlenQ: 6, seqlenK: 7, headsQ: 2, headsKV: 1, headDim: 3 };
+    const { q, k, v, dout } = randomInputs(shape, rngFor(`pad-${name}`));
+    const { headsQ: Hq, headsKV: Hkv, headDim: d, seqlenQ: Sq, seqlenK: Sk } = shape;
+    for (const precision of ['float64', 'float16'] as const) {
+      const g = referenceAttentionBackward(dout, q, k, v, shape, { ...opts, precision, seqlens: lens });
+      const f = referenceAttention(q, k, v, shape, { ...opts, precision, seqlens: Int32Array.from(lens) });
+      expect(f.out).toEqual(g.out);
+      expect(f.lse).toEqual(g.lse);
+      for (let b = 0; b < 4; b++) {
+        const L = lens[b];
+        const qRows = (x: Float64Array, from: number, to: number) => x.subarray((b * Sq + from) * Hq * d, (b * Sq + to) * Hq * d);
+        const kRows = (x: Float64Array, from: number, to: number) => x.subarray((b * Sk + from) * Hkv * d, (b * Sk + to) * Hkv * d);
+        // The padding: out, dq, dk, dv 0 and lse +Infinity.
+        for (const x of [qRows(g.out, L, Sq), qRows(g.dq, L, Sq), kRows(g.dk, L, Sk), kRows(g.dv, L, Sk)]) expect(maxAbs(x)).toBe(0);
+        for (let h = 0; h < Hq; h++) for (let i = L; i < Sq; i++) expect(g.lse[(b * Hq + h) * Sq + i]).toBe(Infinity);
+        if (L === 0) continue;
+        const one = { batch: 1, seqlenQ: L, seqlenK: L, headsQ: Hq, headsKV: Hkv, headDim: d };
+        const alibi = opts.alibiSlopes === undefined ? {} : { alibiSlopes: (opts.alibiSlopes as number[]).slice(b * Hq, (b + 1) * Hq) };
+        const dense = referenceAttentionBackward(qRows(dout, 0, L), qRows(q, 0, L), kRows(k, 0, L), kRows(v, 0, L), one, { ...opts, ...alibi, precision });
+        expect(qRows(g.out, 0, L)).toEqual(dense.out);
+        expect(qRows(g.dq, 0, L)).toEqual(dense.dq);
+        expect(kRows(g.dk, 0, L)).toEqual(dense.dk);
+        expect(kRows(g.dv, 0, L)).toEqual(dense.dv);
+        for (let h = 0; h < Hq; h++) {
+          expect(Array.from(g.lse.subarray((b * Hq + h) * Sq, (b * Hq + h) * Sq + L))).toEqual(Array.from(dense.lse.subarray(h * L, (h + 1) * L)));
+        }
+      }
+    }
+  });
+
+  test('full lengths change nothing', () => {
+    const shape = { batch: 2, seqlenQ: 5, seqlenK: 5, headsQ: 1, headsKV: 1, headDim: 4 };
+    const { q, k, v, dout } = randomInputs(shape, rngFor('pad-full'));
+    expect(referenceAttentionBackward(dout, q, k, v, shape, { causal: true, seqlens: [5, 5] }))
+      .toEqual(referenceAttentionBackward(dout, q, k, v, shape, { causal: true }));
   });
 });
 
