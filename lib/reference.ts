@@ -659,42 +659,111 @@ function makeOutputs(r: Resolved): { out: Float64Array; lse: Float64Array } {
 // Forward
 // ---------------------------------------------------------------------------------------------
 
-function forward64(q: ReferenceInput, k: ReferenceInput, v: ReferenceInput, r: Resolved): ReferenceForwardResult {
-  const { B, Sq, Sk, Hq, Hkv, d, group, scale } = r;
-  const { out, lse } = makeOutputs(r);
+/** One query row that sees keys, as {@link walkRows} hands it to a pass. */
+interface Row {
+  b: number; // sequence
+  h: number; // query head
+  i: number; // row in the sequence
+  ob: number; // offset of its out / dq row
+  li: number; // index of its lse
+  lo: number; // its keys: [lo, lo + n) of the sequence, n >= 1
+  n: number;
+  sink: number; // its head's sink logit (as the pass computes it), -Infinity without sinks
+  mods: RowMods; // its score modifiers
+}
+
+/** What a pass does at each level of {@link walkRows}. */
+interface RowWalk {
+  /** KV head kh of the sequence: gather its K and V rows (and clear the backward's dK, dV). */
+  kvHead(seq: Seq, kh: number): void;
+  /** Query head h of the sequence: gather its Q (and dO) rows. */
+  queryHead(seq: Seq, h: number): void;
+  /** One row that sees keys. */
+  row(row: Row): void;
+  /** After the query heads of KV head kh (the backward writes dK, dV). */
+  kvHeadDone?(seq: Seq, kh: number): void;
+}
+
+/**
+ * Walks every sequence, its KV heads, the query heads of each group and their rows, in that order.
+ * A row that sees no key gets lse +Infinity (its head's sink logit, through `sinkOf`, with sinks) and
+ * nothing else; the others go to `walk.row`.
+ */
+function walkRows(r: Resolved, lse: Float64Array, sinkOf: (x: number) => number, walk: RowWalk): void {
   const seq: Seq = { q0: 0, sq: 0, k0: 0, sk: 0 };
+  const row: Row = { b: 0, h: 0, i: 0, ob: 0, li: 0, lo: 0, n: 0, sink: -Infinity, mods: { cap: 0, slope: 0, diag: 0 } };
+  for (let b = 0; b < r.B; b++) {
+    sequence(r, b, seq);
+    for (let kh = 0; kh < r.Hkv; kh++) {
+      walk.kvHead(seq, kh);
+      for (let h = kh * r.group; h < (kh + 1) * r.group; h++) {
+        walk.queryHead(seq, h);
+        const sink = r.sinks === null ? -Infinity : sinkOf(r.sinks[h]);
+        for (let i = 0; i < seq.sq; i++) {
+          const li = lseIndex(r, b, h, seq, i);
+          const lo = firstKey(r, seq, i);
+          const n = endKey(r, seq, i) - lo;
+          if (n === 0) {
+            lse[li] = r.sinks === null ? Infinity : sink; // out (and dq) stay 0
+            continue;
+          }
+          row.b = b;
+          row.h = h;
+          row.i = i;
+          row.ob = ((seq.q0 + i) * r.Hq + h) * r.d;
+          row.li = li;
+          row.lo = lo;
+          row.n = n;
+          row.sink = sink;
+          rowMods(r, b, h, seq, i, row.mods);
+          walk.row(row);
+        }
+      }
+      walk.kvHeadDone?.(seq, kh);
+    }
+  }
+}
+
+type Buffer = Float64Array | Float32Array;
+
+/**
+ * The gathering steps of a pass: per KV head its K and V rows (and `clear`ed accumulators), per query
+ * head its Q rows (and dO rows with `dout`), each mapped by `conv`.
+ */
+function gathers(r: Resolved, conv: ((x: number) => number) | null, q: ReferenceInput, k: ReferenceInput,
+  v: ReferenceInput, Q: Buffer, K: Buffer, V: Buffer, dout?: [ReferenceInput, Buffer], clear: Buffer[] = []):
+  Pick<RowWalk, 'kvHead' | 'queryHead'> {
+  return {
+    kvHead: (seq, kh) => {
+      gatherHead(k, seq.k0, seq.sk, kh, r.Hkv, r.d, K, conv);
+      gatherHead(v, seq.k0, seq.sk, kh, r.Hkv, r.d, V, conv);
+      for (const a of clear) a.fill(0);
+    },
+    queryHead: (seq, h) => {
+      gatherHead(q, seq.q0, seq.sq, h, r.Hq, r.d, Q, conv);
+      if (dout !== undefined) gatherHead(dout[0], seq.q0, seq.sq, h, r.Hq, r.d, dout[1], conv);
+    },
+  };
+}
+
+function forward64(q: ReferenceInput, k: ReferenceInput, v: ReferenceInput, r: Resolved): ReferenceForwardResult {
+  const { Sq, Sk, d, scale } = r;
+  const { out, lse } = makeOutputs(r);
   const K = new Float64Array(Sk * d);
   const V = new Float64Array(Sk * d);
   const Q = new Float64Array(Sq * d);
   const s = new Float64Array(Sk);
   const t = new Float64Array(Sk);
-  const mods: RowMods = { cap: 0, slope: 0, diag: 0 };
   const orow = new Float64Array(d);
-  for (let b = 0; b < B; b++) {
-    sequence(r, b, seq);
-    for (let kh = 0; kh < Hkv; kh++) {
-      gatherHead(k, seq.k0, seq.sk, kh, Hkv, d, K, null);
-      gatherHead(v, seq.k0, seq.sk, kh, Hkv, d, V, null);
-      for (let h = kh * group; h < (kh + 1) * group; h++) {
-        gatherHead(q, seq.q0, seq.sq, h, Hq, d, Q, null);
-        for (let i = 0; i < seq.sq; i++) {
-          const ob = ((seq.q0 + i) * Hq + h) * d;
-          const li = lseIndex(r, b, h, seq, i);
-          const lo = firstKey(r, seq, i);
-          const n = endKey(r, seq, i) - lo;
-          const sink = r.sinks === null ? -Infinity : r.sinks[h];
-          if (n === 0) {
-            lse[li] = r.sinks === null ? Infinity : sink; // out stays 0
-            continue;
-          }
-          scores64(Q, i * d, K, lo, n, d, scale, rowMods(r, b, h, seq, i, mods), s, t);
-          lse[li] = softmax64(s, n, sink);
-          pv64(s, V, lo, n, d, orow);
-          for (let c = 0; c < d; c++) out[ob + c] = orow[c];
-        }
-      }
-    }
-  }
+  walkRows(r, lse, (x) => x, {
+    ...gathers(r, null, q, k, v, Q, K, V),
+    row: (w) => {
+      scores64(Q, w.i * d, K, w.lo, w.n, d, scale, w.mods, s, t);
+      lse[w.li] = softmax64(s, w.n, w.sink);
+      pv64(s, V, w.lo, w.n, d, orow);
+      for (let c = 0; c < d; c++) out[w.ob + c] = orow[c];
+    },
+  });
   return { out, lse };
 }
 
@@ -705,45 +774,27 @@ function forwardSame(
   r: Resolved,
   precision: DType | 'tf32',
 ): ReferenceForwardResult {
-  const { B, Sq, Sk, Hq, Hkv, d, group } = r;
+  const { Sq, Sk, d } = r;
   const { input: rd, output: rdOut } = roundingOf(precision);
   const scale = f(r.scale);
   const { out, lse } = makeOutputs(r);
-  const seq: Seq = { q0: 0, sq: 0, k0: 0, sk: 0 };
   const K = new Float32Array(Sk * d);
   const V = new Float32Array(Sk * d);
   const Q = new Float32Array(Sq * d);
   const s = new Float32Array(Sk);
   const t = new Float32Array(Sk);
-  const mods: RowMods = { cap: 0, slope: 0, diag: 0 };
   const ps = new Float32Array(1);
   const acc = new Float32Array(d);
-  for (let b = 0; b < B; b++) {
-    sequence(r, b, seq);
-    for (let kh = 0; kh < Hkv; kh++) {
-      gatherHead(k, seq.k0, seq.sk, kh, Hkv, d, K, rd);
-      gatherHead(v, seq.k0, seq.sk, kh, Hkv, d, V, rd);
-      for (let h = kh * group; h < (kh + 1) * group; h++) {
-        gatherHead(q, seq.q0, seq.sq, h, Hq, d, Q, rd);
-        for (let i = 0; i < seq.sq; i++) {
-          const ob = ((seq.q0 + i) * Hq + h) * d;
-          const li = lseIndex(r, b, h, seq, i);
-          const lo = firstKey(r, seq, i);
-          const n = endKey(r, seq, i) - lo;
-          const sink = r.sinks === null ? -Infinity : f(r.sinks[h]);
-          if (n === 0) {
-            lse[li] = r.sinks === null ? Infinity : sink;
-            continue;
-          }
-          scores32(Q, i * d, K, lo, n, d, scale, rowMods(r, b, h, seq, i, mods), s, t);
-          lse[li] = softmax32(s, n, sink, ps);
-          for (let j = 0; j < n; j++) s[j] = rd(s[j]);
-          pv32(s, V, lo, n, d, acc);
-          for (let c = 0; c < d; c++) out[ob + c] = rdOut(acc[c]);
-        }
-      }
-    }
-  }
+  walkRows(r, lse, f, {
+    ...gathers(r, rd, q, k, v, Q, K, V),
+    row: (w) => {
+      scores32(Q, w.i * d, K, w.lo, w.n, d, scale, w.mods, s, t);
+      lse[w.li] = softmax32(s, w.n, w.sink, ps);
+      for (let j = 0; j < w.n; j++) s[j] = rd(s[j]);
+      pv32(s, V, w.lo, w.n, d, acc);
+      for (let c = 0; c < d; c++) out[w.ob + c] = rdOut(acc[c]);
+    },
+  });
   return { out, lse };
 }
 
@@ -785,9 +836,8 @@ function backward64(
   v: ReferenceInput,
   r: Resolved,
 ): ReferenceBackwardResult {
-  const { B, Sq, Sk, Hq, Hkv, d, group, scale } = r;
+  const { Sq, Sk, Hq, Hkv, d, scale } = r;
   const { out, lse } = makeOutputs(r);
-  const seq: Seq = { q0: 0, sq: 0, k0: 0, sk: 0 };
   const dq = new Float64Array(out.length);
   const dk = new Float64Array(r.totalK * Hkv * d);
   const dv = new Float64Array(dk.length);
@@ -799,67 +849,51 @@ function backward64(
   const dV = new Float64Array(Sk * d);
   const p = new Float64Array(Sk);
   const t = new Float64Array(Sk);
-  const mods: RowMods = { cap: 0, slope: 0, diag: 0 };
   const dsinks = r.sinks === null ? null : new Float64Array(Hq);
   const orow = new Float64Array(d);
   const dqrow = new Float64Array(d);
-  for (let b = 0; b < B; b++) {
-    sequence(r, b, seq);
-    for (let kh = 0; kh < Hkv; kh++) {
-      gatherHead(k, seq.k0, seq.sk, kh, Hkv, d, K, null);
-      gatherHead(v, seq.k0, seq.sk, kh, Hkv, d, V, null);
-      dK.fill(0);
-      dV.fill(0);
-      for (let h = kh * group; h < (kh + 1) * group; h++) {
-        gatherHead(q, seq.q0, seq.sq, h, Hq, d, Q, null);
-        gatherHead(dout, seq.q0, seq.sq, h, Hq, d, DO, null);
-        for (let i = 0; i < seq.sq; i++) {
-          const ob = ((seq.q0 + i) * Hq + h) * d;
-          const li = lseIndex(r, b, h, seq, i);
-          const lo = firstKey(r, seq, i);
-          const n = endKey(r, seq, i) - lo;
-          const sink = r.sinks === null ? -Infinity : r.sinks[h];
-          if (n === 0) {
-            // out, dq stay 0; nothing reaches dk / dv; a sink's weight is 1 but D = 0: dsinks gains 0.
-            lse[li] = r.sinks === null ? Infinity : sink;
-            continue;
-          }
-          const qo = i * d;
-          // Forward recompute of the row.
-          scores64(Q, qo, K, lo, n, d, scale, rowMods(r, b, h, seq, i, mods), p, t);
-          lse[li] = softmax64(p, n, sink);
-          pv64(p, V, lo, n, d, orow);
-          let D = 0;
-          for (let c = 0; c < d; c++) {
-            out[ob + c] = orow[c];
-            D += DO[qo + c] * orow[c];
-          }
-          if (dsinks !== null) dsinks[h] -= exp(sink - lse[li]) * D;
-          dqrow.fill(0);
-          for (let j = 0; j < n; j++) {
-            const o = (lo + j) * d;
-            const pj = p[j];
-            // dV_j += P_ij · dO_i ; dP_ij = dO_i · V_j
-            let dp = 0;
-            for (let c = 0; c < d; c++) {
-              dV[o + c] += pj * DO[qo + c];
-              dp += DO[qo + c] * V[o + c];
-            }
-            // dS_ij, through the softcap's tanh when there is one.
-            const ds = r.softcap > 0 ? pj * (dp - D) * (1 - t[j] * t[j]) : pj * (dp - D);
-            // dQ_i += dS_ij · K_j ; dK_j += dS_ij · Q_i   (scale applied at the end)
-            for (let c = 0; c < d; c++) {
-              dqrow[c] += ds * K[o + c];
-              dK[o + c] += ds * Q[qo + c];
-            }
-          }
-          for (let c = 0; c < d; c++) dq[ob + c] = dqrow[c] * scale;
+  // A row that sees no key keeps out, dq = 0 and adds nothing to dk / dv; with a sink its weight is 1
+  // but D = 0: dsinks gains 0.
+  walkRows(r, lse, (x) => x, {
+    ...gathers(r, null, q, k, v, Q, K, V, [dout, DO], [dK, dV]),
+    row: (w) => {
+      const { ob, lo, n } = w;
+      const qo = w.i * d;
+      // Forward recompute of the row.
+      scores64(Q, qo, K, lo, n, d, scale, w.mods, p, t);
+      lse[w.li] = softmax64(p, n, w.sink);
+      pv64(p, V, lo, n, d, orow);
+      let D = 0;
+      for (let c = 0; c < d; c++) {
+        out[ob + c] = orow[c];
+        D += DO[qo + c] * orow[c];
+      }
+      if (dsinks !== null) dsinks[w.h] -= exp(w.sink - lse[w.li]) * D;
+      dqrow.fill(0);
+      for (let j = 0; j < n; j++) {
+        const o = (lo + j) * d;
+        const pj = p[j];
+        // dV_j += P_ij · dO_i ; dP_ij = dO_i · V_j
+        let dp = 0;
+        for (let c = 0; c < d; c++) {
+          dV[o + c] += pj * DO[qo + c];
+          dp += DO[qo + c] * V[o + c];
+        }
+        // dS_ij, through the softcap's tanh when there is one.
+        const ds = r.softcap > 0 ? pj * (dp - D) * (1 - t[j] * t[j]) : pj * (dp - D);
+        // dQ_i += dS_ij · K_j ; dK_j += dS_ij · Q_i   (scale applied at the end)
+        for (let c = 0; c < d; c++) {
+          dqrow[c] += ds * K[o + c];
+          dK[o + c] += ds * Q[qo + c];
         }
       }
+      for (let c = 0; c < d; c++) dq[ob + c] = dqrow[c] * scale;
+    },
+    kvHeadDone: (seq, kh) => {
       scatterHead(dK, seq.k0, seq.sk, kh, Hkv, d, dk, scale, null);
       scatterHead(dV, seq.k0, seq.sk, kh, Hkv, d, dv, 1, null);
-    }
-  }
+    },
+  });
   return dsinks === null ? { dq, dk, dv, out, lse } : { dq, dk, dv, out, lse, dsinks };
 }
 
@@ -871,11 +905,10 @@ function backwardSame(
   r: Resolved,
   precision: DType | 'tf32',
 ): ReferenceBackwardResult {
-  const { B, Sq, Sk, Hq, Hkv, d, group } = r;
+  const { Sq, Sk, Hq, Hkv, d } = r;
   const { input: rd, output: rdOut } = roundingOf(precision);
   const scale = f(r.scale);
   const { out, lse } = makeOutputs(r);
-  const seq: Seq = { q0: 0, sq: 0, k0: 0, sk: 0 };
   const dq = new Float64Array(out.length);
   const dk = new Float64Array(r.totalK * Hkv * d);
   const dv = new Float64Array(dk.length);
@@ -889,68 +922,49 @@ function backwardSame(
   const pr = new Float32Array(Sk); // rounded to the dtype
   const t = new Float32Array(Sk); // the softcap's tanh
   const cap = f(r.softcap);
-  const mods: RowMods = { cap: 0, slope: 0, diag: 0 };
   const ps = new Float32Array(1); // the sink's probability
   const dsinks = r.sinks === null ? null : new Float32Array(Hq);
   const acc = new Float32Array(d);
-  const orow = new Float32Array(d);
   const dqacc = new Float32Array(d);
-  for (let b = 0; b < B; b++) {
-    sequence(r, b, seq);
-    for (let kh = 0; kh < Hkv; kh++) {
-      gatherHead(k, seq.k0, seq.sk, kh, Hkv, d, K, rd);
-      gatherHead(v, seq.k0, seq.sk, kh, Hkv, d, V, rd);
-      dK.fill(0);
-      dV.fill(0);
-      for (let h = kh * group; h < (kh + 1) * group; h++) {
-        gatherHead(q, seq.q0, seq.sq, h, Hq, d, Q, rd);
-        gatherHead(dout, seq.q0, seq.sq, h, Hq, d, DO, rd);
-        for (let i = 0; i < seq.sq; i++) {
-          const ob = ((seq.q0 + i) * Hq + h) * d;
-          const li = lseIndex(r, b, h, seq, i);
-          const lo = firstKey(r, seq, i);
-          const n = endKey(r, seq, i) - lo;
-          const sink = r.sinks === null ? -Infinity : f(r.sinks[h]);
-          if (n === 0) {
-            lse[li] = r.sinks === null ? Infinity : sink;
-            continue;
-          }
-          const qo = i * d;
-          scores32(Q, qo, K, lo, n, d, scale, rowMods(r, b, h, seq, i, mods), p, t);
-          lse[li] = softmax32(p, n, sink, ps);
-          for (let j = 0; j < n; j++) pr[j] = rd(p[j]);
-          pv32(pr, V, lo, n, d, acc);
-          let D = 0;
-          for (let c = 0; c < d; c++) {
-            const o = rdOut(acc[c]);
-            orow[c] = o;
-            out[ob + c] = o;
-            D = f(D + f(DO[qo + c] * o));
-          }
-          if (dsinks !== null) dsinks[h] = f(dsinks[h] - f(ps[0] * D));
-          dqacc.fill(0);
-          for (let j = 0; j < n; j++) {
-            const o = (lo + j) * d;
-            const pj = pr[j];
-            let dp = 0;
-            for (let c = 0; c < d; c++) {
-              dV[o + c] = f(dV[o + c] + f(pj * DO[qo + c]));
-              dp = f(dp + f(DO[qo + c] * V[o + c]));
-            }
-            const dsp = f(p[j] * f(dp - D));
-            const ds = rd(cap > 0 ? f(dsp * f(1 - f(t[j] * t[j]))) : dsp);
-            for (let c = 0; c < d; c++) {
-              dqacc[c] = f(dqacc[c] + f(ds * K[o + c]));
-              dK[o + c] = f(dK[o + c] + f(ds * Q[qo + c]));
-            }
-          }
-          for (let c = 0; c < d; c++) dq[ob + c] = rdOut(f(dqacc[c] * scale));
+  walkRows(r, lse, f, {
+    ...gathers(r, rd, q, k, v, Q, K, V, [dout, DO], [dK, dV]),
+    row: (w) => {
+      const { ob, lo, n } = w;
+      const qo = w.i * d;
+      scores32(Q, qo, K, lo, n, d, scale, w.mods, p, t);
+      lse[w.li] = softmax32(p, n, w.sink, ps);
+      for (let j = 0; j < n; j++) pr[j] = rd(p[j]);
+      pv32(pr, V, lo, n, d, acc);
+      let D = 0;
+      for (let c = 0; c < d; c++) {
+        const o = rdOut(acc[c]);
+        out[ob + c] = o;
+        D = f(D + f(DO[qo + c] * o));
+      }
+      if (dsinks !== null) dsinks[w.h] = f(dsinks[w.h] - f(ps[0] * D));
+      dqacc.fill(0);
+      for (let j = 0; j < n; j++) {
+        const o = (lo + j) * d;
+        const pj = pr[j];
+        let dp = 0;
+        for (let c = 0; c < d; c++) {
+          dV[o + c] = f(dV[o + c] + f(pj * DO[qo + c]));
+          dp = f(dp + f(DO[qo + c] * V[o + c]));
+        }
+        const dsp = f(p[j] * f(dp - D));
+        const ds = rd(cap > 0 ? f(dsp * f(1 - f(t[j] * t[j]))) : dsp);
+        for (let c = 0; c < d; c++) {
+          dqacc[c] = f(dqacc[c] + f(ds * K[o + c]));
+          dK[o + c] = f(dK[o + c] + f(ds * Q[qo + c]));
         }
       }
+      for (let c = 0; c < d; c++) dq[ob + c] = rdOut(f(dqacc[c] * scale));
+    },
+    kvHeadDone: (seq, kh) => {
       scatterHead(dK, seq.k0, seq.sk, kh, Hkv, d, dk, scale, rdOut);
       scatterHead(dV, seq.k0, seq.sk, kh, Hkv, d, dv, 1, rdOut);
-    }
-  }
+    },
+  });
   return dsinks === null ? { dq, dk, dv, out, lse } : { dq, dk, dv, out, lse, dsinks: Float64Array.from(dsinks) };
 }
 
