@@ -273,16 +273,26 @@ function checkPositiveInt(name: string, v: unknown): number {
 }
 
 /** An array of values (by tag: arrays from another realm pass) of `expected` elements (typed arrays: their real length). */
+/**
+ * The real length of `a`, an Array of numbers or a typed array whose tag is one of `tags` (by tag:
+ * arrays from another realm pass; typed arrays by their real length, not an overridable `length`);
+ * anything else is refused as not `kinds`.
+ */
+function arrayLength(name: string, a: unknown, tags: readonly string[], kinds: string): number {
+  const typed = tags.includes(Object.prototype.toString.call(a));
+  if (!typed && !(Array.isArray(a) && a.every((x) => typeof x === 'number'))) {
+    throw typeError(`${name} to be ${kinds}`, Array.isArray(a) ? 'an Array with a non-number' : describeValue(a));
+  }
+  return typed ? trueLength(a as ArrayBufferView) : (a as number[]).length;
+}
+const FLOAT_ARRAYS = ['[object Float32Array]', '[object Float64Array]'];
+const INT_ARRAYS = ['[object Int32Array]'];
+
 function checkLength(name: string, a: ReferenceInput, expected: number, dims: string): void {
   // Only arrays of values: an Int16Array / Uint16Array (half-precision bits, say) would be read as
   // numbers and give garbage.
-  const tag = Object.prototype.toString.call(a);
-  const typed = tag === '[object Float32Array]' || tag === '[object Float64Array]';
-  if (!typed && !(Array.isArray(a) && a.every((x) => typeof x === 'number'))) {
-    throw typeError(`${name} to be a Float32Array, Float64Array or number[] (float values; convert half-precision bits first)`,
-      Array.isArray(a) ? 'an Array with a non-number' : describeValue(a));
-  }
-  const length = typed ? trueLength(a as Float32Array | Float64Array) : a.length;
+  const length = arrayLength(name, a, FLOAT_ARRAYS,
+    'a Float32Array, Float64Array or number[] (float values; convert half-precision bits first)');
   if (length !== expected) throw rangeError(`${name} to have ${expected} elements (${dims})`, String(length));
 }
 
@@ -366,12 +376,7 @@ function resolve(shape: ReferenceShape, options: ReferenceOptions | undefined): 
  * most `max` (shape.<maxName>).
  */
 function prefixSums(name: string, a: unknown, batch: number, max: number, maxName: string): Int32Array {
-  const tag = Object.prototype.toString.call(a);
-  const typed = tag === '[object Int32Array]';
-  if (!typed && !(Array.isArray(a) && a.every((x) => typeof x === 'number'))) {
-    throw typeError(`${name} to be an Int32Array or number[]`, Array.isArray(a) ? 'an Array with a non-number' : describeValue(a));
-  }
-  const length = typed ? trueLength(a as Int32Array) : (a as number[]).length;
+  const length = arrayLength(name, a, INT_ARRAYS, 'an Int32Array or number[]');
   if (length !== batch + 1) throw rangeError(`${name} to have shape.batch + 1 = ${batch + 1} elements`, String(length));
   const values = Array.from({ length }, (_, i) => (a as ArrayLike<number>)[i]);
   if (values[0] !== 0) throw rangeError(`${name}[0] to be 0`, String(values[0]));
@@ -390,12 +395,7 @@ function prefixSums(name: string, a: unknown, batch: number, max: number, maxNam
 /** A copy of `options.seqlens`: `batch` integers from 0 to `max`. */
 function sequenceLengths(a: unknown, batch: number, max: number): Int32Array {
   const name = 'options.seqlens';
-  const tag = Object.prototype.toString.call(a);
-  const typed = tag === '[object Int32Array]';
-  if (!typed && !(Array.isArray(a) && a.every((x) => typeof x === 'number'))) {
-    throw typeError(`${name} to be an Int32Array or number[]`, Array.isArray(a) ? 'an Array with a non-number' : describeValue(a));
-  }
-  const length = typed ? trueLength(a as Int32Array) : (a as number[]).length;
+  const length = arrayLength(name, a, INT_ARRAYS, 'an Int32Array or number[]');
   if (length !== batch) throw rangeError(`${name} to have shape.batch = ${batch} elements`, String(length));
   const values = Array.from({ length }, (_, i) => (a as ArrayLike<number>)[i]);
   values.forEach((x, b) => {
@@ -408,12 +408,7 @@ function sequenceLengths(a: unknown, batch: number, max: number): Int32Array {
 
 /** A copy of an array of finite values whose length is one of `lengths`. */
 function finiteValues(name: string, a: ReferenceInput, lengths: readonly number[], dims: string): Float64Array {
-  const tag = Object.prototype.toString.call(a);
-  const typed = tag === '[object Float32Array]' || tag === '[object Float64Array]';
-  if (!typed && !(Array.isArray(a) && a.every((x) => typeof x === 'number'))) {
-    throw typeError(`${name} to be a Float32Array, Float64Array or number[]`, Array.isArray(a) ? 'an Array with a non-number' : describeValue(a));
-  }
-  const length = typed ? trueLength(a as Float32Array | Float64Array) : a.length;
+  const length = arrayLength(name, a, FLOAT_ARRAYS, 'a Float32Array, Float64Array or number[]');
   if (!lengths.includes(length)) {
     throw rangeError(`${name} to have ${[...new Set(lengths)].join(' or ')} elements (${dims})`, String(length));
   }
