@@ -58,6 +58,11 @@ bool flash_bwd_runs_sm90(const AttentionBwdParams& p);
 // Defined with the Hopper kernels (hopper/flash_bwd_sm90.cu).
 int flash_bwd_sm90_padded(int64_t head_dim);
 
+// Whether the Hopper single kernel for p is the warp-specialized one (head dims 97-128, no causal
+// mask, not deterministic; hopper/flash_bwd_ws_sm90_kernel.cuh) rather than the main kernel.
+// Defined with the Hopper kernels.
+bool flash_bwd_sm90_ws(const AttentionBwdParams& p);
+
 // The main kernel flash_bwd runs for p on the current device: "sm90-wgmma" or "sm80-mma".
 const char* flash_bwd_path(const AttentionBwdParams& p);
 

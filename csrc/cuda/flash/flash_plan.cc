@@ -56,13 +56,16 @@ BwdPlan plan_backward(const AttentionBwdParams& p, BwdAlgorithm algorithm) {
     plan.family = FlashFamily::kFp32Mma;
     if (plan.unsupported == nullptr) plan.workspace_bytes = flash_bwd_fp32_workspace_bytes(p);
   } else {
-    // 'auto' takes the single kernel where it is faster (flash_configs.h kBwdSingleKernelMinSeqlen), else
-    // tries the two kernels first and falls back to the single kernel where they cannot run.
+    // 'auto' takes the single kernel where it is faster (flash_configs.h kBwdWsMinSeqlen for the
+    // warp-specialized one, kBwdSingleKernelMinSeqlen for the main one), else tries the two kernels
+    // first and falls back to the single kernel where they cannot run.
     AttentionBwdParams q = p;
     q.two_kernel = false;
-    const bool single_faster = !p.deterministic && !p.causal && p.seqlen_q >= flash::kBwdSingleKernelMinSeqlen &&
-                               p.seqlen_k >= flash::kBwdSingleKernelMinSeqlen &&
-                               flash::padded_head_dim(p.head_dim) >= 64 && flash_bwd_runs_sm90(q);
+    const auto from = [&](int64_t seqlen) { return p.seqlen_q >= seqlen && p.seqlen_k >= seqlen; };
+    const bool single_faster =
+        !p.deterministic && !p.causal && flash_bwd_runs_sm90(q) &&
+        ((flash_bwd_sm90_ws(q) && from(flash::kBwdWsMinSeqlen)) ||
+         (flash::padded_head_dim(p.head_dim) >= 64 && from(flash::kBwdSingleKernelMinSeqlen)));
     q.two_kernel = algorithm == BwdAlgorithm::kTwoKernel || (algorithm == BwdAlgorithm::kAuto && !single_faster);
     plan.unsupported = flash_bwd_unsupported_reason(q);
     if (algorithm == BwdAlgorithm::kAuto && plan.unsupported != nullptr) {
@@ -77,6 +80,12 @@ BwdPlan plan_backward(const AttentionBwdParams& p, BwdAlgorithm algorithm) {
   switch (plan.family) {
     case FlashFamily::kFp32Mma: plan.config = flash::config_for(flash::kBwdFp32Configs, padded); break;
     case FlashFamily::kSm90Wgmma: {
+      AttentionBwdParams q = p;
+      q.two_kernel = plan.two_kernel;
+      if (flash_bwd_sm90_ws(q)) {
+        plan.config = flash::kBwdWsSm90Configs[0];
+        break;
+      }
       const int sm90 = flash_bwd_sm90_padded(p.head_dim);
       plan.config = flash::config_for(flash::kBwdSm90Configs, sm90);
       if (plan.config.head_dim == 0) plan.config = flash::config_for(flash::kBwdWideSm90Configs, sm90);

@@ -1,6 +1,8 @@
-// Launcher of the Hopper FA2 backward's main kernel: the call's tensor maps (q, dout, k, v; the single
-// kernel's dQ accumulator), the dtype x head dim x
-// causal dispatch, dynamic shared-memory attribute, launch. Compiled for every target; the kernel has a
+// Launcher of the Hopper FA2 backward's kernels: the call's tensor maps (q, dout, k, v; the single
+// kernel's dQ accumulator), the dtype x head dim x causal dispatch, dynamic shared-memory attribute,
+// launch. The single kernel at head dims 97-128 without a causal mask, not deterministic, is the
+// warp-specialized one (flash_bwd_ws_sm90_kernel.cuh; ptxas: 168 registers at launch, setmaxnreg 24 /
+// 240, 52 bytes of spill stores); the main kernel everywhere else. Compiled for every target; the kernel has a
 // body only in the sm_90a pass, and flash_bwd_sm90_built() tells the dispatcher whether that pass was
 // part of the build.
 //
@@ -26,6 +28,7 @@
 #include "cuda/flash/hopper/flash_bwd_dq_sm90_kernel.cuh"
 #include "cuda/flash/hopper/flash_bwd_sm90_kernel.cuh"
 #include "cuda/flash/hopper/flash_bwd_wide_sm90_kernel.cuh"
+#include "cuda/flash/hopper/flash_bwd_ws_sm90_kernel.cuh"
 #include "cuda/flash/hopper/tensor_map.h"
 #include "cuda/flash/static_switch.h"
 
@@ -125,6 +128,23 @@ cudaError_t launch_dq(const AttentionBwdParams& p, const float* d_rows, cudaStre
   }
 }
 
+// The warp-specialized single kernel (head dim 128).
+template <typename Elem>
+cudaError_t launch_ws(const AttentionBwdParams& p, const flash::FlashBwdWorkspace& ws, cudaStream_t stream) {
+  using Traits = flash::sm90::FlashBwdWsSm90Traits<128, Elem>;
+  static_assert(flash::row_matches<Traits>(flash::kBwdWsSm90Configs[0]), "the row reports the traits' tile");
+  flash::sm90::BwdTensorMaps maps{};
+  FA_CUDA_TRY(make_bwd_maps(&maps, p, Traits::kBlockM, Traits::kBlockN));
+  FA_CUDA_TRY(make_accum_map(&maps.dq_accum, ws.dq_accum, 128, ws.dq_rows, p.heads_q, p.batch, ws.splits,
+                             ws.split_stride, Traits::kBlockM));
+  auto kernel = flash::sm90::flash_bwd_ws_sm90_kernel<Traits>;
+  FA_CUDA_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                   static_cast<int>(Traits::kSmemBytes)));
+  const int64_t blocks = ceil_div<int64_t>(p.seqlen_k, Traits::kBlockN) * p.heads_kv * p.batch;
+  kernel<<<static_cast<unsigned>(blocks), Traits::kNThreads, Traits::kSmemBytes, stream>>>(p, maps, ws);
+  return cudaGetLastError();
+}
+
 }  // namespace
 
 bool flash_bwd_sm90_built() {
@@ -142,7 +162,15 @@ int flash_bwd_sm90_padded(int64_t head_dim) {
   return flash::config_for(flash::kBwdWideSm90Configs, padded).head_dim == padded ? padded : 0;
 }
 
+bool flash_bwd_sm90_ws(const AttentionBwdParams& p) {
+  return flash::padded_head_dim(p.head_dim) == flash::kBwdWsSm90Configs[0].head_dim &&
+         flash_bwd_sm90_padded(p.head_dim) == flash::kBwdWsSm90Configs[0].head_dim && !p.causal && !p.deterministic &&
+         !p.two_kernel;
+}
+
 cudaError_t flash_bwd_sm90(const AttentionBwdParams& p, const flash::FlashBwdWorkspace& ws, cudaStream_t stream) {
+  if (flash_bwd_sm90_ws(p))
+    return p.dtype == DType::kFloat16 ? launch_ws<__half>(p, ws, stream) : launch_ws<__nv_bfloat16>(p, ws, stream);
   return FA_HEADDIM_SWITCH(flash_bwd_sm90_padded(p.head_dim), kHeadDim, [&] {
     return FA_BOOL_SWITCH(p.causal, kIsCausal, [&] {
       if (p.dtype == DType::kFloat16) return launch<__half, kHeadDim, kIsCausal, true>(p, ws, stream);

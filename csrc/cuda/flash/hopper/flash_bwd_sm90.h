@@ -11,7 +11,8 @@ namespace fa::cuda {
 // True when this build has the sm_90a kernels (the build's architectures include 90a).
 bool flash_bwd_sm90_built();
 
-// The main kernel for p (dQ into ws.dq_accum, dK and dV into p.dk, p.dv); ws.d must be written.
+// The single kernel for p (dQ into ws.dq_accum, dK and dV into p.dk, p.dv): the warp-specialized one
+// where flash_bwd_sm90_ws(p) (flash_bwd.h), else the main kernel; ws.d must be written.
 cudaError_t flash_bwd_sm90(const AttentionBwdParams& p, const flash::FlashBwdWorkspace& ws, cudaStream_t stream);
 
 // The two-kernel backward: the dK/dV kernel (the main kernel without dQ), then the dQ kernel writing

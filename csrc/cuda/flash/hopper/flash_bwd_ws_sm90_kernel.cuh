@@ -1,0 +1,365 @@
+// FlashAttention-2 backward, Hopper warp-specialized single kernel (sm_90a): FA3's layout for head dim
+// 128 without a causal mask, not deterministic.
+//
+// One thread block per (K/V tile of kBlockN = 128 keys, KV head, batch), as flash_bwd_sm90_kernel.cuh;
+// the loop runs over the query heads of the KV head's group and their 64-row query tiles.
+// Warpgroup 0 is the producer: it gives up registers (setmaxnreg). Its warp 0 issues the TMA loads
+// (K and V once; per step Q_i and dO_i into two stages, each stage refilled once the consumers
+// release it on its empty barrier) and loads the step's lse / D rows (lane r rows r and r + 32), all
+// completing the stage's full barrier. Its warp 1 writes dQ: per step and consumer warpgroup, once
+// the warpgroup has staged its dQ piece, one bulk reduction per 32-column block into the fp32
+// accumulator, then it frees the staging piece.
+// Warpgroups 1 and 2 are the consumers: warpgroup 1 + w owns keys [64 w, 64 w + 64) of the tile, its
+// dK and dV in registers. Per step: S^T and dP^T (committed separately), P^T while dP^T runs, dV
+// issued, dS^T, dK issued, dS^T into shared memory (double-buffered), a named barrier of the two
+// consumer warpgroups, dQ_i's half of the columns = dS K_j, then the step's stage is released and the
+// dQ piece staged for the writer. No block-wide barrier inside the loop: the consumers meet only at
+// the dS barrier, the producer runs a stage ahead.
+// Without a causal mask the only hidden pairs are the tails (keys >= seqlen_k, rows >= seqlen_q),
+// which TMA fills with zeros: no NaN / ±Inf from the inputs meets a hidden P or dS = 0, so the
+// containment's rare path of the other kernels is not needed here.
+// Nsight Compute (H100, bf16, B2 H16 S8192, 2026-11-26): 4.93 ms at 1.81 GHz, 557 TFLOP/s by FA2's
+// count, tensor pipe 56.5% busy. The consumers meet at the dS barrier every step, so their softmax
+// phases coincide and leave the tensor cores idle. Reading lse / D into registers before the wgmma
+// waits and deferring the dQ piece's proxy fence by a step moved the stall samples elsewhere and
+// bought nothing (queued 5.448 vs 5.444 ms at 8k).
+#pragma once
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <cstdint>
+#include <type_traits>
+
+#include "common/attention_params.h"
+#include "cuda/flash/dq_accum.cuh"
+#include "cuda/flash/fragment_softmax.cuh"
+#include "cuda/flash/hopper/flash_bwd_sm90_kernel.cuh"
+#include "cuda/flash/hopper/kv_load.cuh"
+#include "cuda/flash/hopper/tma.cuh"
+#include "cuda/flash/hopper/wgmma.cuh"
+#include "cuda/flash/mask.cuh"
+#include "cuda/flash/ptx.cuh"
+#include "cuda/flash/tile_scheduler.cuh"
+#include "cuda/smem_limits.h"
+
+namespace fa::cuda::flash::sm90 {
+
+template <int kHeadDim_, typename Elem_>
+struct FlashBwdWsSm90Traits {
+  using Elem = Elem_;
+  static constexpr int kHeadDim = kHeadDim_;
+  static constexpr int kConsumers = 2;
+  static constexpr int kNThreads = 128 * (1 + kConsumers);
+  static constexpr int kConsumerThreads = 128 * kConsumers;
+  static constexpr int kWgKeys = 64;                       // wgmma M of S^T: keys per consumer
+  static constexpr int kBlockN = kWgKeys * kConsumers;     // keys per block
+  static constexpr int kBlockM = 64;                       // query rows per step
+  static constexpr int kStages = 2;                        // Q / dO / lse / D stages
+  // setmaxnreg budgets: the launch gives each thread 168 registers (65,536 / 384, in steps of 8), and
+  // what the producer gives up is all the consumers can take: 128 x 24 + 256 x 240 = 128 x 40 + 256 x
+  // 232 = 384 x 168. ptxas (sm_90a): 52 bytes of spill stores at 24 / 240.
+  static constexpr int kLaunchRegs = (65536 / kNThreads) / 8 * 8;
+  static constexpr int kProducerRegs = 24;
+  static constexpr int kConsumerRegs = 240;
+
+  static constexpr int kDqN = kHeadDim / kConsumers;       // dQ columns per consumer
+  static constexpr int kMmaK = 16;
+  static constexpr int kKSteps = kHeadDim / kMmaK;
+  static constexpr int kQKSteps = kBlockM / kMmaK;
+  static constexpr int kDqKSteps = kBlockN / kMmaK;
+  static constexpr int kSTiles = kBlockM / 8;
+  static constexpr int kKvTiles = kHeadDim / 8;
+  static constexpr int kDqTiles = kDqN / 8;
+  static constexpr int kDqBoxes = kDqN / 32;               // 32-column blocks of a consumer's dQ piece
+
+  static constexpr int kColBlocks = kHeadDim / 64;
+  static constexpr size_t kKvTileBytes = static_cast<size_t>(kColBlocks) * kBlockN * 128;
+  static constexpr size_t kQTileBytes = static_cast<size_t>(kColBlocks) * kBlockM * 128;
+  static constexpr size_t kDsBytes = static_cast<size_t>(kBlockN) * 128;  // dS^T [keys][64 queries]
+  static constexpr size_t kDqStageBytes = static_cast<size_t>(kBlockM) * kHeadDim * sizeof(float);
+  // Layout: sK | sV | sQ [kStages] | sdO [kStages] | sdS [2] | sdQ (each 1024-aligned) | lse2, D
+  // [kStages][kBlockM] floats | mbarriers: K/V full, Q full [kStages], Q empty [kStages], dQ full
+  // [kConsumers], dQ empty [kConsumers]; +1024 to align the dynamic base.
+  static constexpr size_t kFloatBytes = 2 * kStages * kBlockM * sizeof(float);
+  static constexpr size_t kBarrierBytes = 8 * (1 + 2 * kStages + 2 * kConsumers);
+  static constexpr size_t kSmemBytes = 2 * kKvTileBytes + 2 * kStages * kQTileBytes + 2 * kDsBytes + kDqStageBytes +
+                                       kFloatBytes + kBarrierBytes + 1024;
+
+  // Named barrier 1: the two consumer warpgroups' dS^T halves are in place (0 is __syncthreads').
+  static constexpr int kDsBarrier = 1;
+
+  static_assert(sizeof(Elem) == 2, "the wgmma path takes fp16 or bf16");
+  static_assert(kHeadDim == 128, "head dim 128: each consumer takes one 64-column half of dQ");
+  static_assert(128 * kProducerRegs + kConsumerThreads * kConsumerRegs <= kLaunchRegs * kNThreads,
+                "setmaxnreg: the consumers take only what the producer gives up");
+  static_assert(kSmemBytes <= kSm90MaxSmemPerBlock, "shared memory exceeds the sm_90 per-block limit");
+};
+
+template <typename Traits>
+__global__ void __launch_bounds__(Traits::kNThreads, 1)
+    flash_bwd_ws_sm90_kernel(const __grid_constant__ AttentionBwdParams p, const __grid_constant__ BwdTensorMaps maps,
+                             const FlashBwdWorkspace ws) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  using Elem = typename Traits::Elem;
+  constexpr int kBlockM = Traits::kBlockM, kBlockN = Traits::kBlockN, kHeadDim = Traits::kHeadDim;
+  constexpr int kStages = Traits::kStages, kSTiles = Traits::kSTiles, kKvTiles = Traits::kKvTiles;
+
+  extern __shared__ unsigned char smem_raw[];
+  const uint32_t smem_base = (smem_u32(smem_raw) + kSw128AtomBytes - 1) & ~uint32_t(kSw128AtomBytes - 1);
+  const uint32_t sK = smem_base;
+  const uint32_t sV = sK + static_cast<uint32_t>(Traits::kKvTileBytes);
+  const uint32_t sQ = sV + static_cast<uint32_t>(Traits::kKvTileBytes);
+  const uint32_t sdO = sQ + static_cast<uint32_t>(kStages * Traits::kQTileBytes);
+  const uint32_t sdS = sdO + static_cast<uint32_t>(kStages * Traits::kQTileBytes);
+  const uint32_t sdQ = sdS + static_cast<uint32_t>(2 * Traits::kDsBytes);
+  const uint32_t float_base = sdQ + static_cast<uint32_t>(Traits::kDqStageBytes);
+  const uint32_t full_kv = float_base + static_cast<uint32_t>(Traits::kFloatBytes);
+  const auto full_q = [&](int st) { return full_kv + 8u * static_cast<uint32_t>(1 + st); };
+  const auto empty_q = [&](int st) { return full_kv + 8u * static_cast<uint32_t>(1 + kStages + st); };
+  const auto full_dq = [&](int c) { return full_kv + 8u * static_cast<uint32_t>(1 + 2 * kStages + c); };
+  const auto empty_dq = [&](int c) {
+    return full_kv + 8u * static_cast<uint32_t>(1 + 2 * kStages + Traits::kConsumers + c);
+  };
+  float* sLse2 = reinterpret_cast<float*>(smem_raw + (float_base - smem_u32(smem_raw)));
+  float* sD = sLse2 + kStages * kBlockM;
+  // Consumer c's dQ piece: column blocks [c kDqBoxes, (c + 1) kDqBoxes) of the staging tile.
+  const auto sdq_piece = [&](int c) {
+    return sdQ + static_cast<uint32_t>(c * Traits::kDqBoxes * kBlockM * kSw128RowBytes);
+  };
+
+  const int seqlen_q = static_cast<int>(p.seqlen_q), seqlen_k = static_cast<int>(p.seqlen_k);
+  const int head_dim = static_cast<int>(p.head_dim);
+  const int n_blocks = (seqlen_k + kBlockN - 1) / kBlockN;
+  const KeyTileWork tile = key_tile_work(p, static_cast<uint32_t>(n_blocks));  // tile_scheduler.cuh
+  const int n0 = tile.first_tile * kBlockN, head_kv = tile.head_kv;
+  const int64_t batch = tile.batch;
+  const int group = static_cast<int>(p.heads_q / p.heads_kv);
+  const AttentionMask<false> mask(seqlen_q, seqlen_k);  // mask.cuh
+  const int m_count = (seqlen_q + kBlockM - 1) / kBlockM;
+  const int iters = m_count * group;
+  // Step it's query head and first row.
+  const auto step_head = [&](int it) { return head_kv * group + it / m_count; };
+  const auto step_m0 = [&](int it) { return (it % m_count) * kBlockM; };
+
+  if (threadIdx.x == 0) {
+    mbarrier_init(full_kv, 1);
+#pragma unroll
+    for (int st = 0; st < kStages; ++st) {
+      mbarrier_init(full_q(st), 1 + 32);                        // the TMA's expect_tx, the lse / D lanes
+      mbarrier_init(empty_q(st), Traits::kConsumerThreads);  // every consumer thread
+    }
+#pragma unroll
+    for (int c = 0; c < Traits::kConsumers; ++c) {
+      mbarrier_init(full_dq(c), 128);  // every thread of consumer c, after its fence
+      mbarrier_init(empty_dq(c), 1);   // the writer, once its reductions have read the piece
+    }
+    fence_mbarrier_init();
+  }
+  __syncthreads();  // the last block-wide barrier: the roles part here
+
+  const int wg = warp_uniform_int(static_cast<int>(threadIdx.x) / 128);
+  const int lane = static_cast<int>(threadIdx.x) % 32;
+  if (wg == 0) {
+    setmaxnreg_dec<Traits::kProducerRegs>();
+    const int warp = static_cast<int>(threadIdx.x) / 32;
+    if (warp == 0) {
+      // Loads. Stage st's use u = it / kStages: its empty barrier's previous phase (parity of use u - 1;
+      // a fresh barrier passes the first kStages waits).
+      if (iters > 0 && lane == 0) {
+        prefetch_tensor_map(&maps.q);
+        prefetch_tensor_map(&maps.dout);
+        load_resident_kv_tile<Traits>(&maps.k, &maps.v, sK, sV, full_kv, n0, head_kv, static_cast<int>(batch));
+      }
+      for (int it = 0; it < iters; ++it) {
+        const int st = it % kStages;
+        mbarrier_wait(empty_q(st), static_cast<uint32_t>(((it / kStages) & 1) ^ 1));
+        const int head = step_head(it), m0 = step_m0(it);
+        if (lane == 0)
+          load_query_tiles<Traits>(&maps.q, &maps.dout, sQ, sdO, full_q(st), st, m0, head, static_cast<int>(batch));
+        const int64_t stat0 = (batch * p.heads_q + head) * p.seqlen_q + m0 + lane;
+#pragma unroll
+        for (int h = 0; h < kBlockM / 32; ++h) {
+          const int r = lane + 32 * h;
+          const bool valid = m0 + r < seqlen_q;
+          sLse2[st * kBlockM + r] = valid ? p.lse_in[stat0 + 32 * h] * kLog2e : INFINITY;
+          sD[st * kBlockM + r] = valid ? ws.d[stat0 + 32 * h] : 0.0f;
+        }
+        mbarrier_arrive(full_q(st));
+      }
+    } else if (warp == 1) {
+      // dQ writer: per step, each consumer's piece once staged (its full barrier, parity of use it),
+      // added by bulk reductions; the piece is free again once they have read it.
+      for (int it = 0; it < iters; ++it) {
+        const int head = step_head(it), m0 = step_m0(it);
+#pragma unroll
+        for (int c = 0; c < Traits::kConsumers; ++c) {
+          mbarrier_wait(full_dq(c), static_cast<uint32_t>(it & 1));
+          if (lane == 0) {
+#pragma unroll
+            for (int b = 0; b < Traits::kDqBoxes; ++b)
+              tma_reduce_add_5d(&maps.dq_accum, sdq_piece(c) + static_cast<uint32_t>(b * kBlockM * kSw128RowBytes),
+                                (c * Traits::kDqBoxes + b) * kSw128F32Cols, m0, head, static_cast<int>(batch), 0);
+            bulk_commit_group();
+            bulk_wait_read<0>();
+            mbarrier_arrive(empty_dq(c));
+          }
+          __syncwarp();
+        }
+      }
+      if (lane == 0) bulk_wait<0>();  // the reductions have written the accumulator
+    }
+    return;
+  }
+
+  // Consumers.
+  setmaxnreg_inc<Traits::kConsumerRegs>();
+  const int cw = wg - 1;
+  const int warp = (static_cast<int>(threadIdx.x) / 32) % 4;
+  const int g = lane / 4, t = lane % 4;
+  const int key_row0 = cw * Traits::kWgKeys + warp * 16 + g;  // this thread's keys: key_row0, +8 (in the tile)
+  const uint32_t sK_wg = sK + static_cast<uint32_t>(cw * Traits::kWgKeys * kSw128RowBytes);
+  const uint32_t sV_wg = sV + static_cast<uint32_t>(cw * Traits::kWgKeys * kSw128RowBytes);
+  // This consumer's 64 dQ columns of K: column block cw of the K tile (the B operand of dQ = dS K).
+  const uint32_t sK_dq = sK + static_cast<uint32_t>(cw * kBlockN * kSw128RowBytes);
+
+  float dk[kKvTiles][4], dv[kKvTiles][4];
+#pragma unroll
+  for (int j = 0; j < kKvTiles; ++j)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) dk[j][e] = dv[j][e] = 0.0f;
+  if (iters > 0) mbarrier_wait(full_kv, 0);
+
+  for (int it = 0; it < iters; ++it) {
+    const int st = it % kStages;
+    const int m0 = step_m0(it);
+    mbarrier_wait(full_q(st), static_cast<uint32_t>((it / kStages) & 1));
+    const uint32_t sQs = sQ + static_cast<uint32_t>(st * Traits::kQTileBytes);
+    const uint32_t sdOs = sdO + static_cast<uint32_t>(st * Traits::kQTileBytes);
+    const float* lse2 = sLse2 + st * kBlockM;
+    const float* dvec = sD + st * kBlockM;
+
+    // S^T = K_w Q^T and dP^T = V_w dO^T: (64 keys, 64 queries), committed separately.
+    float s_t[kSTiles][4], dp_t[kSTiles][4];
+    wgmma_fence();
+#pragma unroll
+    for (int ks = 0; ks < Traits::kKSteps; ++ks)
+      Wgmma<kBlockM, Elem>::ss(s_t, desc_k_major<kBlockN>(sK_wg, ks), desc_k_major<kBlockM>(sQs, ks), ks > 0);
+    wgmma_commit();
+#pragma unroll
+    for (int ks = 0; ks < Traits::kKSteps; ++ks)
+      Wgmma<kBlockM, Elem>::ss(dp_t, desc_k_major<kBlockN>(sV_wg, ks), desc_k_major<kBlockM>(sdOs, ks), ks > 0);
+    wgmma_commit();
+
+    const bool tile_masked = mask.template bwd_tile_needs_mask<kBlockM, kBlockN>(m0, n0);
+    const auto by_mask = [&](auto f) {
+      if (tile_masked)
+        f(std::true_type{});
+      else
+        f(std::false_type{});
+    };
+    wgmma_wait<1>();  // S^T is ready; dP^T may still run
+    fence_operands(s_t);
+    by_mask([&](auto masked) {  // fragment_softmax.cuh
+      bwd_p_transposed<decltype(masked)::value>(s_t, mask, p.scale_log2, lse2, m0, 0, t, n0 + key_row0);
+    });
+    uint32_t pa[Traits::kQKSteps][4], dsa[Traits::kQKSteps][4];
+#pragma unroll
+    for (int ks = 0; ks < Traits::kQKSteps; ++ks) p_to_a_operand<Elem>(s_t, ks, pa[ks]);
+    // dV += P^T dO while dS^T is computed.
+    wgmma_fence();
+#pragma unroll
+    for (int ks = 0; ks < Traits::kQKSteps; ++ks)
+      Wgmma<kHeadDim, Elem>::rs_tb(dv, pa[ks], desc_mn_major<kBlockM>(sdOs, ks), 1);
+    wgmma_commit();
+    wgmma_wait<1>();  // dP^T is ready; dV may still run
+    fence_operands(dp_t);
+    by_mask([&](auto masked) {
+      bwd_ds_transposed<decltype(masked)::value>(dp_t, s_t, mask, dvec, m0, 0, t, n0 + key_row0);
+    });
+#pragma unroll
+    for (int ks = 0; ks < Traits::kQKSteps; ++ks) p_to_a_operand<Elem>(dp_t, ks, dsa[ks]);
+    // dK += dS^T Q.
+    wgmma_fence();
+#pragma unroll
+    for (int ks = 0; ks < Traits::kQKSteps; ++ks)
+      Wgmma<kHeadDim, Elem>::rs_tb(dk, dsa[ks], desc_mn_major<kBlockM>(sQs, ks), 1);
+    wgmma_commit();
+
+    // dS^T into sdS[it % 2] (flash_bwd_sm90_kernel.cuh's layout: a key per 128-byte row, its 64 queries
+    // along it, 16-byte chunks swizzled with the key). Buffer it % 2 was last read by step it - 2's dQ
+    // products, which both consumers finished before the dS barrier of step it - 1.
+    const uint32_t sdS_buf = sdS + static_cast<uint32_t>((it % 2) * Traits::kDsBytes);
+#pragma unroll
+    for (int j = 0; j < kSTiles; ++j)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int key = key_row0 + 8 * h, q = 8 * j + 2 * t;
+        const uint32_t addr = sdS_buf + static_cast<uint32_t>(key * kSw128RowBytes + (((q / 8) ^ (key % 8)) * 16) +
+                                                              (q % 8) * 2);
+        asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(addr), "r"(dsa[j / 2][(j % 2) * 2 + h]) : "memory");
+      }
+    fence_proxy_async_smem();
+    named_barrier_sync(Traits::kDsBarrier, Traits::kConsumerThreads);  // both halves of dS^T are in place
+
+    // dQ_i's columns [64 cw, 64 cw + 64) = dS K_j over the block's 128 keys.
+    float dq[Traits::kDqTiles][4];
+    wgmma_fence();
+#pragma unroll
+    for (int ks = 0; ks < Traits::kDqKSteps; ++ks)
+      Wgmma<Traits::kDqN, Elem>::ss_tt(dq, desc_mn_major<kBlockN>(sdS_buf, ks), desc_mn_major<kBlockN>(sK_dq, ks),
+                                      ks > 0);
+    wgmma_commit();
+    wgmma_wait<0>();  // dV, dK and dQ of this step
+    fence_operands(dq);
+    fence_operands(dk);
+    fence_operands(dv);
+    // This thread is done with the stage: its products have read Q and dO, its lse / D reads are done.
+    // Every thread arrives, not one a warp after __syncwarp: compute-sanitizer's racecheck then sees the
+    // producer's next lse / D writes ordered after each thread's reads (one a warp: 312 hazards).
+    mbarrier_arrive(empty_q(st));
+
+    // The dQ piece, once the writer has read the previous one (parity of use it - 1), into the staging
+    // tile (flash_bwd_sm90_kernel.cuh's layout), then released to the writer.
+    mbarrier_wait(empty_dq(cw), static_cast<uint32_t>((it & 1) ^ 1));
+    {
+      uint32_t row_base = sdq_piece(cw) + static_cast<uint32_t>((warp * 16 + g) * kSw128RowBytes + (t % 2) * 8);
+      uint32_t swz = static_cast<uint32_t>(((t / 2) ^ g) * 16);
+      asm volatile("" : "+r"(row_base), "+r"(swz));
+#pragma unroll
+      for (int j = 0; j < Traits::kDqTiles; ++j)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const uint32_t addr =
+              row_base + static_cast<uint32_t>((j / 4) * kBlockM * kSw128RowBytes + 8 * h * kSw128RowBytes) +
+              ((32u * (j % 4)) ^ swz);
+          asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(addr), "f"(dq[j][2 * h]), "f"(dq[j][2 * h + 1])
+                       : "memory");
+        }
+    }
+    fence_proxy_async_shared();
+    mbarrier_arrive(full_dq(cw));
+  }
+
+  // Epilogue: dK * scale and dV for this thread's keys (zeros when no query saw the tile).
+  Elem* dk_out = static_cast<Elem*>(p.dk) + batch * p.dk_batch_stride + head_kv * p.dk_head_stride;
+  Elem* dv_out = static_cast<Elem*>(p.dv) + batch * p.dv_batch_stride + head_kv * p.dv_head_stride;
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int key = n0 + key_row0 + 8 * h;
+    if (key >= seqlen_k) continue;
+#pragma unroll
+    for (int j = 0; j < kKvTiles; ++j) {
+      const int col = 8 * j + 2 * t;
+      if (col >= head_dim) continue;
+      *reinterpret_cast<uint32_t*>(dk_out + static_cast<int64_t>(key) * p.dk_row_stride + col) =
+          pack2<Elem>(dk[j][2 * h] * p.softmax_scale, dk[j][2 * h + 1] * p.softmax_scale);
+      *reinterpret_cast<uint32_t*>(dv_out + static_cast<int64_t>(key) * p.dv_row_stride + col) =
+          pack2<Elem>(dv[j][2 * h], dv[j][2 * h + 1]);
+    }
+  }
+#else
+  __trap();  // only the sm_90a build has this kernel
+#endif
+}
+
+}  // namespace fa::cuda::flash::sm90
