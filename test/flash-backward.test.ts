@@ -429,7 +429,8 @@ describeCuda('FlashAttention-2 backward, fp16 and bf16', () => {
     // deterministic: true runs the FA2 kernels with one fp32 accumulator slice per block of a KV head,
     // summed in order: 50 runs bit-identical. One KV head (B * Hkv = 1) gives the most slices (8 on an
     // H100); the single kernel runs d96 on the mma.sync kernel on Hopper ('auto': the d128 wgmma
-    // kernels), d64 / d128 on the wgmma kernel.
+    // kernels), d64 on the wgmma kernel, d128 without a causal mask on the warp-specialized kernel (one
+    // slice, the K/V tiles adding to each query tile in tile order).
     test.each([
       c([1, 1023, 1023, 2, 1, 64], 'float16', true),
       c([1, 1025, 777, 2, 1, 128], 'bfloat16'),

@@ -18,6 +18,10 @@ struct FlashBwdWorkspace {
   // wgmma single kernel: by one thread's bulk reductions, each K/V tile's completed before the next.)
   int splits;
   int64_t split_stride;
+  // Deterministic mode of the warp-specialized Hopper kernel (one slice): a counter per (batch, query
+  // head, 64-row query tile), [batch, heads_q, ceil(seqlen_q / 64)], zeroed; the K/V tiles of a KV head
+  // add to a query tile's rows in tile order (tma.cuh ordered_turn_wait). nullptr otherwise.
+  int* dq_turns;
 };
 
 // Adds (a, b) to two consecutive floats of global memory (8-byte aligned): one vector reduction on

@@ -63,11 +63,17 @@ size_t smem_bytes(int padded) {
 }
 int block_n(int padded) { return padded <= 128 ? 128 : 64; }
 
-// The workspace of p (flash_bwd_plan.h): the two-kernel backward has no dQ accumulator.
-flash::BwdWorkspacePlan workspace_plan(const AttentionBwdParams& p) {
+// The workspace of p (flash_bwd_plan.h) on the Hopper path (sm90) or the mma.sync one: the two-kernel
+// backward has no dQ accumulator; the warp-specialized kernel's deterministic mode has one slice and
+// turn counters.
+flash::BwdWorkspacePlan workspace_plan(const AttentionBwdParams& p, bool sm90) {
   const int padded = flash::padded_head_dim(p.head_dim);
   flash::BwdWorkspacePlan plan = flash::bwd_workspace_plan(p, block_n(padded), kDqRowMultiple, padded);
-  if (p.two_kernel) plan.accum_bytes = 0;
+  if (p.two_kernel) {
+    plan.accum_bytes = 0;
+  } else if (sm90 && p.deterministic && flash_bwd_sm90_ws(p)) {
+    flash::use_ordered_turns(&plan, p, flash::kBwdWsSm90Configs[0].block_m);
+  }
   return plan;
 }
 
@@ -165,8 +171,8 @@ const char* flash_bwd_unsupported_reason(const AttentionBwdParams& p) {
 bool flash_bwd_supported(const AttentionBwdParams& p) { return flash_bwd_unsupported_reason(p) == nullptr; }
 
 size_t flash_bwd_workspace_bytes(const AttentionBwdParams& p) {
-  const flash::BwdWorkspacePlan plan = workspace_plan(p);
-  return plan.accum_bytes + plan.d_bytes;
+  const flash::BwdWorkspacePlan plan = workspace_plan(p, flash_bwd_runs_sm90(p));
+  return plan.accum_bytes + plan.turn_bytes + plan.d_bytes;
 }
 
 namespace {
@@ -174,7 +180,7 @@ namespace {
 cudaError_t run_with_workspace(const AttentionBwdParams& p, bool sm90, cudaStream_t stream) {
   if (!flash_bwd_supported(p)) return cudaErrorNotSupported;
   FA_CUDA_TRY(cudaGetLastError());  // report an error left pending by earlier work
-  return flash::with_bwd_workspace(workspace_plan(p), stream, [&](const flash::FlashBwdWorkspace& ws) {
+  return flash::with_bwd_workspace(workspace_plan(p, sm90), stream, [&](const flash::FlashBwdWorkspace& ws) {
     return p.two_kernel ? run_two_kernel(p, ws.d, stream) : run(p, ws, sm90, stream);
   });
 }

@@ -59,7 +59,7 @@ bool flash_bwd_runs_sm90(const AttentionBwdParams& p);
 int flash_bwd_sm90_padded(int64_t head_dim);
 
 // Whether the Hopper single kernel for p is the warp-specialized one (head dims 97-128, no causal
-// mask, not deterministic; hopper/flash_bwd_ws_sm90_kernel.cuh) rather than the main kernel.
+// mask; hopper/flash_bwd_ws_sm90_kernel.cuh) rather than the main kernel.
 // Defined with the Hopper kernels.
 bool flash_bwd_sm90_ws(const AttentionBwdParams& p);
 

@@ -55,6 +55,7 @@ struct BwdWorkspacePlan {
   int64_t split_stride;  // elements per slice
   size_t accum_bytes;    // fp32 [splits][B, Hq, dq_rows, accum_cols]
   size_t d_bytes;        // fp32 [B, Hq, Sq]
+  size_t turn_bytes = 0; // int32 [B, Hq, query tiles]: FlashBwdWorkspace::dq_turns (0: none)
 };
 
 // accum_cols: the accumulator's row width (the padded head dim); dq_row_multiple: a multiple of every
@@ -71,20 +72,34 @@ inline BwdWorkspacePlan bwd_workspace_plan(const AttentionBwdParams& p, int bloc
   return w;
 }
 
-// Allocates the plan's workspace on `stream` (cudaMallocAsync), zeroes the accumulator, calls
+// One accumulator slice and a turn counter per (batch, query head, query tile of block_m rows): the
+// deterministic mode of kernels that add to the accumulator in a fixed order of K/V tiles.
+inline void use_ordered_turns(BwdWorkspacePlan* w, const AttentionBwdParams& p, int block_m) {
+  const auto round_up = [](size_t x, size_t a) { return (x + a - 1) / a * a; };
+  w->splits = 1;
+  w->accum_bytes = round_up(static_cast<size_t>(w->split_stride) * sizeof(float), kBwdWorkspaceAlign);
+  w->turn_bytes = round_up(static_cast<size_t>(p.batch * p.heads_q * ceil_div<int64_t>(p.seqlen_q, block_m)) *
+                               sizeof(int),
+                           kBwdWorkspaceAlign);
+}
+
+// Allocates the plan's workspace on `stream` (cudaMallocAsync), zeroes the accumulator (and turns), calls
 // run(ws) for the preprocess, main kernel and conversion, and releases the workspace (cudaFreeAsync,
 // stream ordered) whatever run returned. The first error is returned and not left pending.
 template <typename Run>
 cudaError_t with_bwd_workspace(const BwdWorkspacePlan& plan, cudaStream_t stream, Run&& run) {
   void* workspace = nullptr;
-  FA_CUDA_TRY(cudaMallocAsync(&workspace, plan.accum_bytes + plan.d_bytes, stream));
+  FA_CUDA_TRY(cudaMallocAsync(&workspace, plan.accum_bytes + plan.turn_bytes + plan.d_bytes, stream));
+  // Layout: accumulator | turns | D (the first two zeroed together).
+  unsigned char* const base = static_cast<unsigned char*>(workspace);
   FlashBwdWorkspace ws;
-  ws.dq_accum = static_cast<float*>(workspace);
-  ws.d = reinterpret_cast<float*>(static_cast<unsigned char*>(workspace) + plan.accum_bytes);
+  ws.dq_accum = reinterpret_cast<float*>(base);
+  ws.dq_turns = plan.turn_bytes > 0 ? reinterpret_cast<int*>(base + plan.accum_bytes) : nullptr;
+  ws.d = reinterpret_cast<float*>(base + plan.accum_bytes + plan.turn_bytes);
   ws.dq_rows = plan.dq_rows;
   ws.splits = plan.splits;
   ws.split_stride = plan.split_stride;
-  cudaError_t err = cudaMemsetAsync(ws.dq_accum, 0, plan.accum_bytes, stream);
+  cudaError_t err = cudaMemsetAsync(base, 0, plan.accum_bytes + plan.turn_bytes, stream);
   if (err == cudaSuccess) err = run(ws);
   const cudaError_t free_err = cudaFreeAsync(workspace, stream);
   if (err != cudaSuccess) {

@@ -93,14 +93,16 @@ inline constexpr FlashConfig kBwdSm90Configs[] = {
 // 1.02x (8k) and 0.73-0.85x below it; 4k and head dim 32 were not measured.
 inline constexpr int64_t kBwdSingleKernelMinSeqlen = 8192;
 // Backward, the warp-specialized single kernel (hopper/flash_bwd_ws_sm90_kernel.cuh) for head dims
-// 97-128 without a causal mask, not deterministic: a producer warpgroup (TMA, lse / D, a dQ writer
-// warp) and two consumer warpgroups of 64 keys; 64 query rows per step. It replaces the main kernel
-// there, and 'auto' takes it over the two kernels from kBwdWsMinSeqlen queries and keys. H100, bf16,
-// B*S = 16k, H*D = 2048, queued back to back, ms at seqlen 512 / 1k / 2k / 8k (2026-11-26,
-// test/native/flash_bwd_check.cu, same run): this kernel 0.662 / 0.976 / 1.617 / 5.780, the main
-// kernel 0.680 / 1.018 / 1.671 / 5.722, two kernels 0.666 / 1.076 / 1.904 / 6.676.
+// 97-128 without a causal mask: a producer warpgroup (TMA, lse / D, a dQ writer warp) and two
+// consumer warpgroups of 64 keys; 64 query rows per step. It replaces the main kernel there, and
+// 'auto' takes it over the two kernels from kBwdWsMinSeqlen queries and keys, deterministic from
+// kBwdWsDeterministicMinSeqlen. H100, bf16, B*S = 16k, H*D = 2048, queued back to back, ms at seqlen
+// 512 / 1k / 2k / 8k (2026-11-26, test/native/flash_bwd_check.cu, same run): this kernel 0.666 /
+// 0.968 / 1.570 / 5.421, deterministic 0.725 / 1.117 / 1.839 / 5.911; two kernels 0.670 / 1.057 /
+// 1.872 / 6.974. (The main single kernel, an earlier run: 0.680 / 1.018 / 1.671 / 5.722.)
 inline constexpr FlashConfig kBwdWsSm90Configs[] = {{128, 64, 128, 12, 2, 0, false}};
 inline constexpr int64_t kBwdWsMinSeqlen = 1024;
+inline constexpr int64_t kBwdWsDeterministicMinSeqlen = 2048;
 inline constexpr FlashConfig kBwdDqSm90Configs[] = {
     {32, 128, 64, 8, 2, 0, false},  {64, 128, 64, 8, 2, 0, false},  {128, 128, 64, 8, 2, 0, false},
     {192, 128, 64, 8, 2, 0, false}, {256, 128, 32, 8, 2, 0, false},

@@ -1,7 +1,6 @@
 // Launcher of the Hopper FA2 backward's kernels: the call's tensor maps (q, dout, k, v; the single
 // kernel's dQ accumulator), the dtype x head dim x causal dispatch, dynamic shared-memory attribute,
-// launch. The single kernel at head dims 97-128 without a causal mask, not deterministic, is the
-// warp-specialized one (flash_bwd_ws_sm90_kernel.cuh; ptxas: 168 registers at launch, setmaxnreg 24 /
+// launch. The single kernel at head dims 97-128 without a causal mask is the warp-specialized one (flash_bwd_ws_sm90_kernel.cuh; ptxas: 168 registers at launch, setmaxnreg 24 /
 // 240, 52 bytes of spill stores); the main kernel everywhere else. Compiled for every target; the kernel has a
 // body only in the sm_90a pass, and flash_bwd_sm90_built() tells the dispatcher whether that pass was
 // part of the build.
@@ -164,8 +163,7 @@ int flash_bwd_sm90_padded(int64_t head_dim) {
 
 bool flash_bwd_sm90_ws(const AttentionBwdParams& p) {
   return flash::padded_head_dim(p.head_dim) == flash::kBwdWsSm90Configs[0].head_dim &&
-         flash_bwd_sm90_padded(p.head_dim) == flash::kBwdWsSm90Configs[0].head_dim && !p.causal && !p.deterministic &&
-         !p.two_kernel;
+         flash_bwd_sm90_padded(p.head_dim) == flash::kBwdWsSm90Configs[0].head_dim && !p.causal && !p.two_kernel;
 }
 
 cudaError_t flash_bwd_sm90(const AttentionBwdParams& p, const flash::FlashBwdWorkspace& ws, cudaStream_t stream) {

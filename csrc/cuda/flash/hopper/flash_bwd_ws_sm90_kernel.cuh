@@ -1,5 +1,5 @@
 // FlashAttention-2 backward, Hopper warp-specialized single kernel (sm_90a): FA3's layout for head dim
-// 128 without a causal mask, not deterministic.
+// 128 without a causal mask; deterministic mode by ordered dQ reductions.
 //
 // One thread block per (K/V tile of kBlockN = 128 keys, KV head, batch), as flash_bwd_sm90_kernel.cuh;
 // the loop runs over the query heads of the KV head's group and their 64-row query tiles.
@@ -188,13 +188,20 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
       }
     } else if (warp == 1) {
       // dQ writer: per step, each consumer's piece once staged (its full barrier, parity of use it),
-      // added by bulk reductions; the piece is free again once they have read it.
+      // added by bulk reductions; the piece is free again once they have read it. Deterministic: the
+      // K/V tiles of the KV head add to a query tile in tile order (tma.cuh ordered turns; tile n's
+      // block has a lower blockIdx than tile n + 1's), each step's reductions completed before the
+      // turn passes on.
+      const bool ordered = p.deterministic;
       for (int it = 0; it < iters; ++it) {
         const int head = step_head(it), m0 = step_m0(it);
+        int* const turn =
+            ordered ? ws.dq_turns + ((batch * p.heads_q + head) * m_count + it % m_count) : nullptr;
 #pragma unroll
         for (int c = 0; c < Traits::kConsumers; ++c) {
           mbarrier_wait(full_dq(c), static_cast<uint32_t>(it & 1));
           if (lane == 0) {
+            if (ordered && c == 0) ordered_turn_wait(turn, tile.first_tile);
 #pragma unroll
             for (int b = 0; b < Traits::kDqBoxes; ++b)
               tma_reduce_add_5d(&maps.dq_accum, sdq_piece(c) + static_cast<uint32_t>(b * kBlockM * kSw128RowBytes),
@@ -202,6 +209,10 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
             bulk_commit_group();
             bulk_wait_read<0>();
             mbarrier_arrive(empty_dq(c));
+            if (ordered && c == Traits::kConsumers - 1) {
+              bulk_wait<0>();
+              ordered_turn_pass(turn);
+            }
           }
           __syncwarp();
         }

@@ -92,4 +92,25 @@ __device__ __forceinline__ void bulk_wait() {
   asm volatile("cp.async.bulk.wait_group %0;\n" ::"n"(kPending) : "memory");
 }
 
+// ---- Bulk reductions in an order fixed across thread blocks ---------------------------------------
+// A counter in global memory (zeroed before the launch) admits the blocks that add to one region in
+// turn: block n waits until it reads n (ordered_turn_wait), adds, then passes the turn on
+// (ordered_turn_pass). Block n must be launched after blocks 0 .. n - 1 (a lower blockIdx), so that
+// it never waits on a block that cannot start. One thread of the block runs both.
+// Acquire the turn: the earlier blocks' reductions are complete, then ordered before this thread's
+// later bulk operations (a generic acquire, then a proxy fence to the async proxy).
+__device__ __forceinline__ void ordered_turn_wait(const int* counter, int turn) {
+  int seen;
+  do {
+    asm volatile("ld.acquire.gpu.global.b32 %0, [%1];\n" : "=r"(seen) : "l"(counter) : "memory");
+  } while (seen != turn);
+  asm volatile("fence.proxy.async.global;\n" ::: "memory");
+}
+// Pass the turn on once this thread's bulk reductions are complete (bulk_wait<0> first): a proxy fence
+// orders them before the generic release of the counter.
+__device__ __forceinline__ void ordered_turn_pass(int* counter) {
+  asm volatile("fence.proxy.async.global;\n" ::: "memory");
+  asm volatile("red.release.gpu.global.add.s32 [%0], 1;\n" ::"l"(counter) : "memory");
+}
+
 }  // namespace fa::cuda::flash::sm90
