@@ -147,11 +147,12 @@ export interface AttentionBackwardOptions extends AttentionOptions {
    *   float16 and bfloat16, every head dim (run by the kernels of head dim 32, 64, 128, 192 or 256,
    *   zero-padded); elsewhere a RangeError says why.
    * - `'auto'` (default): `'two-kernel'` where it exists (float16 and bfloat16 on Hopper), else
-   *   `'single-kernel'`; on Hopper `'single-kernel'` also where it is faster: head dims 64 and 128
-   *   (after padding) without a causal mask, with at least 8192 queries and keys, not deterministic.
-   *   On an H100 (bf16, 16k tokens per batch, 2026-11-26) the single kernel ran 1.23× the two
-   *   kernels' throughput at head dim 128, seqlen 8k, and 0.73–0.99× at 512–2k; the two need no
-   *   float32 dq accumulator and are deterministic.
+   *   `'single-kernel'`; on Hopper `'single-kernel'` also where it is faster, without a causal mask:
+   *   head dims 97–128 from 1024 queries and keys (2048 with `deterministic`), where the single
+   *   kernel is a warp-specialized one, and head dim 64 (after padding) from 8192 when not
+   *   deterministic. On an H100 (bf16, 16k tokens per batch, 2026-11-26) the warp-specialized kernel
+   *   ran 1.09 / 1.19 / 1.29× the two kernels' throughput at head dim 128, seqlen 1k / 2k / 8k; the
+   *   two need no float32 dq accumulator and are deterministic.
    *
    * The result's `algorithm` says which ran. The naive kernel and the CPU backend have one structure
    * each: they accept `'auto'` and `'single-kernel'`.
