@@ -97,9 +97,11 @@ inline constexpr int64_t kBwdSingleKernelMinSeqlen = 8192;
 // consumer warpgroups of 64 keys; 64 query rows per step. It replaces the main kernel there, and
 // 'auto' takes it over the two kernels from kBwdWsMinSeqlen queries and keys, deterministic from
 // kBwdWsDeterministicMinSeqlen. H100, bf16, B*S = 16k, H*D = 2048, queued back to back, ms at seqlen
-// 512 / 1k / 2k / 8k (2026-11-26, test/native/flash_bwd_check.cu, same run): this kernel 0.666 /
-// 0.968 / 1.570 / 5.421, deterministic 0.725 / 1.117 / 1.839 / 5.911; two kernels 0.670 / 1.057 /
-// 1.872 / 6.974. (The main single kernel, an earlier run: 0.680 / 1.018 / 1.671 / 5.722.)
+// 512 / 1k / 2k / 8k (2026-11-26, test/native/flash_bwd_check.cu): two kernels 0.670 / 1.057 / 1.872
+// / 6.974; this kernel with its consumers in lockstep (same run) 0.666 / 0.968 / 1.570 / 5.421,
+// deterministic 0.725 / 1.117 / 1.839 / 5.911; as built (consumer 0 a dQ step behind; a later run,
+// 1k / 2k / 8k) 0.950 / 1.565 / 5.23, deterministic 1.133 / 1.873 / 5.935. (The main single kernel,
+// an earlier run: 0.680 / 1.018 / 1.671 / 5.722.)
 inline constexpr FlashConfig kBwdWsSm90Configs[] = {{128, 64, 128, 12, 2, 0, false}};
 inline constexpr int64_t kBwdWsMinSeqlen = 1024;
 inline constexpr int64_t kBwdWsDeterministicMinSeqlen = 2048;

@@ -1,7 +1,7 @@
 // Launcher of the Hopper FA2 backward's kernels: the call's tensor maps (q, dout, k, v; the single
 // kernel's dQ accumulator), the dtype x head dim x causal dispatch, dynamic shared-memory attribute,
 // launch. The single kernel at head dims 97-128 without a causal mask is the warp-specialized one (flash_bwd_ws_sm90_kernel.cuh; ptxas: 168 registers at launch, setmaxnreg 24 /
-// 240, 52 bytes of spill stores); the main kernel everywhere else. Compiled for every target; the kernel has a
+// 240, 28 bytes of spill stores); the main kernel everywhere else. Compiled for every target; the kernel has a
 // body only in the sm_90a pass, and flash_bwd_sm90_built() tells the dispatcher whether that pass was
 // part of the build.
 //

@@ -11,18 +11,21 @@
 // accumulator, then it frees the staging piece.
 // Warpgroups 1 and 2 are the consumers: warpgroup 1 + w owns keys [64 w, 64 w + 64) of the tile, its
 // dK and dV in registers. Per step: S^T and dP^T (committed separately), P^T while dP^T runs, dV
-// issued, dS^T, dK issued, dS^T into shared memory (double-buffered), a named barrier of the two
-// consumer warpgroups, dQ_i's half of the columns = dS K_j, then the step's stage is released and the
-// dQ piece staged for the writer. No block-wide barrier inside the loop: the consumers meet only at
-// the dS barrier, the producer runs a stage ahead.
+// issued, dS^T, dK issued, dS^T into shared memory (double-buffered; full / empty mbarriers of both
+// consumers), then a dQ half of the columns = dS K_j: consumer 1 this step's, consumer 0 the previous
+// step's, so that neither waits for the other's dS^T of the same step and consumer 1 may run up to a
+// step behind (no barrier holds them in lockstep). Then the stage is released and the dQ piece staged
+// for the writer. The producer runs a stage ahead.
 // Without a causal mask the only hidden pairs are the tails (keys >= seqlen_k, rows >= seqlen_q),
 // which TMA fills with zeros: no NaN / ±Inf from the inputs meets a hidden P or dS = 0, so the
 // containment's rare path of the other kernels is not needed here.
-// Nsight Compute (H100, bf16, B2 H16 S8192, 2026-11-26): 4.93 ms at 1.81 GHz, 557 TFLOP/s by FA2's
-// count, tensor pipe 56.5% busy. The consumers meet at the dS barrier every step, so their softmax
-// phases coincide and leave the tensor cores idle. Reading lse / D into registers before the wgmma
-// waits and deferring the dQ piece's proxy fence by a step moved the stall samples elsewhere and
-// bought nothing (queued 5.448 vs 5.444 ms at 8k).
+// Nsight Compute (H100, bf16, B2 H16 S8192, 2026-11-26; consumers in lockstep at a named dS barrier
+// then): 4.93 ms at 1.81 GHz, 557 TFLOP/s by FA2's count, tensor pipe 56.5% busy. Reading lse / D
+// into registers before the wgmma waits and deferring the dQ piece's proxy fence by a step moved the
+// stall samples elsewhere and bought nothing (queued 5.448 vs 5.444 ms at 8k). Consumer 0 taking the
+// previous step's dQ (the skew above) bought 1-4% (queued, 1k / 2k / 8k: 0.950 / 1.570 / 5.27 ms
+// against 0.966 / 1.61 / 5.48) and costs deterministic mode 1-2%; starting consumer 1 half a step
+// late on top of it bought nothing more (5.19 against 5.18 ms at 8k).
 #pragma once
 #include <cuda_runtime.h>
 
@@ -57,7 +60,7 @@ struct FlashBwdWsSm90Traits {
   static constexpr int kStages = 2;                        // Q / dO / lse / D stages
   // setmaxnreg budgets: the launch gives each thread 168 registers (65,536 / 384, in steps of 8), and
   // what the producer gives up is all the consumers can take: 128 x 24 + 256 x 240 = 128 x 40 + 256 x
-  // 232 = 384 x 168. ptxas (sm_90a): 52 bytes of spill stores at 24 / 240.
+  // 232 = 384 x 168. ptxas (sm_90a): 28 bytes of spill stores at 24 / 240.
   static constexpr int kLaunchRegs = (65536 / kNThreads) / 8 * 8;
   static constexpr int kProducerRegs = 24;
   static constexpr int kConsumerRegs = 240;
@@ -81,12 +84,10 @@ struct FlashBwdWsSm90Traits {
   // [kStages][kBlockM] floats | mbarriers: K/V full, Q full [kStages], Q empty [kStages], dQ full
   // [kConsumers], dQ empty [kConsumers]; +1024 to align the dynamic base.
   static constexpr size_t kFloatBytes = 2 * kStages * kBlockM * sizeof(float);
-  static constexpr size_t kBarrierBytes = 8 * (1 + 2 * kStages + 2 * kConsumers);
+  static constexpr size_t kBarrierBytes = 8 * (1 + 2 * kStages + 2 * kConsumers + 4);
   static constexpr size_t kSmemBytes = 2 * kKvTileBytes + 2 * kStages * kQTileBytes + 2 * kDsBytes + kDqStageBytes +
                                        kFloatBytes + kBarrierBytes + 1024;
 
-  // Named barrier 1: the two consumer warpgroups' dS^T halves are in place (0 is __syncthreads').
-  static constexpr int kDsBarrier = 1;
 
   static_assert(sizeof(Elem) == 2, "the wgmma path takes fp16 or bf16");
   static_assert(kHeadDim == 128, "head dim 128: each consumer takes one 64-column half of dQ");
@@ -120,6 +121,13 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
   const auto empty_dq = [&](int c) {
     return full_kv + 8u * static_cast<uint32_t>(1 + 2 * kStages + Traits::kConsumers + c);
   };
+  // dS^T buffer b: both consumers' halves stored (full), both consumers' dQ products done with it (empty).
+  const auto full_ds = [&](int b) {
+    return full_kv + 8u * static_cast<uint32_t>(1 + 2 * kStages + 2 * Traits::kConsumers + b);
+  };
+  const auto empty_ds = [&](int b) {
+    return full_kv + 8u * static_cast<uint32_t>(1 + 2 * kStages + 2 * Traits::kConsumers + 2 + b);
+  };
   float* sLse2 = reinterpret_cast<float*>(smem_raw + (float_base - smem_u32(smem_raw)));
   float* sD = sLse2 + kStages * kBlockM;
   // Consumer c's dQ piece: column blocks [c kDqBoxes, (c + 1) kDqBoxes) of the staging tile.
@@ -152,6 +160,11 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
     for (int c = 0; c < Traits::kConsumers; ++c) {
       mbarrier_init(full_dq(c), 128);  // every thread of consumer c, after its fence
       mbarrier_init(empty_dq(c), 1);   // the writer, once its reductions have read the piece
+    }
+#pragma unroll
+    for (int b = 0; b < 2; ++b) {
+      mbarrier_init(full_ds(b), Traits::kConsumerThreads);   // every consumer thread, after its fence
+      mbarrier_init(empty_ds(b), Traits::kConsumerThreads);  // every consumer thread, its dQ product done
     }
     fence_mbarrier_init();
   }
@@ -240,6 +253,43 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
     for (int e = 0; e < 4; ++e) dk[j][e] = dv[j][e] = 0.0f;
   if (iters > 0) mbarrier_wait(full_kv, 0);
 
+  // dQ_k's columns [64 cw, 64 cw + 64) = dS_k K_j over the block's 128 keys, once both halves of step
+  // k's dS^T are in place (buffer k % 2, use k / 2); committed, not waited for.
+  const auto issue_dq = [&](float (&dq)[Traits::kDqTiles][4], int k) {
+    const int b = k % 2;
+    mbarrier_wait(full_ds(b), static_cast<uint32_t>((k / 2) & 1));
+    const uint32_t sdS_b = sdS + static_cast<uint32_t>(b * Traits::kDsBytes);
+    wgmma_fence();
+#pragma unroll
+    for (int ks = 0; ks < Traits::kDqKSteps; ++ks)
+      Wgmma<Traits::kDqN, Elem>::ss_tt(dq, desc_mn_major<kBlockN>(sdS_b, ks), desc_mn_major<kBlockN>(sK_dq, ks),
+                                      ks > 0);
+    wgmma_commit();
+  };
+  // After issue_dq's product completed: the dS^T buffer is released, and dQ_k staged for the writer
+  // (flash_bwd_sm90_kernel.cuh's layout) once it has read this consumer's previous piece (parity of
+  // piece k - 1), then released to it.
+  const auto stage_dq = [&](float (&dq)[Traits::kDqTiles][4], int k) {
+    fence_operands(dq);
+    mbarrier_arrive(empty_ds(k % 2));
+    mbarrier_wait(empty_dq(cw), static_cast<uint32_t>((k & 1) ^ 1));
+    uint32_t row_base = sdq_piece(cw) + static_cast<uint32_t>((warp * 16 + g) * kSw128RowBytes + (t % 2) * 8);
+    uint32_t swz = static_cast<uint32_t>(((t / 2) ^ g) * 16);
+    asm volatile("" : "+r"(row_base), "+r"(swz));
+#pragma unroll
+    for (int j = 0; j < Traits::kDqTiles; ++j)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const uint32_t addr = row_base +
+                              static_cast<uint32_t>((j / 4) * kBlockM * kSw128RowBytes + 8 * h * kSw128RowBytes) +
+                              ((32u * (j % 4)) ^ swz);
+        asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(addr), "f"(dq[j][2 * h]), "f"(dq[j][2 * h + 1])
+                     : "memory");
+      }
+    fence_proxy_async_shared();
+    mbarrier_arrive(full_dq(cw));
+  };
+
   for (int it = 0; it < iters; ++it) {
     const int st = it % kStages;
     const int m0 = step_m0(it);
@@ -297,9 +347,11 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
     wgmma_commit();
 
     // dS^T into sdS[it % 2] (flash_bwd_sm90_kernel.cuh's layout: a key per 128-byte row, its 64 queries
-    // along it, 16-byte chunks swizzled with the key). Buffer it % 2 was last read by step it - 2's dQ
-    // products, which both consumers finished before the dS barrier of step it - 1.
-    const uint32_t sdS_buf = sdS + static_cast<uint32_t>((it % 2) * Traits::kDsBytes);
+    // along it, 16-byte chunks swizzled with the key), once both consumers' dQ products of step it - 2
+    // are done with the buffer (its empty barrier, use it / 2 - 1).
+    const int buf = it % 2;
+    mbarrier_wait(empty_ds(buf), static_cast<uint32_t>(((it / 2) & 1) ^ 1));
+    const uint32_t sdS_buf = sdS + static_cast<uint32_t>(buf * Traits::kDsBytes);
 #pragma unroll
     for (int j = 0; j < kSTiles; ++j)
 #pragma unroll
@@ -310,45 +362,35 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
         asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(addr), "r"(dsa[j / 2][(j % 2) * 2 + h]) : "memory");
       }
     fence_proxy_async_smem();
-    named_barrier_sync(Traits::kDsBarrier, Traits::kConsumerThreads);  // both halves of dS^T are in place
+    mbarrier_arrive(full_ds(buf));
 
-    // dQ_i's columns [64 cw, 64 cw + 64) = dS K_j over the block's 128 keys.
-    float dq[Traits::kDqTiles][4];
-    wgmma_fence();
-#pragma unroll
-    for (int ks = 0; ks < Traits::kDqKSteps; ++ks)
-      Wgmma<Traits::kDqN, Elem>::ss_tt(dq, desc_mn_major<kBlockN>(sdS_buf, ks), desc_mn_major<kBlockN>(sK_dq, ks),
-                                      ks > 0);
-    wgmma_commit();
-    wgmma_wait<0>();  // dV, dK and dQ of this step
-    fence_operands(dq);
-    fence_operands(dk);
-    fence_operands(dv);
-    // This thread is done with the stage: its products have read Q and dO, its lse / D reads are done.
-    // Every thread arrives, not one a warp after __syncwarp: compute-sanitizer's racecheck then sees the
-    // producer's next lse / D writes ordered after each thread's reads (one a warp: 312 hazards).
-    mbarrier_arrive(empty_q(st));
-
-    // The dQ piece, once the writer has read the previous one (parity of use it - 1), into the staging
-    // tile (flash_bwd_sm90_kernel.cuh's layout), then released to the writer.
-    mbarrier_wait(empty_dq(cw), static_cast<uint32_t>((it & 1) ^ 1));
-    {
-      uint32_t row_base = sdq_piece(cw) + static_cast<uint32_t>((warp * 16 + g) * kSw128RowBytes + (t % 2) * 8);
-      uint32_t swz = static_cast<uint32_t>(((t / 2) ^ g) * 16);
-      asm volatile("" : "+r"(row_base), "+r"(swz));
-#pragma unroll
-      for (int j = 0; j < Traits::kDqTiles; ++j)
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          const uint32_t addr =
-              row_base + static_cast<uint32_t>((j / 4) * kBlockM * kSw128RowBytes + 8 * h * kSw128RowBytes) +
-              ((32u * (j % 4)) ^ swz);
-          asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(addr), "f"(dq[j][2 * h]), "f"(dq[j][2 * h + 1])
-                       : "memory");
-        }
+    // dQ: consumer 1 takes this step's, consumer 0 the previous step's, so that consumer 1 runs up to a
+    // step behind consumer 0 and their softmax phases need not coincide.
+    // This thread is done with the stage once dV and dK are: its products have read Q and dO, its
+    // lse / D reads are done. Every thread arrives, not one a warp after __syncwarp: compute-sanitizer's
+    // racecheck then sees the producer's next lse / D writes ordered after each thread's reads (one a
+    // warp: 312 hazards).
+    const int dq_it = cw == 1 ? it : it - 1;
+    if (dq_it >= 0) {
+      float dq[Traits::kDqTiles][4];
+      issue_dq(dq, dq_it);
+      wgmma_wait<0>();  // dV, dK and dQ
+      fence_operands(dk);
+      fence_operands(dv);
+      mbarrier_arrive(empty_q(st));
+      stage_dq(dq, dq_it);
+    } else {
+      wgmma_wait<0>();
+      fence_operands(dk);
+      fence_operands(dv);
+      mbarrier_arrive(empty_q(st));
     }
-    fence_proxy_async_shared();
-    mbarrier_arrive(full_dq(cw));
+  }
+  if (cw == 0 && iters > 0) {  // consumer 0's last dQ
+    float dq[Traits::kDqTiles][4];
+    issue_dq(dq, iters - 1);
+    wgmma_wait<0>();
+    stage_dq(dq, iters - 1);
   }
 
   // Epilogue: dK * scale and dV for this thread's keys (zeros when no query saw the tile).
