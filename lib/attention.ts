@@ -151,7 +151,7 @@ export interface AttentionBackwardOptions extends AttentionOptions {
    *   head dims 97–128 from 1024 queries and keys (2048 with `deterministic`), where the single
    *   kernel is a warp-specialized one, and head dim 64 (after padding) from 8192 when not
    *   deterministic. On an H100 (bf16, 16k tokens per batch, 2026-11-26) the warp-specialized kernel
-   *   ran 1.09 / 1.19 / 1.29× the two kernels' throughput at head dim 128, seqlen 1k / 2k / 8k; the
+   *   ran 1.11 / 1.19 / 1.32× the two kernels' throughput at head dim 128, seqlen 1k / 2k / 8k; the
    *   two need no float32 dq accumulator and are deterministic.
    *
    * The result's `algorithm` says which ran. The naive kernel and the CPU backend have one structure
