@@ -148,13 +148,9 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSm)
       // kPipelined has the measurement; the causal kernel waits for both).
       float s[kSTiles][4], dp[kSTiles][4];
       wgmma_fence();
-#pragma unroll
-      for (int ks = 0; ks < Traits::kKSteps; ++ks)
-        Wgmma<kBlockN, Elem>::ss(s, desc_k_major<kBlockM>(sQ_wg, ks), desc_k_major<kBlockN>(sK_tile, ks), ks > 0);
+      wgmma_ss_k_major<kBlockN, kBlockM, kBlockN, Traits::kKSteps, Elem>(s, sQ_wg, sK_tile);
       wgmma_commit();
-#pragma unroll
-      for (int ks = 0; ks < Traits::kKSteps; ++ks)
-        Wgmma<kBlockN, Elem>::ss(dp, desc_k_major<kBlockM>(sdO_wg, ks), desc_k_major<kBlockN>(sV_tile, ks), ks > 0);
+      wgmma_ss_k_major<kBlockN, kBlockM, kBlockN, Traits::kKSteps, Elem>(dp, sdO_wg, sV_tile);
       wgmma_commit();
       wgmma_wait<kIsCausal ? 0 : 1>();  // S is ready; dP may still run
       fence_operands(s);
@@ -242,9 +238,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSm)
 
       // dQ += dS K over this tile's keys.
       wgmma_fence();
-#pragma unroll
-      for (int ks = 0; ks < Traits::kDqKSteps; ++ks)
-        Wgmma<Traits::kHeadDim, Elem>::rs_tb(dq, dsa[ks], desc_mn_major<kBlockN>(sK_tile, ks), 1);
+      wgmma_rs_mn_major<Traits::kHeadDim, kBlockN, Traits::kDqKSteps, Elem>(dq, dsa, sK_tile);
       wgmma_commit();
       wgmma_wait<0>();
       fence_operands(dq);

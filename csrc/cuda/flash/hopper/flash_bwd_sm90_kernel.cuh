@@ -214,13 +214,9 @@ __global__ void __launch_bounds__(Traits::kNThreads, kComputeDq ? 1 : Traits::kD
         // separately (kPipelined: P^T is computed while the tensor cores run dP^T).
         float st[kSTiles][4], dpt[kSTiles][4];
         wgmma_fence();
-#pragma unroll
-        for (int ks = 0; ks < Traits::kKSteps; ++ks)
-          Wgmma<kBlockM, Elem>::ss(st, desc_k_major<kBlockN>(sK_wg, ks), desc_k_major<kBlockM>(sQs, ks), ks > 0);
+        wgmma_ss_k_major<kBlockM, kBlockN, kBlockM, Traits::kKSteps, Elem>(st, sK_wg, sQs);
         wgmma_commit();
-#pragma unroll
-        for (int ks = 0; ks < Traits::kKSteps; ++ks)
-          Wgmma<kBlockM, Elem>::ss(dpt, desc_k_major<kBlockN>(sV_wg, ks), desc_k_major<kBlockM>(sdOs, ks), ks > 0);
+        wgmma_ss_k_major<kBlockM, kBlockN, kBlockM, Traits::kKSteps, Elem>(dpt, sV_wg, sdOs);
         wgmma_commit();
 
         // P^T, then dS^T. Element (j, e): key n0 + key_row0 + 8 (e / 2), query m0 + 8 j + 2 t + e % 2.
@@ -249,9 +245,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, kComputeDq ? 1 : Traits::kD
         // elements.
         const auto issue_dv = [&] {
           wgmma_fence();
-#pragma unroll
-          for (int ks = 0; ks < Traits::kQKSteps; ++ks)
-            Wgmma<kHeadDim, Elem>::rs_tb(dv, pa[ks], desc_mn_major<kBlockM>(sdOs, ks), 1);
+          wgmma_rs_mn_major<kHeadDim, kBlockM, Traits::kQKSteps, Elem>(dv, pa, sdOs);
         };
         constexpr bool kEarlyDv = !kCross && kPipelined;
         if constexpr (kPipelined) {
@@ -339,9 +333,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, kComputeDq ? 1 : Traits::kD
           issue_dv();
         else
           wgmma_fence();
-#pragma unroll
-        for (int ks = 0; ks < Traits::kQKSteps; ++ks)
-          Wgmma<kHeadDim, Elem>::rs_tb(dk, dsa[ks], desc_mn_major<kBlockM>(sQs, ks), 1);
+        wgmma_rs_mn_major<kHeadDim, kBlockM, Traits::kQKSteps, Elem>(dk, dsa, sQs);
         wgmma_commit();
         if (kPipelined && has_next) store_bwd_row_stats<kBlockM>(next_stats, sLse2, sD, (use + 1) % kStages);
 

@@ -191,13 +191,9 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
       float st[kSTiles][4], dpt[kSTiles][4];
       const uint32_t q_rows = static_cast<uint32_t>(q_base * kSw128RowBytes);
       wgmma_fence();
-#pragma unroll
-      for (int ks = 0; ks < Traits::kKSteps; ++ks)
-        Wgmma<kWgQueries, Elem>::ss(st, desc_k_major<kBlockN>(sK, ks), desc_k_major<kBlockM>(sQs + q_rows, ks), ks > 0);
+      wgmma_ss_k_major<kWgQueries, kBlockN, kBlockM, Traits::kKSteps, Elem>(st, sK, sQs + q_rows);
       wgmma_commit();
-#pragma unroll
-      for (int ks = 0; ks < Traits::kKSteps; ++ks)
-        Wgmma<kWgQueries, Elem>::ss(dpt, desc_k_major<kBlockN>(sV, ks), desc_k_major<kBlockM>(sdOs + q_rows, ks), ks > 0);
+      wgmma_ss_k_major<kWgQueries, kBlockN, kBlockM, Traits::kKSteps, Elem>(dpt, sV, sdOs + q_rows);
       wgmma_commit();
 
       // P^T, then dS^T (flash_bwd_sm90_kernel.cuh's rule). Element (j, e): key n0 + key_row0 + 8 (e / 2),

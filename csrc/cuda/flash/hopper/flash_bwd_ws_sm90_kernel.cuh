@@ -302,13 +302,9 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
     // S^T = K_w Q^T and dP^T = V_w dO^T: (64 keys, 64 queries), committed separately.
     float s_t[kSTiles][4], dp_t[kSTiles][4];
     wgmma_fence();
-#pragma unroll
-    for (int ks = 0; ks < Traits::kKSteps; ++ks)
-      Wgmma<kBlockM, Elem>::ss(s_t, desc_k_major<kBlockN>(sK_wg, ks), desc_k_major<kBlockM>(sQs, ks), ks > 0);
+    wgmma_ss_k_major<kBlockM, kBlockN, kBlockM, Traits::kKSteps, Elem>(s_t, sK_wg, sQs);
     wgmma_commit();
-#pragma unroll
-    for (int ks = 0; ks < Traits::kKSteps; ++ks)
-      Wgmma<kBlockM, Elem>::ss(dp_t, desc_k_major<kBlockN>(sV_wg, ks), desc_k_major<kBlockM>(sdOs, ks), ks > 0);
+    wgmma_ss_k_major<kBlockM, kBlockN, kBlockM, Traits::kKSteps, Elem>(dp_t, sV_wg, sdOs);
     wgmma_commit();
 
     const bool tile_masked = mask.template bwd_tile_needs_mask<kBlockM, kBlockN>(m0, n0);
@@ -328,9 +324,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
     for (int ks = 0; ks < Traits::kQKSteps; ++ks) p_to_a_operand<Elem>(s_t, ks, pa[ks]);
     // dV += P^T dO while dS^T is computed.
     wgmma_fence();
-#pragma unroll
-    for (int ks = 0; ks < Traits::kQKSteps; ++ks)
-      Wgmma<kHeadDim, Elem>::rs_tb(dv, pa[ks], desc_mn_major<kBlockM>(sdOs, ks), 1);
+    wgmma_rs_mn_major<kHeadDim, kBlockM, Traits::kQKSteps, Elem>(dv, pa, sdOs);
     wgmma_commit();
     wgmma_wait<1>();  // dP^T is ready; dV may still run
     fence_operands(dp_t);
@@ -341,9 +335,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
     for (int ks = 0; ks < Traits::kQKSteps; ++ks) p_to_a_operand<Elem>(dp_t, ks, dsa[ks]);
     // dK += dS^T Q.
     wgmma_fence();
-#pragma unroll
-    for (int ks = 0; ks < Traits::kQKSteps; ++ks)
-      Wgmma<kHeadDim, Elem>::rs_tb(dk, dsa[ks], desc_mn_major<kBlockM>(sQs, ks), 1);
+    wgmma_rs_mn_major<kHeadDim, kBlockM, Traits::kQKSteps, Elem>(dk, dsa, sQs);
     wgmma_commit();
 
     // dS^T into sdS[it % 2] (flash_bwd_sm90_kernel.cuh's layout: a key per 128-byte row, its 64 queries

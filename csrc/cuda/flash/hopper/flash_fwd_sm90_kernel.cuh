@@ -54,14 +54,10 @@ __device__ __forceinline__ void issue_s_then_pv(float (&s)[Traits::kSTiles][4], 
                                                 uint32_t sK_tile, uint32_t sV_prev, bool has_prev) {
   constexpr int kBlockM = Traits::kBlockM, kBlockN = Traits::kBlockN;
   wgmma_fence();
-#pragma unroll
-  for (int ks = 0; ks < Traits::kKSteps; ++ks)
-    Wgmma<kBlockN, Elem>::ss(s, desc_k_major<kBlockM>(sQ_wg, ks), desc_k_major<kBlockN>(sK_tile, ks), ks > 0);
+  wgmma_ss_k_major<kBlockN, kBlockM, kBlockN, Traits::kKSteps, Elem>(s, sQ_wg, sK_tile);
   wgmma_commit();
   if (has_prev) {
-#pragma unroll
-    for (int ks = 0; ks < Traits::kPvKSteps; ++ks)
-      Wgmma<Traits::kHeadDim, Elem>::rs_tb(o, pa[ks], desc_mn_major<kBlockN>(sV_prev, ks), 1);
+    wgmma_rs_mn_major<Traits::kHeadDim, kBlockN, Traits::kPvKSteps, Elem>(o, pa, sV_prev);
     wgmma_commit();
     wgmma_wait<1>();  // S_nb is ready; P_{nb-1} V_{nb-1} may still run
   } else {
@@ -183,9 +179,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSm) fl
     // The last tile's P V.
     wgmma_fence();
     const uint32_t sV_last = sV + stage_off(n_blocks - 1);
-#pragma unroll
-    for (int ks = 0; ks < Traits::kPvKSteps; ++ks)
-      Wgmma<Traits::kHeadDim, Elem>::rs_tb(o, pa[ks], desc_mn_major<kBlockN>(sV_last, ks), 1);
+    wgmma_rs_mn_major<Traits::kHeadDim, kBlockN, Traits::kPvKSteps, Elem>(o, pa, sV_last);
     wgmma_commit();
     wgmma_wait<0>();
     fence_operands(o);

@@ -306,9 +306,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
       wait_v(last);
       wgmma_fence();
       const uint32_t sV_last = sV + stage_off(g0 + last);
-#pragma unroll
-      for (int ks = 0; ks < Traits::kPvKSteps; ++ks)
-        Wgmma<Traits::kHeadDim, Elem>::rs_tb(o, pa[ks], desc_mn_major<kBlockN>(sV_last, ks), 1);
+      wgmma_rs_mn_major<Traits::kHeadDim, kBlockN, Traits::kPvKSteps, Elem>(o, pa, sV_last);
       wgmma_commit();
       wgmma_wait<0>();
       fence_operands(o);

@@ -56,6 +56,26 @@ __device__ __forceinline__ uint64_t desc_mn_major(uint32_t tile_addr, int ks) {
   return make_desc(tile_addr + ks * 16 * kSw128RowBytes, kRows * kSw128RowBytes, kSw128AtomBytes);
 }
 
+// The k-step loops of the kernels' products (issued only: the fence before and the commit / wait after
+// are the caller's, as they group products differently).
+// acc = A B^T over kKSteps 16-wide k-steps, A and B K-major SW128 tiles of kARows / kBRows rows (the
+// distance between their column blocks); the first k-step overwrites acc.
+template <int kN, int kARows, int kBRows, int kKSteps, typename Elem, int kTiles>
+__device__ __forceinline__ void wgmma_ss_k_major(float (&acc)[kTiles][4], uint32_t a_tile, uint32_t b_tile) {
+#pragma unroll
+  for (int ks = 0; ks < kKSteps; ++ks)
+    Wgmma<kN, Elem>::ss(acc, desc_k_major<kARows>(a_tile, ks), desc_k_major<kBRows>(b_tile, ks), ks > 0);
+}
+// acc += A B over kKSteps k-steps, A from registers (a[ks]: k-step ks's fragment, the mma.sync A
+// layout), B an MN-major SW128 tile of kBRows rows.
+template <int kN, int kBRows, int kKSteps, typename Elem, int kAFrags, int kTiles>
+__device__ __forceinline__ void wgmma_rs_mn_major(float (&acc)[kTiles][4], const uint32_t (&a)[kAFrags][4],
+                                                  uint32_t b_tile) {
+  static_assert(kKSteps <= kAFrags, "a fragment per k-step");
+#pragma unroll
+  for (int ks = 0; ks < kKSteps; ++ks) Wgmma<kN, Elem>::rs_tb(acc, a[ks], desc_mn_major<kBRows>(b_tile, ks), 1);
+}
+
 // Orders this thread's earlier register writes (accumulators, A fragments) before the next wgmma.
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
