@@ -37,6 +37,7 @@
 #include <cuda_runtime.h>
 
 #include <cmath>
+#include <type_traits>
 
 namespace fa::cuda::flash {
 
@@ -145,5 +146,16 @@ struct AttentionMask {
     }
   }
 };
+
+// Runs f(std::true_type{}) on a tile that needs the per-element test (`masked`, from
+// fwd_tile_needs_mask / bwd_tile_needs_mask), f(std::false_type{}) on the others: f compiles both ways,
+// the unmasked one without the test.
+template <typename F>
+__device__ __forceinline__ void by_tile_mask(bool masked, F&& f) {
+  if (masked)
+    f(std::true_type{});
+  else
+    f(std::false_type{});
+}
 
 }  // namespace fa::cuda::flash

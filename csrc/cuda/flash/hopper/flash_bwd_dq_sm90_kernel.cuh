@@ -147,11 +147,8 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSm)
       // the causal mask P is computed while the tensor cores run dP (flash_bwd_sm90_kernel.cuh
       // kPipelined has the measurement; the causal kernel waits for both).
       float s[kSTiles][4], dp[kSTiles][4];
-      wgmma_fence();
-      wgmma_ss_k_major<kBlockN, kBlockM, kBlockN, Traits::kKSteps, Elem>(s, sQ_wg, sK_tile);
-      wgmma_commit();
-      wgmma_ss_k_major<kBlockN, kBlockM, kBlockN, Traits::kKSteps, Elem>(dp, sdO_wg, sV_tile);
-      wgmma_commit();
+      wgmma_ss_k_major_two_groups<kBlockN, kBlockM, kBlockN, Traits::kKSteps, Elem>(
+          s, sQ_wg, sK_tile, dp, sdO_wg, sV_tile);
       wgmma_wait<kIsCausal ? 0 : 1>();  // S is ready; dP may still run
       fence_operands(s);
 #pragma unroll

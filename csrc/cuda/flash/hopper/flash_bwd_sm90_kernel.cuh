@@ -213,11 +213,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, kComputeDq ? 1 : Traits::kD
         // S^T = K_w Q^T and dP^T = V_w dO^T: (64 keys, kBlockM queries) per warpgroup, committed
         // separately (kPipelined: P^T is computed while the tensor cores run dP^T).
         float st[kSTiles][4], dpt[kSTiles][4];
-        wgmma_fence();
-        wgmma_ss_k_major<kBlockM, kBlockN, kBlockM, Traits::kKSteps, Elem>(st, sK_wg, sQs);
-        wgmma_commit();
-        wgmma_ss_k_major<kBlockM, kBlockN, kBlockM, Traits::kKSteps, Elem>(dpt, sV_wg, sdOs);
-        wgmma_commit();
+        wgmma_ss_k_major_two_groups<kBlockM, kBlockN, kBlockM, Traits::kKSteps, Elem>(st, sK_wg, sQs, dpt, sV_wg, sdOs);
 
         // P^T, then dS^T. Element (j, e): key n0 + key_row0 + 8 (e / 2), query m0 + 8 j + 2 t + e % 2.
         // x = S^T scale_log2 is rounded before lse2 is subtracted (__fmul_rn: ptxas would contract a plain
@@ -226,12 +222,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, kComputeDq ? 1 : Traits::kD
         // gets P^T = dS^T = 0 by selects (mask.cuh), whatever S, lse, dP and D hold. (Selecting the
         // outputs here, the inputs in flash_bwd_kernel.cuh: each the form that cost ptxas fewer registers.)
         const bool tile_masked = mask.template bwd_tile_needs_mask<kBlockM, kBlockN>(m0, n0);
-        const auto by_mask = [&](auto f) {
-          if (tile_masked)
-            f(std::true_type{});
-          else
-            f(std::false_type{});
-        };
+        const auto by_mask = [&](auto f) { by_tile_mask(tile_masked, f); };  // mask.cuh
         const auto hidden_at = [&](auto masked, int j, int e) {
           return decltype(masked)::value & mask.hidden(m0 + 8 * j + 2 * t + e % 2, n0 + key_row0 + 8 * (e / 2));
         };

@@ -190,7 +190,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
       // P^T is computed while the tensor cores run dP^T.
       float st[kSTiles][4], dpt[kSTiles][4];
       const uint32_t q_rows = static_cast<uint32_t>(q_base * kSw128RowBytes);
-      wgmma_fence();
+      wgmma_fence();  // not wgmma_ss_k_major_two_groups: that computes sQs + q_rows before the fence
       wgmma_ss_k_major<kWgQueries, kBlockN, kBlockM, Traits::kKSteps, Elem>(st, sK, sQs + q_rows);
       wgmma_commit();
       wgmma_ss_k_major<kWgQueries, kBlockN, kBlockM, Traits::kKSteps, Elem>(dpt, sV, sdOs + q_rows);
@@ -198,11 +198,8 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
 
       // P^T, then dS^T (flash_bwd_sm90_kernel.cuh's rule). Element (j, e): key n0 + key_row0 + 8 (e / 2),
       // query m0 + q_base + 8 j + 2 t + e % 2.
-      const auto by_mask = [&](auto f) {
-        if (mask.template bwd_tile_needs_mask<kBlockM, kBlockN>(m0, n0))
-          f(std::true_type{});
-        else
-          f(std::false_type{});
+      const auto by_mask = [&](auto f) {  // mask.cuh
+        by_tile_mask(mask.template bwd_tile_needs_mask<kBlockM, kBlockN>(m0, n0), f);
       };
       const int key0 = n0 + key_row0;
       wgmma_wait<1>();  // S^T is ready; dP^T may still run

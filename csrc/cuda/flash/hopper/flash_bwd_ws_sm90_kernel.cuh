@@ -301,19 +301,10 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
 
     // S^T = K_w Q^T and dP^T = V_w dO^T: (64 keys, 64 queries), committed separately.
     float s_t[kSTiles][4], dp_t[kSTiles][4];
-    wgmma_fence();
-    wgmma_ss_k_major<kBlockM, kBlockN, kBlockM, Traits::kKSteps, Elem>(s_t, sK_wg, sQs);
-    wgmma_commit();
-    wgmma_ss_k_major<kBlockM, kBlockN, kBlockM, Traits::kKSteps, Elem>(dp_t, sV_wg, sdOs);
-    wgmma_commit();
+    wgmma_ss_k_major_two_groups<kBlockM, kBlockN, kBlockM, Traits::kKSteps, Elem>(s_t, sK_wg, sQs, dp_t, sV_wg, sdOs);
 
     const bool tile_masked = mask.template bwd_tile_needs_mask<kBlockM, kBlockN>(m0, n0);
-    const auto by_mask = [&](auto f) {
-      if (tile_masked)
-        f(std::true_type{});
-      else
-        f(std::false_type{});
-    };
+    const auto by_mask = [&](auto f) { by_tile_mask(tile_masked, f); };  // mask.cuh
     wgmma_wait<1>();  // S^T is ready; dP^T may still run
     fence_operands(s_t);
     by_mask([&](auto masked) {  // fragment_softmax.cuh

@@ -56,6 +56,10 @@ __device__ __forceinline__ uint64_t desc_mn_major(uint32_t tile_addr, int ks) {
   return make_desc(tile_addr + ks * 16 * kSw128RowBytes, kRows * kSw128RowBytes, kSw128AtomBytes);
 }
 
+// Orders this thread's earlier register writes (accumulators, A fragments) before the next wgmma.
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+
 // The k-step loops of the kernels' products (issued only: the fence before and the commit / wait after
 // are the caller's, as they group products differently).
 // acc = A B^T over kKSteps 16-wide k-steps, A and B K-major SW128 tiles of kARows / kBRows rows (the
@@ -66,6 +70,17 @@ __device__ __forceinline__ void wgmma_ss_k_major(float (&acc)[kTiles][4], uint32
   for (int ks = 0; ks < kKSteps; ++ks)
     Wgmma<kN, Elem>::ss(acc, desc_k_major<kARows>(a_tile, ks), desc_k_major<kBRows>(b_tile, ks), ks > 0);
 }
+// The backward's S and dP: two such products, each committed as its own group (the caller can wait
+// for the first while the second runs), with the fence before them.
+template <int kN, int kARows, int kBRows, int kKSteps, typename Elem, int kTiles>
+__device__ __forceinline__ void wgmma_ss_k_major_two_groups(float (&c0)[kTiles][4], uint32_t a0, uint32_t b0,
+                                                            float (&c1)[kTiles][4], uint32_t a1, uint32_t b1) {
+  wgmma_fence();
+  wgmma_ss_k_major<kN, kARows, kBRows, kKSteps, Elem>(c0, a0, b0);
+  wgmma_commit();
+  wgmma_ss_k_major<kN, kARows, kBRows, kKSteps, Elem>(c1, a1, b1);
+  wgmma_commit();
+}
 // acc += A B over kKSteps k-steps, A from registers (a[ks]: k-step ks's fragment, the mma.sync A
 // layout), B an MN-major SW128 tile of kBRows rows.
 template <int kN, int kBRows, int kKSteps, typename Elem, int kAFrags, int kTiles>
@@ -75,10 +90,6 @@ __device__ __forceinline__ void wgmma_rs_mn_major(float (&acc)[kTiles][4], const
 #pragma unroll
   for (int ks = 0; ks < kKSteps; ++ks) Wgmma<kN, Elem>::rs_tb(acc, a[ks], desc_mn_major<kBRows>(b_tile, ks), 1);
 }
-
-// Orders this thread's earlier register writes (accumulators, A fragments) before the next wgmma.
-__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
-__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
 
 // Hands registers back to / asks for them from the block's pool: every thread of a warpgroup calls
 // it, with kRegs a multiple of 8 in [24, 256]; an increase waits until the pool holds enough.
