@@ -56,6 +56,31 @@ struct BwdTensorMaps {
   CUtensorMap q, dout, k, v, dq_accum;
 };
 
+// The dK / dV epilogue of the kernels whose warpgroups hold 64 keys of dK and dV (kKvTiles 8-column
+// accumulator tiles): this thread's keys key0 and key0 + 8, columns 8 j + 2 t and + 1, dK scaled by
+// softmax_scale, rounded to Elem; keys past seqlen_k and columns past head_dim are not written.
+template <typename Elem, int kKvTiles>
+__device__ __forceinline__ void store_dk_dv(const AttentionBwdParams& p, const float (&dk)[kKvTiles][4],
+                                            const float (&dv)[kKvTiles][4], int64_t batch, int head_kv, int key0,
+                                            int t, int seqlen_k, int head_dim) {
+  Elem* dk_out = static_cast<Elem*>(p.dk) + batch * p.dk_batch_stride + head_kv * p.dk_head_stride;
+  Elem* dv_out = static_cast<Elem*>(p.dv) + batch * p.dv_batch_stride + head_kv * p.dv_head_stride;
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int key = key0 + 8 * h;
+    if (key >= seqlen_k) continue;
+#pragma unroll
+    for (int j = 0; j < kKvTiles; ++j) {
+      const int col = 8 * j + 2 * t;
+      if (col >= head_dim) continue;
+      *reinterpret_cast<uint32_t*>(dk_out + static_cast<int64_t>(key) * p.dk_row_stride + col) =
+          pack2<Elem>(dk[j][2 * h] * p.softmax_scale, dk[j][2 * h + 1] * p.softmax_scale);
+      *reinterpret_cast<uint32_t*>(dv_out + static_cast<int64_t>(key) * p.dv_row_stride + col) =
+          pack2<Elem>(dv[j][2 * h], dv[j][2 * h + 1]);
+    }
+  }
+}
+
 template <typename Traits, bool kIsCausal, bool kComputeDq = true>
 __global__ void __launch_bounds__(Traits::kNThreads, kComputeDq ? 1 : Traits::kDkDvMinBlocksPerSm)
     flash_bwd_sm90_kernel(const __grid_constant__ AttentionBwdParams p, const __grid_constant__ BwdTensorMaps maps,
@@ -475,22 +500,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, kComputeDq ? 1 : Traits::kD
     }
 
     // Epilogue: dK * scale and dV for this thread's keys (zeros when no query saw the tile).
-    Elem* dk_out = static_cast<Elem*>(p.dk) + batch * p.dk_batch_stride + head_kv * p.dk_head_stride;
-    Elem* dv_out = static_cast<Elem*>(p.dv) + batch * p.dv_batch_stride + head_kv * p.dv_head_stride;
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const int key = n0 + key_row0 + 8 * h;
-      if (key >= seqlen_k) continue;
-#pragma unroll
-      for (int j = 0; j < kKvTiles; ++j) {
-        const int col = 8 * j + 2 * t;
-        if (col >= head_dim) continue;
-        *reinterpret_cast<uint32_t*>(dk_out + static_cast<int64_t>(key) * p.dk_row_stride + col) =
-            pack2<Elem>(dk[j][2 * h] * p.softmax_scale, dk[j][2 * h + 1] * p.softmax_scale);
-        *reinterpret_cast<uint32_t*>(dv_out + static_cast<int64_t>(key) * p.dv_row_stride + col) =
-            pack2<Elem>(dv[j][2 * h], dv[j][2 * h + 1]);
-      }
-    }
+    store_dk_dv<Elem>(p, dk, dv, batch, head_kv, n0 + key_row0, t, seqlen_k, head_dim);
     q_tiles += iters;
     // Deterministic mode: this tile's dQ reductions are done before the next tile's add to the same
     // accumulator rows (the order of a slice's sums is the tiles' order).

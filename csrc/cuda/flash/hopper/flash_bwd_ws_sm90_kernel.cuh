@@ -377,22 +377,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
   }
 
   // Epilogue: dK * scale and dV for this thread's keys (zeros when no query saw the tile).
-  Elem* dk_out = static_cast<Elem*>(p.dk) + batch * p.dk_batch_stride + head_kv * p.dk_head_stride;
-  Elem* dv_out = static_cast<Elem*>(p.dv) + batch * p.dv_batch_stride + head_kv * p.dv_head_stride;
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    const int key = n0 + key_row0 + 8 * h;
-    if (key >= seqlen_k) continue;
-#pragma unroll
-    for (int j = 0; j < kKvTiles; ++j) {
-      const int col = 8 * j + 2 * t;
-      if (col >= head_dim) continue;
-      *reinterpret_cast<uint32_t*>(dk_out + static_cast<int64_t>(key) * p.dk_row_stride + col) =
-          pack2<Elem>(dk[j][2 * h] * p.softmax_scale, dk[j][2 * h + 1] * p.softmax_scale);
-      *reinterpret_cast<uint32_t*>(dv_out + static_cast<int64_t>(key) * p.dv_row_stride + col) =
-          pack2<Elem>(dv[j][2 * h], dv[j][2 * h + 1]);
-    }
-  }
+  store_dk_dv<Elem>(p, dk, dv, batch, head_kv, n0 + key_row0, t, seqlen_k, head_dim);  // flash_bwd_sm90_kernel.cuh
 #else
   __trap();  // only the sm_90a build has this kernel
 #endif
