@@ -28,6 +28,8 @@ export { timeOnDevice, timeRepeatsOnDevice } from './timing';
 export type { BackendInfo, CpuBackendInfo, CpuSimd, CudaBackendInfo, BackendsReport } from './backends';
 export { NativeLoadError } from './native';
 export { referenceAttention, referenceAttentionBackward, roundToTf32 } from './reference';
+export { dropoutKeep, philox4x32 } from './dropout';
+export type { DropoutParams, DropoutSite } from './dropout';
 export type {
   ReferenceShape, ReferenceOptions, ReferenceInput, ReferenceForwardResult, ReferenceBackwardResult, ReferencePrecision,
 } from './reference';

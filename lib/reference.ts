@@ -28,6 +28,11 @@
  *   `exp(sink)` for a key without a value, so `lse_i = log(exp(sink) + Σ_j exp(S_ij))` (`sink` for a
  *   row that sees no key) and the rows' weights sum to less than 1; the backward returns
  *   `dsinks_h = −Σ_i exp(sink_h − lse_i) · D_i`.
+ * - Dropout (`dropout: p` with `seed` and `offset`): `O = (P ∘ Z / (1 − p)) · V`, where `Z` is the keep
+ *   mask of `dropoutKeep` (lib/dropout.ts: Philox4x32-10 of (seed, offset, sequence, query head, row,
+ *   key)); the lse and `P` itself are those without dropout. The backward regenerates `Z`:
+ *   `dV = (P ∘ Z / (1 − p))ᵀ · dO`, `dP = (dO · Vᵀ) ∘ Z / (1 − p)`, `dS = P ∘ (dP − D)` with
+ *   `D_i = dO_i · O_i` (O with dropout).
  * - GQA/MQA: query head `h` reads key/value head `floor(h / (headsQ / headsKV))`; `dk`/`dv` of a
  *   key/value head are summed over the query heads that share it.
  * - Backward (seed 001): `D_i = Σ_c dO_ic·O_ic`, `dV = Pᵀ·dO`, `dP = dO·Vᵀ`, `dS = P∘(dP − D)`,
@@ -40,6 +45,7 @@
  * @module reference
  */
 
+import { dropoutWords, resolveDropout, ResolvedDropout } from './dropout';
 import { describeValue, quoteList, rangeError, refuseUnknownKeys, typeError } from './errors';
 import { checkNumberArg, DType, dtypeRounder } from './half';
 import { trueLength } from './tensor';
@@ -102,6 +108,17 @@ export interface ReferenceOptions {
    */
   sinks?: ReferenceInput;
   /**
+   * Dropout: the probability of dropping an element of the attention probabilities, in [0, 1); 0
+   * (default) drops none. The mask is `dropoutKeep` of lib/dropout.ts for {@link seed} and
+   * {@link offset} (row and key counted within each sequence); the kept elements are scaled by
+   * `1 / (1 − dropout)`. With dropout > 0, `seed` is required.
+   */
+  dropout?: number;
+  /** Dropout's Philox key: an integer in [0, 2^53). */
+  seed?: number;
+  /** Dropout's Philox counter offset: an integer in [0, 2^32); default 0. */
+  offset?: number;
+  /**
    * Varlen: the sequences' query rows as prefix sums (`batch + 1` integers from 0, an Int32Array or
    * number[]), with {@link cuSeqlensK} for the keys. The arrays are then packed: `q`, `out`, `dout`,
    * `dq` `[totalQ, headsQ, headDim]` and `k`, `v`, `dk`, `dv` `[totalK, headsKV, headDim]` (totalQ =
@@ -137,14 +154,16 @@ export interface ReferenceOptions {
    * 3. `m = max_j s_j`, `e_j = f(exp(f(s_j − m)))`, `l = f-sum of e_j`, `p_j = f(e_j / l)`,
    *    `lse_i = f(m + f(log l))` (lse is float32, never rounded to the dtype); with a sink `σ` (as
    *    float32), `m` also takes `σ`, the sum starts from `e_σ = f(exp(f(σ − m)))` and `p_σ = f(e_σ / l)`;
-   * 4. `p̃_j = rd(p_j)` (P rounded to the dtype before P·V);
+   * 4. `p̃_j = rd(p_j)` (P rounded to the dtype before P·V); with dropout, `p̃_j = rd(f(p_j · z_j))` where
+   *    `z_j = f(1 / (1 − dropout))` for a kept element and 0 for a dropped one;
    * 5. `out_ic = rd(Σᶠ_j p̃_j ṽ_jc)`.
    *
    * Backward, additionally:
    * 6. `D_i = Σᶠ_c dÕ_ic · out_ic` (with the rounded `out` of step 5);
    * 7. `dv_j += f(p̃_j · dÕ_ic)` in a float32 accumulator (rows in order, query heads of a group in order);
    * 8. `dp_j = Σᶠ_c dÕ_ic ṽ_jc`;
-   * 9. `ds_j = f(p_j · f(dp_j − D_i))` with the float32 `p_j` of step 3 (with a softcap,
+   * 9. `ds_j = f(p_j · f(dp_j − D_i))` with the float32 `p_j` of step 3 (with dropout, `dp_j = f(dp_j ·
+   *    z_j)` first; with a softcap,
    *    `ds_j = f(ds_j · f(1 − f(t_j · t_j)))`), then `d̃s_j = rd(ds_j)` (dS rounded to the dtype before the
    *    dS·K and dSᵀ·Q products);
    * 10. `dq_i = rd(f(scale · Σᶠ_j d̃s_j k̃_j))`;
@@ -248,6 +267,8 @@ interface Resolved {
   alibi: Float64Array | null;
   /** The sink logit of each query head, or null. */
   sinks: Float64Array | null;
+  /** Dropout (p > 0), or null. */
+  dropout: ResolvedDropout | null;
   /** Varlen: the sequences' query and key prefix sums (batch + 1 each), or null (dense). */
   cuQ: Int32Array | null;
   cuK: Int32Array | null;
@@ -261,7 +282,8 @@ interface Resolved {
 
 const SHAPE_KEYS = ['batch', 'seqlenQ', 'seqlenK', 'headsQ', 'headsKV', 'headDim'] as const;
 const OPTION_KEYS = [
-  'causal', 'softmaxScale', 'window', 'softcap', 'alibiSlopes', 'sinks', 'cuSeqlensQ', 'cuSeqlensK', 'seqlens', 'precision',
+  'causal', 'softmaxScale', 'window', 'softcap', 'alibiSlopes', 'sinks', 'dropout', 'seed', 'offset', 'cuSeqlensQ',
+  'cuSeqlensK', 'seqlens', 'precision',
 ] as const;
 const PRECISIONS: readonly ReferencePrecision[] = ['float64', 'float32', 'float16', 'bfloat16', 'tf32'];
 
@@ -321,6 +343,9 @@ function resolve(shape: ReferenceShape, options: ReferenceOptions | undefined): 
   const softcapIn = opts.softcap;
   const alibiIn = opts.alibiSlopes;
   const sinksIn = opts.sinks;
+  const dropoutIn = opts.dropout;
+  const seedIn = opts.seed;
+  const offsetIn = opts.offset;
   const cuQIn = opts.cuSeqlensQ;
   const cuKIn = opts.cuSeqlensK;
   const lensIn = opts.seqlens;
@@ -349,6 +374,18 @@ function resolve(shape: ReferenceShape, options: ReferenceOptions | undefined): 
     alibi = a.length === B * Hq ? a : Float64Array.from({ length: B * Hq }, (_, i) => a[i % Hq]);
   }
   const sinks = sinksIn === undefined ? null : finiteValues('options.sinks', sinksIn as ReferenceInput, [Hq], '[headsQ]');
+  let dropout: ResolvedDropout | null = null;
+  if (dropoutIn !== undefined) {
+    const names = { p: 'options.dropout', seed: 'options.seed', offset: 'options.offset' };
+    if (typeof dropoutIn === 'number' && dropoutIn > 0 && seedIn === undefined) {
+      throw typeError('options.seed (the dropout mask\'s Philox key) with options.dropout > 0', 'no seed');
+    }
+    const d = resolveDropout(dropoutIn, seedIn ?? 0, offsetIn, names);
+    dropout = d.p > 0 ? d : null;
+  }
+  if (dropoutIn === undefined && (seedIn !== undefined || offsetIn !== undefined)) {
+    throw typeError('options.seed and options.offset only with options.dropout', seedIn !== undefined ? 'a seed' : 'an offset');
+  }
   if ((cuQIn === undefined) !== (cuKIn === undefined)) {
     throw typeError('options.cuSeqlensQ and options.cuSeqlensK to be given together',
       cuQIn === undefined ? 'only cuSeqlensK' : 'only cuSeqlensQ');
@@ -365,7 +402,7 @@ function resolve(shape: ReferenceShape, options: ReferenceOptions | undefined): 
     throw typeError(`options.precision to be ${quoteList(PRECISIONS)}`, describeValue(precision));
   }
   return {
-    B, Sq, Sk, Hq, Hkv, d, group: Hq / Hkv, scale, causal: causal === true, left, right, softcap, alibi, sinks,
+    B, Sq, Sk, Hq, Hkv, d, group: Hq / Hkv, scale, causal: causal === true, left, right, softcap, alibi, sinks, dropout,
     cuQ, cuK, lens, totalQ: cuQ === null ? B * Sq : cuQ[B], totalK: cuK === null ? B * Sk : cuK[B],
     precision: precision as ReferencePrecision,
   };
@@ -540,6 +577,24 @@ function scatterHead(
     }
   }
 }
+
+/**
+ * The dropout factors of a row's keys lo .. lo + n − 1: z[j] = `kept` for a kept element, 0 for a
+ * dropped one (lib/dropout.ts's mask, one Philox call per four keys).
+ */
+function rowDropout(dr: ResolvedDropout, Hq: number, w: { b: number; h: number; i: number; lo: number; n: number },
+  kept: number, z: Buffer): void {
+  let group = -1;
+  for (let j = 0; j < w.n; j++) {
+    const col = w.lo + j;
+    if (col >> 2 !== group) {
+      group = col >> 2;
+      dropoutWords(dr, w.b, w.h, Hq, w.i, group, dropWords);
+    }
+    z[j] = dropWords[col & 3] >= dr.threshold ? kept : 0;
+  }
+}
+const dropWords = new Uint32Array(4);
 
 // ---------------------------------------------------------------------------------------------
 // float64 kernels (rows of length d, contiguous)
@@ -749,12 +804,17 @@ function forward64(q: ReferenceInput, k: ReferenceInput, v: ReferenceInput, r: R
   const Q = new Float64Array(Sq * d);
   const s = new Float64Array(Sk);
   const t = new Float64Array(Sk);
+  const z = new Float64Array(Sk); // dropout factors
   const orow = new Float64Array(d);
   walkRows(r, lse, (x) => x, {
     ...gathers(r, null, q, k, v, Q, K, V),
     row: (w) => {
       scores64(Q, w.i * d, K, w.lo, w.n, d, scale, w.mods, s, t);
       lse[w.li] = softmax64(s, w.n, w.sink);
+      if (r.dropout !== null) {
+        rowDropout(r.dropout, r.Hq, w, r.dropout.scale, z);
+        for (let j = 0; j < w.n; j++) s[j] *= z[j];
+      }
       pv64(s, V, w.lo, w.n, d, orow);
       for (let c = 0; c < d; c++) out[w.ob + c] = orow[c];
     },
@@ -779,12 +839,17 @@ function forwardSame(
   const s = new Float32Array(Sk);
   const t = new Float32Array(Sk);
   const ps = new Float32Array(1);
+  const z = new Float32Array(Sk); // dropout factors
   const acc = new Float32Array(d);
   walkRows(r, lse, f, {
     ...gathers(r, rd, q, k, v, Q, K, V),
     row: (w) => {
       scores32(Q, w.i * d, K, w.lo, w.n, d, scale, w.mods, s, t);
       lse[w.li] = softmax32(s, w.n, w.sink, ps);
+      if (r.dropout !== null) {
+        rowDropout(r.dropout, r.Hq, w, f(r.dropout.scale), z);
+        for (let j = 0; j < w.n; j++) s[j] = f(s[j] * z[j]);
+      }
       for (let j = 0; j < w.n; j++) s[j] = rd(s[j]);
       pv32(s, V, w.lo, w.n, d, acc);
       for (let c = 0; c < d; c++) out[w.ob + c] = rdOut(acc[c]);
@@ -844,6 +909,8 @@ function backward64(
   const dV = new Float64Array(Sk * d);
   const p = new Float64Array(Sk);
   const t = new Float64Array(Sk);
+  const z = new Float64Array(Sk).fill(1); // dropout factors (1: no dropout)
+  const pz = new Float64Array(Sk); // P Z
   const dsinks = r.sinks === null ? null : new Float64Array(Hq);
   const orow = new Float64Array(d);
   const dqrow = new Float64Array(d);
@@ -857,7 +924,9 @@ function backward64(
       // Forward recompute of the row.
       scores64(Q, qo, K, lo, n, d, scale, w.mods, p, t);
       lse[w.li] = softmax64(p, n, w.sink);
-      pv64(p, V, lo, n, d, orow);
+      if (r.dropout !== null) rowDropout(r.dropout, Hq, w, r.dropout.scale, z);
+      for (let j = 0; j < n; j++) pz[j] = p[j] * z[j];
+      pv64(pz, V, lo, n, d, orow);
       let D = 0;
       for (let c = 0; c < d; c++) {
         out[ob + c] = orow[c];
@@ -868,12 +937,14 @@ function backward64(
       for (let j = 0; j < n; j++) {
         const o = (lo + j) * d;
         const pj = p[j];
-        // dV_j += P_ij · dO_i ; dP_ij = dO_i · V_j
+        const pzj = pz[j];
+        // dV_j += (P_ij Z_ij) · dO_i ; dP_ij = (dO_i · V_j) Z_ij (Z: dropout's factor, 1 without it)
         let dp = 0;
         for (let c = 0; c < d; c++) {
-          dV[o + c] += pj * DO[qo + c];
+          dV[o + c] += pzj * DO[qo + c];
           dp += DO[qo + c] * V[o + c];
         }
+        dp *= z[j];
         // dS_ij, through the softcap's tanh when there is one.
         const ds = r.softcap > 0 ? pj * (dp - D) * (1 - t[j] * t[j]) : pj * (dp - D);
         // dQ_i += dS_ij · K_j ; dK_j += dS_ij · Q_i   (scale applied at the end)
@@ -914,7 +985,8 @@ function backwardSame(
   const dK = new Float32Array(Sk * d);
   const dV = new Float32Array(Sk * d);
   const p = new Float32Array(Sk); // float32 softmax
-  const pr = new Float32Array(Sk); // rounded to the dtype
+  const pr = new Float32Array(Sk); // rounded to the dtype (after dropout)
+  const z = new Float32Array(Sk); // dropout factors
   const t = new Float32Array(Sk); // the softcap's tanh
   const cap = f(r.softcap);
   const ps = new Float32Array(1); // the sink's probability
@@ -928,7 +1000,12 @@ function backwardSame(
       const qo = w.i * d;
       scores32(Q, qo, K, lo, n, d, scale, w.mods, p, t);
       lse[w.li] = softmax32(p, n, w.sink, ps);
-      for (let j = 0; j < n; j++) pr[j] = rd(p[j]);
+      if (r.dropout !== null) {
+        rowDropout(r.dropout, Hq, w, f(r.dropout.scale), z);
+        for (let j = 0; j < n; j++) pr[j] = rd(f(p[j] * z[j]));
+      } else {
+        for (let j = 0; j < n; j++) pr[j] = rd(p[j]);
+      }
       pv32(pr, V, lo, n, d, acc);
       let D = 0;
       for (let c = 0; c < d; c++) {
@@ -946,6 +1023,7 @@ function backwardSame(
           dV[o + c] = f(dV[o + c] + f(pj * DO[qo + c]));
           dp = f(dp + f(DO[qo + c] * V[o + c]));
         }
+        if (r.dropout !== null) dp = f(dp * z[j]);
         const dsp = f(p[j] * f(dp - D));
         const ds = rd(cap > 0 ? f(dsp * f(1 - f(t[j] * t[j]))) : dsp);
         for (let c = 0; c < d; c++) {

@@ -5,6 +5,7 @@
  */
 
 import { DType, roundToDtype } from '../lib/half';
+import { dropoutKeep } from '../lib/dropout';
 import {
   referenceAttention,
   referenceAttentionBackward,
@@ -391,7 +392,7 @@ describe('forward, general', () => {
   // non-boolean causal flag must not fall back to a default (a silently wrong reference).
   test.each([
     ['an unknown option key', shapeOf(), { causl: true },
-      new TypeError("Expected options to have only the keys 'causal', 'softmaxScale', 'window', 'softcap', 'alibiSlopes', 'sinks', 'cuSeqlensQ', 'cuSeqlensK', 'seqlens' or 'precision' but received unknown key 'causl'")],
+      new TypeError("Expected options to have only the keys 'causal', 'softmaxScale', 'window', 'softcap', 'alibiSlopes', 'sinks', 'dropout', 'seed', 'offset', 'cuSeqlensQ', 'cuSeqlensK', 'seqlens' or 'precision' but received unknown key 'causl'")],
     ['an unknown shape key', { ...shapeOf(), seqlen: 2 }, undefined,
       new TypeError("Expected shape to have only the keys 'batch', 'seqlenQ', 'seqlenK', 'headsQ', 'headsKV' or 'headDim' but received unknown key 'seqlen'")],
     ['a non-boolean causal', shapeOf(), { causal: 'yes' },
@@ -450,6 +451,18 @@ describe('forward, general', () => {
       new RangeError('Expected options.seqlens[0] to be an integer from 0 to min(shape.seqlenQ, shape.seqlenK) = 2 but received 3')],
     ['padding lengths of the wrong count', shapeOf(), { seqlens: [1, 1] },
       new RangeError('Expected options.seqlens to have shape.batch = 1 elements but received 2')],
+    ['dropout without a seed', shapeOf(), { dropout: 0.1 },
+      new TypeError("Expected options.seed (the dropout mask's Philox key) with options.dropout > 0 but received no seed")],
+    ['a dropout probability of 1', shapeOf(), { dropout: 1, seed: 3 },
+      new RangeError('Expected options.dropout to be a probability in [0, 1) but received 1')],
+    ['a string dropout', shapeOf(), { dropout: '0.1', seed: 3 },
+      new TypeError('Expected options.dropout to be a number but received "0.1" of type string')],
+    ['a fractional seed', shapeOf(), { dropout: 0.1, seed: 0.5 },
+      new RangeError('Expected options.seed to be an integer in [0, 2^53) but received 0.5')],
+    ['an offset past 32 bits', shapeOf(), { dropout: 0.1, seed: 3, offset: 2 ** 32 },
+      new RangeError('Expected options.offset to be an integer in [0, 2^32) but received 4294967296')],
+    ['a seed without dropout', shapeOf(), { seed: 3 },
+      new TypeError('Expected options.seed and options.offset only with options.dropout but received a seed')],
     ['a shape that is not an object', null, undefined,
       new TypeError('Expected shape to be an object { batch, seqlenQ, seqlenK, headsQ, headsKV, headDim } but received null')],
   ])('refuses %s with a message naming it, in both passes', (_, shape, options, error) => {
@@ -698,6 +711,87 @@ describe('window, softcap, ALiBi and sinks in same-precision mode', () => {
       const inDtype = n === 'dsinks' ? (x: number) => Math.fround(x) === x : (x: number) => roundToDtype(x, dtype) === x;
       expect((sp[n] as Float64Array).every(inDtype)).toBe(true);
     }
+  });
+});
+
+describe('dropout', () => {
+  const shape = { batch: 2, seqlenQ: 9, seqlenK: 13, headsQ: 4, headsKV: 2, headDim: 5 };
+  const drop = { dropout: 0.25, seed: 2 ** 33 + 17, offset: 3 };
+
+  test('out = (P ∘ Z / (1 - p)) V with Z from dropoutKeep; lse as without dropout; dropout 0 changes nothing', () => {
+    const { batch: B, seqlenQ: Sq, seqlenK: Sk, headsQ: Hq, headsKV: Hkv, headDim: d } = shape;
+    const { q, k, v } = randomInputs(shape, rngFor('dropout-direct'));
+    const plain = referenceAttention(q, k, v, shape, { causal: true });
+    const r = referenceAttention(q, k, v, shape, { causal: true, ...drop });
+    expect(r.lse).toEqual(plain.lse);
+    expect(referenceAttention(q, k, v, shape, { causal: true, dropout: 0, seed: 5 }).out).toEqual(plain.out);
+    const scale = 1 / Math.sqrt(d);
+    const expected = new Float64Array(r.out.length);
+    let dropped = 0;
+    for (let b = 0; b < B; b++)
+      for (let h = 0; h < Hq; h++) {
+        const kh = Math.floor(h / (Hq / Hkv));
+        for (let i = 0; i < Sq; i++) {
+          const lse = plain.lse[(b * Hq + h) * Sq + i];
+          for (let j = 0; j <= i + Sk - Sq; j++) {
+            let dot = 0;
+            for (let c = 0; c < d; c++) dot += q[at(b, i, h, c, Sq, Hq, d)] * k[at(b, j, kh, c, Sk, Hkv, d)];
+            const keep = dropoutKeep({ p: drop.dropout, seed: drop.seed, offset: drop.offset }, { batch: b, head: h, headsQ: Hq, row: i, col: j });
+            dropped += Number(!keep);
+            const w = keep ? Math.exp(dot * scale - lse) / (1 - drop.dropout) : 0;
+            for (let c = 0; c < d; c++) expected[at(b, i, h, c, Sq, Hq, d)] += w * v[at(b, j, kh, c, Sk, Hkv, d)];
+          }
+        }
+      }
+    expect(dropped).toBeGreaterThan(0);
+    expectClose(r.out, expected, 1e-12, 'out with dropout');
+  });
+
+  test('the backward regenerates the mask: dq, dk, dv and dsinks match finite differences of the forward', () => {
+    const sh = { batch: 1, seqlenQ: 5, seqlenK: 7, headsQ: 2, headsKV: 1, headDim: 3 };
+    const { q, k, v, dout } = randomInputs(sh, rngFor('dropout-fd'));
+    const sinks = Float64Array.from([0.3, -0.7]);
+    const opts: ReferenceOptions = { ...drop, dropout: 0.4, window: [3, 1] };
+    const g = referenceAttentionBackward(dout, q, k, v, sh, { ...opts, sinks });
+    const loss = weightedLoss(dout, sh, opts, true);
+    const fd = (which: number) => finiteDifferences([q, k, v, sinks], which, loss, 1e-6);
+    expectGradients('dropout', [['dq', g.dq, fd(0)], ['dk', g.dk, fd(1)], ['dv', g.dv, fd(2)],
+      ['dsinks', g.dsinks as Float64Array, fd(3)]]);
+    const f = referenceAttention(q, k, v, sh, { ...opts, sinks });
+    expect(g.out).toEqual(f.out);
+  });
+
+  test('packed (varlen) sequences of equal length give the dense batch\'s mask and results, every precision', () => {
+    const sh = { batch: 2, seqlenQ: 6, seqlenK: 6, headsQ: 2, headsKV: 2, headDim: 4 };
+    const { q, k, v, dout } = randomInputs(sh, rngFor('dropout-varlen'));
+    for (const precision of ['float64', 'bfloat16'] as const) {
+      const dense = referenceAttentionBackward(dout, q, k, v, sh, { ...drop, precision });
+      const packed = referenceAttentionBackward(dout, q, k, v, sh, { ...drop, precision, cuSeqlensQ: [0, 6, 12], cuSeqlensK: [0, 6, 12] });
+      expect(packed.out).toEqual(dense.out);
+      expect(packed.dq).toEqual(dense.dq);
+      expect(packed.dk).toEqual(dense.dk);
+      expect(packed.dv).toEqual(dense.dv);
+    }
+  });
+
+  test.each(['bfloat16', 'float16', 'float32'] as DType[])('%s same-precision mode: the float64 result within the dtype\'s error', (dtype) => {
+    const sh = { batch: 1, seqlenQ: 40, seqlenK: 48, headsQ: 2, headsKV: 1, headDim: 16 };
+    const rng = rngFor(`dropout-sp-${dtype}`);
+    const rd = (a: Float32Array) => Float64Array.from(a, (x) => roundToDtype(x, dtype));
+    const q = rd(randn(qSize(sh), rng, 2));
+    const k = rd(randn(kSize(sh), rng, 2));
+    const v = rd(randn(kSize(sh), rng));
+    const dout = rd(randn(qSize(sh), rng));
+    const ref = referenceAttentionBackward(dout, q, k, v, sh, drop);
+    const sp = referenceAttentionBackward(dout, q, k, v, sh, { ...drop, precision: dtype });
+    const hi = { bfloat16: 3e-2, float16: 4e-3, float32: 1e-5 }[dtype];
+    for (const n of ['out', 'dq', 'dk', 'dv'] as const) {
+      const e = relErr(sp[n], ref[n]);
+      if (!(e > 0 && e <= hi)) throw new Error(`${dtype} ${n}: relative error ${e} not in (0, ${hi}]; ${seedHint()}`);
+    }
+    // Another offset, another mask: the outputs move by far more than the rounding.
+    const other = referenceAttention(q, k, v, sh, { ...drop, offset: drop.offset + 1 });
+    expect(relErr(other.out, ref.out)).toBeGreaterThan(0.05);
   });
 });
 
