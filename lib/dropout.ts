@@ -80,10 +80,15 @@ export interface DropoutParams {
 
 /** Where an element of P sits: sequence, query head (of `headsQ`), query row and key. */
 export interface DropoutSite {
+  /** The sequence (of the batch, or of a varlen pack), from 0. */
   batch: number;
+  /** The query head, from 0 to `headsQ − 1`. */
   head: number;
+  /** The call's query heads. */
   headsQ: number;
+  /** The query row within the sequence, from 0. */
   row: number;
+  /** The key within the sequence, from 0. */
   col: number;
 }
 
