@@ -36,11 +36,8 @@ function mulhi(a: number, b: number): number {
   return (ah * bh + (lh >>> 16) + (hl >>> 16) + (mid >>> 16)) >>> 0;
 }
 
-/**
- * Philox4x32 with `rounds` rounds (10 for the mask) of counter `ctr` (4 uint32) under `key` (2 uint32),
- * into `out` (4 uint32). Matches Random123's known-answer vectors (test/dropout.test.ts).
- */
-export function philox4x32(ctr: ArrayLike<number>, key: ArrayLike<number>, out: Uint32Array, rounds = 10): Uint32Array {
+/** The Philox4x32 rounds on unchecked uint32 words, into `out`. */
+function philoxInto(ctr: ArrayLike<number>, key: ArrayLike<number>, rounds: number, out: Uint32Array): Uint32Array {
   let c0 = ctr[0] >>> 0;
   let c1 = ctr[1] >>> 0;
   let c2 = ctr[2] >>> 0;
@@ -66,6 +63,40 @@ export function philox4x32(ctr: ArrayLike<number>, key: ArrayLike<number>, out: 
   out[2] = c2;
   out[3] = c3;
   return out;
+}
+
+/** `n` uint32 words read once from `a` (an array or typed array of integers in [0, 2^32)). */
+function uint32Words(name: string, a: unknown, n: number): number[] {
+  const what = `${name} to be an array of ${n} integers in [0, 2^32)`;
+  if (a === null || typeof a !== 'object') throw typeError(what, describeValue(a));
+  const length: unknown = (a as ArrayLike<unknown>).length;
+  if (length !== n) throw rangeError(what, typeof length === 'number' ? `${length} elements` : describeValue(length));
+  const words: number[] = [];
+  for (let i = 0; i < n; i++) {
+    const x: unknown = (a as ArrayLike<unknown>)[i];
+    if (typeof x !== 'number') throw typeError(`${name}[${i}] to be a number`, describeValue(x));
+    if (!Number.isInteger(x) || x < 0 || x > 0xffffffff) throw rangeError(`${name}[${i}] to be an integer in [0, 2^32)`, String(x));
+    words.push(x);
+  }
+  return words;
+}
+
+/**
+ * Philox4x32 with `rounds` rounds (10 for the dropout mask) of `counter` (4 uint32 words) under `key`
+ * (2 words): its 4 output words. Matches Random123's known-answer vectors (test/dropout.test.ts).
+ *
+ * ```ts
+ * philox4x32([0, 0, 0, 0], [0, 0]); // Uint32Array [0x6627e8d5, 0xe169c58d, 0xbc57ac4c, 0x9b00dbd8]
+ * ```
+ */
+export function philox4x32(counter: ArrayLike<number>, key: ArrayLike<number>, rounds = 10): Uint32Array {
+  const c = uint32Words('counter', counter, 4);
+  const k = uint32Words('key', key, 2);
+  if (typeof rounds !== 'number') throw typeError('rounds to be a number', describeValue(rounds));
+  if (!Number.isInteger(rounds) || rounds < 1 || rounds > 16) {
+    throw rangeError('rounds to be an integer from 1 to 16', String(rounds));
+  }
+  return philoxInto(c, k, rounds, new Uint32Array(4));
 }
 
 /** A call's dropout: the probability of dropping an element and the generator's seed and offset. */
@@ -139,7 +170,7 @@ export function dropoutWords(d: ResolvedDropout, batch: number, head: number, he
   ctrScratch[3] = d.offset;
   keyScratch[0] = d.key0;
   keyScratch[1] = d.key1;
-  return philox4x32(ctrScratch, keyScratch, out);
+  return philoxInto(ctrScratch, keyScratch, 10, out);
 }
 
 /** The 32-bit Philox word of an element of P (see the module comment for the mapping). */

@@ -15,7 +15,19 @@ describe('philox4x32', () => {
     ['243f6a88 85a308d3 13198a2e 03707344', 'a4093822 299f31d0', 'd16cfe09 94fdcceb 5001e420 24126ea1'],
   ])('10 rounds of counter %s, key %s: %s (Random123 known answer)', (ctr, key, expected) => {
     const words = (s: string) => s.split(' ').map((w) => parseInt(w, 16));
-    expect(hex(philox4x32(words(ctr), words(key), new Uint32Array(4)))).toBe(expected);
+    expect(hex(philox4x32(words(ctr), words(key)))).toBe(expected);
+  });
+});
+
+describe('philox4x32 arguments', () => {
+  test('refuses counters and keys of the wrong length or with words outside uint32, and bad round counts', () => {
+    expect(() => philox4x32([0, 0, 0], [0, 0])).toThrow(new RangeError('Expected counter to be an array of 4 integers in [0, 2^32) but received 3 elements'));
+    expect(() => philox4x32([0, 0, 0, 2 ** 32], [0, 0])).toThrow(new RangeError('Expected counter[3] to be an integer in [0, 2^32) but received 4294967296'));
+    expect(() => philox4x32([0, 0, 0, 0], [0, -1])).toThrow(RangeError);
+    expect(() => philox4x32([0, 0, 0, 0], null as never)).toThrow(new TypeError('Expected key to be an array of 2 integers in [0, 2^32) but received null'));
+    expect(() => philox4x32([0, 0, 0, '1'] as never, [0, 0])).toThrow(TypeError);
+    expect(() => philox4x32([0, 0, 0, 0], [0, 0], 0)).toThrow(new RangeError('Expected rounds to be an integer from 1 to 16 but received 0'));
+    expect(Array.from(philox4x32(new Uint32Array(4), new Uint32Array(2)))).toEqual([0x6627e8d5, 0xe169c58d, 0xbc57ac4c, 0x9b00dbd8]);
   });
 });
 
@@ -23,7 +35,7 @@ describe('dropoutKeep', () => {
   const p = 0.3;
   const threshold = Math.floor(p * 2 ** 32);
   const word = (seed: number, offset: number, b: number, h: number, Hq: number, row: number, col: number) =>
-    philox4x32([Math.floor(col / 4), row, b * Hq + h, offset], [seed % 2 ** 32, Math.floor(seed / 2 ** 32)], new Uint32Array(4))[col % 4];
+    philox4x32([Math.floor(col / 4), row, b * Hq + h, offset], [seed % 2 ** 32, Math.floor(seed / 2 ** 32)])[col % 4];
 
   test('is the documented mapping: word col % 4 of Philox([col / 4, row, batch · headsQ + head, offset], seed) >= floor(p · 2^32)', () => {
     const seed = 2 ** 40 + 12345; // both key words non-zero
