@@ -337,19 +337,11 @@ function resolve(shape: ReferenceShape, options: ReferenceOptions | undefined): 
   }
   const opts: Record<string, unknown> = options === undefined ? {} : (options as Record<string, unknown>);
   refuseUnknownKeys(opts, 'options', OPTION_KEYS);
-  const causal = opts.causal;
-  const scaleIn = opts.softmaxScale;
-  const windowIn = opts.window;
-  const softcapIn = opts.softcap;
-  const alibiIn = opts.alibiSlopes;
-  const sinksIn = opts.sinks;
-  const dropoutIn = opts.dropout;
-  const seedIn = opts.seed;
-  const offsetIn = opts.offset;
-  const cuQIn = opts.cuSeqlensQ;
-  const cuKIn = opts.cuSeqlensK;
-  const lensIn = opts.seqlens;
-  const precisionIn = opts.precision;
+  const {
+    causal, softmaxScale: scaleIn, window: windowIn, softcap: softcapIn, alibiSlopes: alibiIn, sinks: sinksIn,
+    dropout: dropoutIn, seed: seedIn, offset: offsetIn, cuSeqlensQ: cuQIn, cuSeqlensK: cuKIn, seqlens: lensIn,
+    precision: precisionIn,
+  } = opts; // each key read once
   if (causal !== undefined && typeof causal !== 'boolean') {
     throw typeError('options.causal to be a boolean', describeValue(causal));
   }

@@ -17,6 +17,10 @@
 namespace fa::cuda::flash {
 
 inline constexpr size_t kBwdWorkspaceAlign = 256;
+// Bytes rounded up to kBwdWorkspaceAlign: each workspace part starts aligned.
+inline size_t workspace_bytes(size_t bytes) {
+  return (bytes + kBwdWorkspaceAlign - 1) / kBwdWorkspaceAlign * kBwdWorkspaceAlign;
+}
 // Deterministic mode: accumulator slices per KV head (each is a whole accumulator). Always up to
 // kMinDeterministicSplitCap; beyond that, up to kMaxDeterministicSplits while all slices together stay
 // within kDeterministicAccumBudget bytes.
@@ -62,25 +66,22 @@ struct BwdWorkspacePlan {
 // query tile of the launcher's kernels; block_n: keys per K/V tile (for the deterministic slice count).
 inline BwdWorkspacePlan bwd_workspace_plan(const AttentionBwdParams& p, int block_n, int dq_row_multiple,
                                            int accum_cols) {
-  const auto round_up = [](size_t x, size_t a) { return (x + a - 1) / a * a; };
   BwdWorkspacePlan w;
   w.dq_rows = ceil_div<int64_t>(p.seqlen_q, dq_row_multiple) * dq_row_multiple;
   w.split_stride = p.batch * p.heads_q * w.dq_rows * accum_cols;
   w.splits = p.deterministic ? deterministic_splits(p, block_n, static_cast<size_t>(w.split_stride) * sizeof(float)) : 1;
-  w.accum_bytes = round_up(static_cast<size_t>(w.splits * w.split_stride) * sizeof(float), kBwdWorkspaceAlign);
-  w.d_bytes = round_up(static_cast<size_t>(p.batch * p.heads_q * p.seqlen_q) * sizeof(float), kBwdWorkspaceAlign);
+  w.accum_bytes = workspace_bytes(static_cast<size_t>(w.splits * w.split_stride) * sizeof(float));
+  w.d_bytes = workspace_bytes(static_cast<size_t>(p.batch * p.heads_q * p.seqlen_q) * sizeof(float));
   return w;
 }
 
 // One accumulator slice and a turn counter per (batch, query head, query tile of block_m rows): the
 // deterministic mode of kernels that add to the accumulator in a fixed order of K/V tiles.
 inline void use_ordered_turns(BwdWorkspacePlan* w, const AttentionBwdParams& p, int block_m) {
-  const auto round_up = [](size_t x, size_t a) { return (x + a - 1) / a * a; };
   w->splits = 1;
-  w->accum_bytes = round_up(static_cast<size_t>(w->split_stride) * sizeof(float), kBwdWorkspaceAlign);
-  w->turn_bytes = round_up(static_cast<size_t>(p.batch * p.heads_q * ceil_div<int64_t>(p.seqlen_q, block_m)) *
-                               sizeof(int),
-                           kBwdWorkspaceAlign);
+  w->accum_bytes = workspace_bytes(static_cast<size_t>(w->split_stride) * sizeof(float));
+  w->turn_bytes =
+      workspace_bytes(static_cast<size_t>(p.batch * p.heads_q * ceil_div<int64_t>(p.seqlen_q, block_m)) * sizeof(int));
 }
 
 // Allocates the plan's workspace on `stream` (cudaMallocAsync), zeroes the accumulator (and turns), calls
