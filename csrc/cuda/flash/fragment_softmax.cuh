@@ -94,34 +94,41 @@ __device__ __forceinline__ void p_to_a_operand(const float (&p)[kTiles][4], int 
   a[3] = pack2<Elem>(p[2 * ks + 1][2], p[2 * ks + 1][3]);
 }
 
+// A per-query statistic (lse2, D) already subtracted inside the product's accumulator (the product
+// accumulated onto -stat): the helpers below then subtract 0.
+struct FoldedRowStat {};
+__device__ __forceinline__ float row_stat(const float* rows, int q) { return rows[q]; }
+__device__ __forceinline__ float row_stat(FoldedRowStat, int) { return 0.0f; }
+
 // The backward's P^T and dS^T over a transposed accumulator fragment (the Hopper dK/dV kernels hold
 // S^T = K Q^T and dP^T = V dO^T: rows are keys, columns queries): element (j, e) is key key0 + 8 (e / 2)
 // and query q = q_base + 8 j + 2 t + e % 2 of the step (m0 + q absolute), whose lse2 / D rows are
-// lse2[q] / dvec[q]. x = S^T scale_log2 is rounded before lse2 is subtracted (__fmul_rn: ptxas would
-// contract a plain multiply and subtract into one fma and change P's bits). With kMasked, a pair the
-// mask hides gets P^T = dS^T = 0 by a select, whatever S, lse, dP and D hold; without it the test is
-// not compiled.
-template <bool kMasked, int kTiles, typename Mask>
+// lse2[q] / dvec[q] (or FoldedRowStat{}: already in the accumulator). x = S^T scale_log2 is rounded
+// before lse2 is subtracted (__fmul_rn: ptxas would contract a plain multiply and subtract into one fma
+// and change P's bits). With kMasked, a pair the mask hides gets P^T = dS^T = 0 by a select, whatever
+// S, lse, dP and D hold; without it the test is not compiled.
+template <bool kMasked, int kTiles, typename Mask, typename LseRows>
 __device__ __forceinline__ void bwd_p_transposed(float (&st)[kTiles][4], const Mask& mask, float scale_log2,
-                                                 const float* lse2, int m0, int q_base, int t, int key0) {
+                                                 const LseRows& lse2, int m0, int q_base, int t, int key0) {
 #pragma unroll
   for (int j = 0; j < kTiles; ++j)
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
-      const float pe = exp2_approx(__fmul_rn(st[j][e], scale_log2) - lse2[q_base + 8 * j + 2 * t + e % 2]);
+      const float pe = exp2_approx(__fmul_rn(st[j][e], scale_log2) - row_stat(lse2, q_base + 8 * j + 2 * t + e % 2));
       st[j][e] = (kMasked & mask.hidden(m0 + q_base + 8 * j + 2 * t + e % 2, key0 + 8 * (e / 2))) ? 0.0f : pe;
     }
 }
-// dS^T = P^T o (dP^T - D), in place over dP^T, from bwd_p_transposed's P^T (same element mapping).
-template <bool kMasked, int kTiles, typename Mask>
+// dS^T = P^T o (dP^T - D), in place over dP^T, from bwd_p_transposed's P^T (same element mapping); D
+// from dvec[q], or with dvec = FoldedRowStat{} already subtracted.
+template <bool kMasked, int kTiles, typename Mask, typename DRows>
 __device__ __forceinline__ void bwd_ds_transposed(float (&dpt)[kTiles][4], const float (&pt)[kTiles][4],
-                                                  const Mask& mask, const float* dvec, int m0, int q_base, int t,
+                                                  const Mask& mask, const DRows& dvec, int m0, int q_base, int t,
                                                   int key0) {
 #pragma unroll
   for (int j = 0; j < kTiles; ++j)
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
-      const float ds = pt[j][e] * (dpt[j][e] - dvec[q_base + 8 * j + 2 * t + e % 2]);
+      const float ds = pt[j][e] * (dpt[j][e] - row_stat(dvec, q_base + 8 * j + 2 * t + e % 2));
       dpt[j][e] = (kMasked & mask.hidden(m0 + q_base + 8 * j + 2 * t + e % 2, key0 + 8 * (e / 2))) ? 0.0f : ds;
     }
 }

@@ -25,7 +25,10 @@
 // stall samples elsewhere and bought nothing (queued 5.448 vs 5.444 ms at 8k). Consumer 0 taking the
 // previous step's dQ (the skew above) bought 1-4% (queued, 1k / 2k / 8k: 0.950 / 1.570 / 5.27 ms
 // against 0.966 / 1.61 / 5.48) and costs deterministic mode 1-2%; starting consumer 1 half a step
-// late on top of it bought nothing more (5.19 against 5.18 ms at 8k).
+// late on top of it bought nothing more (5.19 against 5.18 ms at 8k). S^T and dP^T accumulating onto
+// -lse2 / scale_log2 and -D (the rows read before the products are issued, not after their waits)
+// bought 2-3% (queued, 1k / 2k / 8k, three runs each: 0.909-0.918 / 1.50-1.56 / 5.08-5.11 ms against
+// 0.928-0.936 / 1.54-1.58 / 5.24-5.25).
 #pragma once
 #include <cuda_runtime.h>
 
@@ -290,6 +293,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
     mbarrier_arrive(full_dq(cw));
   };
 
+  const float inv_scale_log2 = 1.0f / p.scale_log2;
   for (int it = 0; it < iters; ++it) {
     const int st = it % kStages;
     const int m0 = step_m0(it);
@@ -299,16 +303,34 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
     const float* lse2 = sLse2 + st * kBlockM;
     const float* dvec = sD + st * kBlockM;
 
-    // S^T = K_w Q^T and dP^T = V_w dO^T: (64 keys, 64 queries), committed separately.
+    // S^T = K_w Q^T and dP^T - D = V_w dO^T - D: (64 keys, 64 queries), committed separately; the dP
+    // product accumulates onto -D (element (j, e): query 8 j + 2 t + e % 2), so that D is read before
+    // the wait, not after it.
+    // S^T likewise accumulates onto -lse2 / scale_log2, so that S^T scale_log2 is the exponent.
     float s_t[kSTiles][4], dp_t[kSTiles][4];
-    wgmma_ss_k_major_two_groups<kBlockM, kBlockN, kBlockM, Traits::kKSteps, Elem>(s_t, sK_wg, sQs, dp_t, sV_wg, sdOs);
+#pragma unroll
+    for (int j = 0; j < kSTiles; ++j) {
+      const float2 dd = *reinterpret_cast<const float2*>(dvec + 8 * j + 2 * t);
+      const float2 ll = *reinterpret_cast<const float2*>(lse2 + 8 * j + 2 * t);
+      dp_t[j][0] = dp_t[j][2] = -dd.x;
+      dp_t[j][1] = dp_t[j][3] = -dd.y;
+      s_t[j][0] = s_t[j][2] = -ll.x * inv_scale_log2;
+      s_t[j][1] = s_t[j][3] = -ll.y * inv_scale_log2;
+    }
+    fence_operands(s_t);  // each element its own register before the fence (no copies after it)
+    fence_operands(dp_t);
+    wgmma_fence();
+    wgmma_ss_k_major<kBlockM, kBlockN, kBlockM, Traits::kKSteps, Elem, true>(s_t, sK_wg, sQs);
+    wgmma_commit();
+    wgmma_ss_k_major<kBlockM, kBlockN, kBlockM, Traits::kKSteps, Elem, true>(dp_t, sV_wg, sdOs);
+    wgmma_commit();
 
     const bool tile_masked = mask.template bwd_tile_needs_mask<kBlockM, kBlockN>(m0, n0);
     const auto by_mask = [&](auto f) { by_tile_mask(tile_masked, f); };  // mask.cuh
     wgmma_wait<1>();  // S^T is ready; dP^T may still run
     fence_operands(s_t);
     by_mask([&](auto masked) {  // fragment_softmax.cuh
-      bwd_p_transposed<decltype(masked)::value>(s_t, mask, p.scale_log2, lse2, m0, 0, t, n0 + key_row0);
+      bwd_p_transposed<decltype(masked)::value>(s_t, mask, p.scale_log2, FoldedRowStat{}, m0, 0, t, n0 + key_row0);
     });
     uint32_t pa[Traits::kQKSteps][4], dsa[Traits::kQKSteps][4];
 #pragma unroll
@@ -320,7 +342,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
     wgmma_wait<1>();  // dP^T is ready; dV may still run
     fence_operands(dp_t);
     by_mask([&](auto masked) {
-      bwd_ds_transposed<decltype(masked)::value>(dp_t, s_t, mask, dvec, m0, 0, t, n0 + key_row0);
+      bwd_ds_transposed<decltype(masked)::value>(dp_t, s_t, mask, FoldedRowStat{}, m0, 0, t, n0 + key_row0);
     });
 #pragma unroll
     for (int ks = 0; ks < Traits::kQKSteps; ++ks) p_to_a_operand<Elem>(dp_t, ks, dsa[ks]);

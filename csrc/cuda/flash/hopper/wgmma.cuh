@@ -63,12 +63,12 @@ __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_grou
 // The k-step loops of the kernels' products (issued only: the fence before and the commit / wait after
 // are the caller's, as they group products differently).
 // acc = A B^T over kKSteps 16-wide k-steps, A and B K-major SW128 tiles of kARows / kBRows rows (the
-// distance between their column blocks); the first k-step overwrites acc.
-template <int kN, int kARows, int kBRows, int kKSteps, typename Elem, int kTiles>
+// distance between their column blocks); the first k-step overwrites acc (kAccumulate: adds to it).
+template <int kN, int kARows, int kBRows, int kKSteps, typename Elem, bool kAccumulate = false, int kTiles>
 __device__ __forceinline__ void wgmma_ss_k_major(float (&acc)[kTiles][4], uint32_t a_tile, uint32_t b_tile) {
 #pragma unroll
   for (int ks = 0; ks < kKSteps; ++ks)
-    Wgmma<kN, Elem>::ss(acc, desc_k_major<kARows>(a_tile, ks), desc_k_major<kBRows>(b_tile, ks), ks > 0);
+    Wgmma<kN, Elem>::ss(acc, desc_k_major<kARows>(a_tile, ks), desc_k_major<kBRows>(b_tile, ks), kAccumulate || ks > 0);
 }
 // The backward's S and dP: two such products, each committed as its own group (the caller can wait
 // for the first while the second runs), with the fence before them.
