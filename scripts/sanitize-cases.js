@@ -68,6 +68,7 @@ const BACKWARD = {
     [1, 130, 97, 2, 2, 160, false, 'bfloat16'], // padded head dim 160: on Hopper the wide d192 kernels
     [1, 1025, 1023, 2, 1, 40, false, 'bfloat16'], // padded head dim, 8 key tiles (deterministic: slices)
     [1, 1100, 1030, 4, 2, 120, false, 'float16'], // Hopper: 'auto' and 'single-kernel' the warp-specialized kernel
+    [1, 1030, 1100, 2, 1, 128, true, 'bfloat16'], // Hopper: 'auto' and 'single-kernel' the warp-specialized causal kernel
     [1, 203, 113, 4, 2, 64, true, 'float32'], // float32 kernel (TF32 and 3xTF32), 90 empty rows, GQA 2:1
     [1, 97, 130, 2, 2, 200, false, 'float32'], // float32, padded head dim 200 (runs as 256)
   ],
@@ -75,6 +76,7 @@ const BACKWARD = {
     [1, 33, 47, 2, 1, 64, true, 'bfloat16'],
     [1, 130, 65, 1, 1, 96, true, 'float16'],
     [1, 65, 200, 1, 1, 128, false, 'bfloat16'], // Hopper: 'single-kernel' the warp-specialized kernel
+    [1, 200, 130, 2, 1, 128, true, 'float16'], // Hopper: 'single-kernel' the warp-specialized causal kernel (empty rows)
     [1, 97, 70, 2, 1, 96, true, 'float32'],
     [1, 70, 130, 1, 1, 192, true, 'float16'], // Hopper: the wide dK/dV kernel
   ],

@@ -76,6 +76,18 @@ __device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float x) {
   return __float2bfloat16_rn(x);
 }
 
+// A 16-bit storage dtype from its bits (a half of a packed register, a 16-bit shared-memory load).
+template <typename T>
+__device__ __forceinline__ T elem_from_bits(uint16_t bits);
+template <>
+__device__ __forceinline__ __half elem_from_bits<__half>(uint16_t bits) {
+  return __ushort_as_half(bits);
+}
+template <>
+__device__ __forceinline__ __nv_bfloat16 elem_from_bits<__nv_bfloat16>(uint16_t bits) {
+  return __ushort_as_bfloat16(bits);
+}
+
 // Butterfly reductions over a full warp (all 32 lanes must call them); every lane gets the result.
 __device__ __forceinline__ float warp_max(float x) {
   for (int offset = kWarpSize / 2; offset > 0; offset /= 2) x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, offset));

@@ -58,8 +58,8 @@ bool flash_bwd_runs_sm90(const AttentionBwdParams& p);
 // Defined with the Hopper kernels (hopper/flash_bwd_sm90.cu).
 int flash_bwd_sm90_padded(int64_t head_dim);
 
-// Whether the Hopper single kernel for p is the warp-specialized one (head dims 97-128, no causal
-// mask; hopper/flash_bwd_ws_sm90_kernel.cuh) rather than the main kernel.
+// Whether the Hopper single kernel for p is the warp-specialized one (head dims 97-128;
+// hopper/flash_bwd_ws_sm90_kernel.cuh) rather than the main kernel.
 // Defined with the Hopper kernels.
 bool flash_bwd_sm90_ws(const AttentionBwdParams& p);
 

@@ -57,16 +57,18 @@ BwdPlan plan_backward(const AttentionBwdParams& p, BwdAlgorithm algorithm) {
     if (plan.unsupported == nullptr) plan.workspace_bytes = flash_bwd_fp32_workspace_bytes(p);
   } else {
     // 'auto' takes the single kernel where it is faster (flash_configs.h: kBwdWsMinSeqlen and
-    // kBwdWsDeterministicMinSeqlen for the warp-specialized one, kBwdSingleKernelMinSeqlen for the main
-    // one), else tries the two kernels first and falls back to the single kernel where they cannot run.
+    // kBwdWsDeterministicMinSeqlen for the warp-specialized one, causal when not deterministic;
+    // kBwdSingleKernelMinSeqlen for the main one, not causal), else tries the two kernels first and
+    // falls back to the single kernel where they cannot run.
     AttentionBwdParams q = p;
     q.two_kernel = false;
     const auto from = [&](int64_t seqlen) { return p.seqlen_q >= seqlen && p.seqlen_k >= seqlen; };
     const bool single_faster =
-        !p.causal && flash_bwd_runs_sm90(q) &&
-        ((flash_bwd_sm90_ws(q) &&
+        flash_bwd_runs_sm90(q) &&
+        ((flash_bwd_sm90_ws(q) && !(p.causal && p.deterministic) &&
           from(p.deterministic ? flash::kBwdWsDeterministicMinSeqlen : flash::kBwdWsMinSeqlen)) ||
-         (!p.deterministic && flash::padded_head_dim(p.head_dim) >= 64 && from(flash::kBwdSingleKernelMinSeqlen)));
+         (!p.causal && !p.deterministic && flash::padded_head_dim(p.head_dim) >= 64 &&
+          from(flash::kBwdSingleKernelMinSeqlen)));
     q.two_kernel = algorithm == BwdAlgorithm::kTwoKernel || (algorithm == BwdAlgorithm::kAuto && !single_faster);
     plan.unsupported = flash_bwd_unsupported_reason(q);
     if (algorithm == BwdAlgorithm::kAuto && plan.unsupported != nullptr) {

@@ -1,9 +1,9 @@
 // Launcher of the Hopper FA2 backward's kernels: the call's tensor maps (q, dout, k, v; the single
 // kernel's dQ accumulator), the dtype x head dim x causal dispatch, dynamic shared-memory attribute,
-// launch. The single kernel at head dims 97-128 without a causal mask is the warp-specialized one (flash_bwd_ws_sm90_kernel.cuh; ptxas: 168 registers at launch, setmaxnreg 24 /
-// 240, 28 bytes of spill stores); the main kernel everywhere else. Compiled for every target; the kernel has a
-// body only in the sm_90a pass, and flash_bwd_sm90_built() tells the dispatcher whether that pass was
-// part of the build.
+// launch. The single kernel at head dims 97-128 is the warp-specialized one (flash_bwd_ws_sm90_kernel.cuh;
+// ptxas: 168 registers at launch, setmaxnreg 24 / 240; spill stores 20 bytes, causal 72 bytes); the
+// main kernel everywhere else. Compiled for every target; the kernel has a body only in the sm_90a pass,
+// and flash_bwd_sm90_built() tells the dispatcher whether that pass was part of the build.
 //
 // Configuration: 64 query rows per step, 128 keys per block (2 warpgroups x 64); dQ split by 64-column
 // halves at head dim 128, warpgroup 0's at 32 and 64. Deterministic calls launch ws.splits blocks per
@@ -128,9 +128,9 @@ cudaError_t launch_dq(const AttentionBwdParams& p, const float* d_rows, cudaStre
 }
 
 // The warp-specialized single kernel (head dim 128).
-template <typename Elem>
+template <typename Elem, bool kIsCausal>
 cudaError_t launch_ws(const AttentionBwdParams& p, const flash::FlashBwdWorkspace& ws, cudaStream_t stream) {
-  using Traits = flash::sm90::FlashBwdWsSm90Traits<128, Elem>;
+  using Traits = flash::sm90::FlashBwdWsSm90Traits<128, Elem, kIsCausal>;
   static_assert(flash::row_matches<Traits>(flash::kBwdWsSm90Configs[0]), "the row reports the traits' tile");
   flash::sm90::BwdTensorMaps maps{};
   FA_CUDA_TRY(make_bwd_maps(&maps, p, Traits::kBlockM, Traits::kBlockN));
@@ -163,12 +163,15 @@ int flash_bwd_sm90_padded(int64_t head_dim) {
 
 bool flash_bwd_sm90_ws(const AttentionBwdParams& p) {
   return flash::padded_head_dim(p.head_dim) == flash::kBwdWsSm90Configs[0].head_dim &&
-         flash_bwd_sm90_padded(p.head_dim) == flash::kBwdWsSm90Configs[0].head_dim && !p.causal && !p.two_kernel;
+         flash_bwd_sm90_padded(p.head_dim) == flash::kBwdWsSm90Configs[0].head_dim && !p.two_kernel;
 }
 
 cudaError_t flash_bwd_sm90(const AttentionBwdParams& p, const flash::FlashBwdWorkspace& ws, cudaStream_t stream) {
   if (flash_bwd_sm90_ws(p))
-    return p.dtype == DType::kFloat16 ? launch_ws<__half>(p, ws, stream) : launch_ws<__nv_bfloat16>(p, ws, stream);
+    return FA_BOOL_SWITCH(p.causal, kIsCausal, [&] {
+      return p.dtype == DType::kFloat16 ? launch_ws<__half, kIsCausal>(p, ws, stream)
+                                        : launch_ws<__nv_bfloat16, kIsCausal>(p, ws, stream);
+    });
   return FA_HEADDIM_SWITCH(flash_bwd_sm90_padded(p.head_dim), kHeadDim, [&] {
     return FA_BOOL_SWITCH(p.causal, kIsCausal, [&] {
       if (p.dtype == DType::kFloat16) return launch<__half, kHeadDim, kIsCausal, true>(p, ws, stream);

@@ -1,5 +1,5 @@
 // FlashAttention-2 backward, Hopper warp-specialized single kernel (sm_90a): FA3's layout for head dim
-// 128 without a causal mask; deterministic mode by ordered dQ reductions.
+// 128, causal or not; deterministic mode by ordered dQ reductions.
 //
 // One thread block per (K/V tile of kBlockN = 128 keys, KV head, batch), as flash_bwd_sm90_kernel.cuh;
 // the loop runs over the query heads of the KV head's group and their 64-row query tiles.
@@ -16,9 +16,20 @@
 // step's, so that neither waits for the other's dS^T of the same step and consumer 1 may run up to a
 // step behind (no barrier holds them in lockstep). Then the stage is released and the dQ piece staged
 // for the writer. The producer runs a stage ahead.
+// Causal: per query head the steps start at the first query tile that sees a key of the tile
+// (mask.cuh first_query_tile), and the tiles that cross the diagonal mask P^T and dS^T per element.
 // Without a causal mask the only hidden pairs are the tails (keys >= seqlen_k, rows >= seqlen_q),
-// which TMA fills with zeros: no NaN / ±Inf from the inputs meets a hidden P or dS = 0, so the
-// containment's rare path of the other kernels is not needed here.
+// which TMA fills with zeros: no NaN / ±Inf from the inputs meets a hidden P or dS = 0. With it, the
+// crossing tiles hold hidden pairs with real data, and bwd_nonfinite.cuh's rare path runs there:
+//   - Q and dO: on a crossing step the producer's warp 0 votes on the rows' lse / D
+//     (bwd_row_suspect); if any row is flagged it waits for the stage's TMA (its own barrier on
+//     crossing steps), zeroes the NaN / ±Inf elements of the flagged rows of Q and dO in place (the
+//     stage serves this step only), and only then completes the stage's full barrier. The consumers
+//     add dO's terms of the visible pairs to dV after the dV product (P^T from the quad's lanes).
+//   - K: the producer's warps 2 and 3 scan the resident K tile once, note its rows with NaN / ±Inf
+//     and, if any, copy it to sK0 with those elements zeroed; dQ of a crossing step then reads sK0,
+//     and the consumer adds K's terms of the visible pairs to the accumulator by atomics (the terms
+//     are non-finite: their order against the bulk reductions does not matter).
 // Nsight Compute (H100, bf16, B2 H16 S8192, 2026-11-26; consumers in lockstep at a named dS barrier
 // then): 4.93 ms at 1.81 GHz, 557 TFLOP/s by FA2's count, tensor pipe 56.5% busy. Reading lse / D
 // into registers before the wgmma waits and deferring the dQ piece's proxy fence by a step moved the
@@ -37,6 +48,7 @@
 #include <type_traits>
 
 #include "common/attention_params.h"
+#include "cuda/flash/bwd_nonfinite.cuh"
 #include "cuda/flash/dq_accum.cuh"
 #include "cuda/flash/fragment_softmax.cuh"
 #include "cuda/flash/hopper/flash_bwd_sm90_kernel.cuh"
@@ -50,10 +62,11 @@
 
 namespace fa::cuda::flash::sm90 {
 
-template <int kHeadDim_, typename Elem_>
+template <int kHeadDim_, typename Elem_, bool kIsCausal_>
 struct FlashBwdWsSm90Traits {
   using Elem = Elem_;
   static constexpr int kHeadDim = kHeadDim_;
+  static constexpr bool kIsCausal = kIsCausal_;
   static constexpr int kConsumers = 2;
   static constexpr int kNThreads = 128 * (1 + kConsumers);
   static constexpr int kConsumerThreads = 128 * kConsumers;
@@ -83,17 +96,28 @@ struct FlashBwdWsSm90Traits {
   static constexpr size_t kQTileBytes = static_cast<size_t>(kColBlocks) * kBlockM * 128;
   static constexpr size_t kDsBytes = static_cast<size_t>(kBlockN) * 128;  // dS^T [keys][64 queries]
   static constexpr size_t kDqStageBytes = static_cast<size_t>(kBlockM) * kHeadDim * sizeof(float);
-  // Layout: sK | sV | sQ [kStages] | sdO [kStages] | sdS [2] | sdQ (each 1024-aligned) | lse2, D
-  // [kStages][kBlockM] floats | mbarriers: K/V full, Q full [kStages], Q empty [kStages], dQ full
-  // [kConsumers], dQ empty [kConsumers]; +1024 to align the dynamic base.
+  // Causal: K with its NaN / ±Inf elements zeroed, for dQ on the crossing steps (the rare path).
+  static constexpr size_t kK0Bytes = kIsCausal ? kKvTileBytes : 0;
+  // Layout: sK | sV | sQ [kStages] | sdO [kStages] | sdS [2] | sdQ | sK0 (each 1024-aligned) | lse2, D
+  // [kStages][kBlockM] floats | flag words (kRowFlags, kKRowFlags, kKFlag) | mbarriers: K/V full, Q
+  // full [kStages], Q empty [kStages], dQ full [kConsumers], dQ empty [kConsumers], dS full [2], dS
+  // empty [2], Q loaded [kStages], K scanned; +1024 to align the dynamic base.
   static constexpr size_t kFloatBytes = 2 * kStages * kBlockM * sizeof(float);
-  static constexpr size_t kBarrierBytes = 8 * (1 + 2 * kStages + 2 * kConsumers + 4);
+  static constexpr int kRowFlags = 0;                       // [kStages][2]: the step's flagged rows
+  static constexpr int kKRowFlags = 2 * kStages;            // [kBlockN / 32]: K rows holding NaN / ±Inf
+  static constexpr int kKFlag = kKRowFlags + kBlockN / 32;  // whether sK0 holds the zeroed copy
+  static constexpr size_t kFlagBytes = kIsCausal ? 4 * static_cast<size_t>(kKFlag + 2) : 0;
+  static constexpr size_t kBarrierBytes = 8 * (1 + 3 * kStages + 2 * kConsumers + 4 + 1);
   static constexpr size_t kSmemBytes = 2 * kKvTileBytes + 2 * kStages * kQTileBytes + 2 * kDsBytes + kDqStageBytes +
-                                       kFloatBytes + kBarrierBytes + 1024;
+                                       kK0Bytes + kFloatBytes + kFlagBytes + kBarrierBytes + 1024;
+  static constexpr int kScanBarrier = 1;   // named barrier of the producer's warps 2 and 3 (the K scan)
+  static constexpr int kRareBarrier0 = 2;  // + consumer: the rare path's P^T exchange
 
 
   static_assert(sizeof(Elem) == 2, "the wgmma path takes fp16 or bf16");
   static_assert(kHeadDim == 128, "head dim 128: each consumer takes one 64-column half of dQ");
+  static_assert(kColBlocks == 2, "the rare path's row zeroing gives one 16-byte chunk of a Q / dO row to a lane");
+  static_assert(kFlagBytes % 8 == 0, "the mbarriers stay 8-byte aligned");
   static_assert(128 * kProducerRegs + kConsumerThreads * kConsumerRegs <= kLaunchRegs * kNThreads,
                 "setmaxnreg: the consumers take only what the producer gives up");
   static_assert(kSmemBytes <= kSm90MaxSmemPerBlock, "shared memory exceeds the sm_90 per-block limit");
@@ -116,8 +140,10 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
   const uint32_t sdO = sQ + static_cast<uint32_t>(kStages * Traits::kQTileBytes);
   const uint32_t sdS = sdO + static_cast<uint32_t>(kStages * Traits::kQTileBytes);
   const uint32_t sdQ = sdS + static_cast<uint32_t>(2 * Traits::kDsBytes);
-  const uint32_t float_base = sdQ + static_cast<uint32_t>(Traits::kDqStageBytes);
-  const uint32_t full_kv = float_base + static_cast<uint32_t>(Traits::kFloatBytes);
+  const uint32_t sK0 = sdQ + static_cast<uint32_t>(Traits::kDqStageBytes);
+  const uint32_t float_base = sK0 + static_cast<uint32_t>(Traits::kK0Bytes);
+  const uint32_t flag_base = float_base + static_cast<uint32_t>(Traits::kFloatBytes);
+  const uint32_t full_kv = flag_base + static_cast<uint32_t>(Traits::kFlagBytes);
   const auto full_q = [&](int st) { return full_kv + 8u * static_cast<uint32_t>(1 + st); };
   const auto empty_q = [&](int st) { return full_kv + 8u * static_cast<uint32_t>(1 + kStages + st); };
   const auto full_dq = [&](int c) { return full_kv + 8u * static_cast<uint32_t>(1 + 2 * kStages + c); };
@@ -131,8 +157,15 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
   const auto empty_ds = [&](int b) {
     return full_kv + 8u * static_cast<uint32_t>(1 + 2 * kStages + 2 * Traits::kConsumers + 2 + b);
   };
-  float* sLse2 = reinterpret_cast<float*>(smem_raw + (float_base - smem_u32(smem_raw)));
+  // Causal crossing steps: stage st's TMA completes here, the producer's warp 0 then the full barrier.
+  const auto loaded_q = [&](int st) {
+    return full_kv + 8u * static_cast<uint32_t>(1 + 2 * kStages + 2 * Traits::kConsumers + 4 + st);
+  };
+  const uint32_t k_scanned = full_kv + 8u * static_cast<uint32_t>(1 + 3 * kStages + 2 * Traits::kConsumers + 4);
+  const auto smem_ptr = [&](uint32_t addr) { return smem_raw + (addr - smem_u32(smem_raw)); };
+  float* sLse2 = reinterpret_cast<float*>(smem_ptr(float_base));
   float* sD = sLse2 + kStages * kBlockM;
+  uint32_t* const sFlags = reinterpret_cast<uint32_t*>(smem_ptr(flag_base));
   // Consumer c's dQ piece: column blocks [c kDqBoxes, (c + 1) kDqBoxes) of the staging tile.
   const auto sdq_piece = [&](int c) {
     return sdQ + static_cast<uint32_t>(c * Traits::kDqBoxes * kBlockM * kSw128RowBytes);
@@ -145,12 +178,16 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
   const int n0 = tile.first_tile * kBlockN, head_kv = tile.head_kv;
   const int64_t batch = tile.batch;
   const int group = static_cast<int>(p.heads_q / p.heads_kv);
-  const AttentionMask<false> mask(seqlen_q, seqlen_k);  // mask.cuh
-  const int m_count = (seqlen_q + kBlockM - 1) / kBlockM;
+  const AttentionMask<Traits::kIsCausal> mask(seqlen_q, seqlen_k);  // mask.cuh
+  const int m_blocks = (seqlen_q + kBlockM - 1) / kBlockM;
+  const int m_begin = mask.template first_query_tile<kBlockM>(n0, m_blocks);
+  const int m_count = m_blocks - m_begin;  // query tiles per query head that see the block's keys
   const int iters = m_count * group;
-  // Step it's query head and first row.
+  // Step it's query head, query tile and first row, and whether the tile crosses the causal diagonal.
   const auto step_head = [&](int it) { return head_kv * group + it / m_count; };
-  const auto step_m0 = [&](int it) { return (it % m_count) * kBlockM; };
+  const auto step_m_block = [&](int it) { return m_begin + it % m_count; };
+  const auto step_m0 = [&](int it) { return step_m_block(it) * kBlockM; };
+  const auto crossing = [&](int m0) { return mask.template crosses<kBlockM, kBlockN>(m0, n0); };
 
   if (threadIdx.x == 0) {
     mbarrier_init(full_kv, 1);
@@ -169,6 +206,13 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
       mbarrier_init(full_ds(b), Traits::kConsumerThreads);   // every consumer thread, after its fence
       mbarrier_init(empty_ds(b), Traits::kConsumerThreads);  // every consumer thread, its dQ product done
     }
+    if constexpr (Traits::kIsCausal) {
+#pragma unroll
+      for (int st = 0; st < kStages; ++st) mbarrier_init(loaded_q(st), 1);  // the TMA's expect_tx
+      mbarrier_init(k_scanned, 64);                                        // the producer's warps 2 and 3
+#pragma unroll
+      for (int w = Traits::kKRowFlags; w <= Traits::kKFlag; ++w) sFlags[w] = 0u;
+    }
     fence_mbarrier_init();
   }
   __syncthreads();  // the last block-wide barrier: the roles part here
@@ -186,12 +230,15 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
         prefetch_tensor_map(&maps.dout);
         load_resident_kv_tile<Traits>(&maps.k, &maps.v, sK, sV, full_kv, n0, head_kv, static_cast<int>(batch));
       }
+      uint32_t loaded_parity = 0;  // causal: bit st, the parity of loaded_q(st)'s next use
       for (int it = 0; it < iters; ++it) {
         const int st = it % kStages;
         mbarrier_wait(empty_q(st), static_cast<uint32_t>(((it / kStages) & 1) ^ 1));
         const int head = step_head(it), m0 = step_m0(it);
+        const bool cross = crossing(m0);
         if (lane == 0)
-          load_query_tiles<Traits>(&maps.q, &maps.dout, sQ, sdO, full_q(st), st, m0, head, static_cast<int>(batch));
+          load_query_tiles<Traits>(&maps.q, &maps.dout, sQ, sdO, cross ? loaded_q(st) : full_q(st), st, m0, head,
+                                   static_cast<int>(batch));
         const int64_t stat0 = (batch * p.heads_q + head) * p.seqlen_q + m0 + lane;
 #pragma unroll
         for (int h = 0; h < kBlockM / 32; ++h) {
@@ -199,6 +246,46 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
           const bool valid = m0 + r < seqlen_q;
           sLse2[st * kBlockM + r] = valid ? p.lse_in[stat0 + 32 * h] * kLog2e : INFINITY;
           sD[st * kBlockM + r] = valid ? ws.d[stat0 + 32 * h] : 0.0f;
+        }
+        if constexpr (Traits::kIsCausal) {
+          if (cross) {
+            // The rare path's rows (bwd_nonfinite.cuh bwd_row_suspect): flagged ones get their NaN / ±Inf
+            // elements of Q and dO zeroed once the stage has landed; lane 0's second arrival stands in for
+            // the TMA's.
+            uint32_t rows[kBlockM / 32];
+#pragma unroll
+            for (int h = 0; h < kBlockM / 32; ++h) {
+              const int r = st * kBlockM + lane + 32 * h;
+              rows[h] = __ballot_sync(~0u, bwd_row_suspect(m0 + lane + 32 * h, seqlen_q, sLse2[r], sD[r]));
+            }
+            if (lane == 0) {
+#pragma unroll
+              for (int h = 0; h < kBlockM / 32; ++h) sFlags[Traits::kRowFlags + st * 2 + h] = rows[h];
+            }
+            mbarrier_wait(loaded_q(st), (loaded_parity >> st) & 1u);
+            loaded_parity ^= 1u << st;
+            if ((rows[0] | rows[1]) != 0u) {
+              // Lane l: 16-byte chunk l % 8 of column block (l / 8) % 2 of the row in Q (l < 16) or dO.
+              const uint32_t lane_off =
+                  static_cast<uint32_t>(st * Traits::kQTileBytes + ((lane / 8) % 2) * kBlockM * kSw128RowBytes) +
+                  static_cast<uint32_t>((lane % 8) * 16);
+              const uint32_t lane_base = (lane < 16 ? sQ : sdO) + lane_off;
+#pragma unroll
+              for (int h = 0; h < kBlockM / 32; ++h)
+                for (uint32_t bits = rows[h]; bits != 0u; bits &= bits - 1u) {
+                  const int r = 32 * h + __ffs(static_cast<int>(bits)) - 1;
+                  uint4* chunk =
+                      reinterpret_cast<uint4*>(smem_ptr(lane_base + static_cast<uint32_t>(r * kSw128RowBytes)));
+                  const uint4 w = *chunk;
+                  if (chunk_nonfinite<Elem>(w))
+                    *chunk = make_uint4(word_zero_nonfinite<Elem>(w.x), word_zero_nonfinite<Elem>(w.y),
+                                        word_zero_nonfinite<Elem>(w.z), word_zero_nonfinite<Elem>(w.w));
+                }
+              fence_proxy_async_smem();  // the zeroed rows before the consumers' products
+            }
+            __syncwarp();
+            if (lane == 0) mbarrier_arrive(full_q(st));
+          }
         }
         mbarrier_arrive(full_q(st));
       }
@@ -212,7 +299,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
       for (int it = 0; it < iters; ++it) {
         const int head = step_head(it), m0 = step_m0(it);
         int* const turn =
-            ordered ? ws.dq_turns + ((batch * p.heads_q + head) * m_count + it % m_count) : nullptr;
+            ordered ? ws.dq_turns + ((batch * p.heads_q + head) * m_blocks + step_m_block(it)) : nullptr;
 #pragma unroll
         for (int c = 0; c < Traits::kConsumers; ++c) {
           mbarrier_wait(full_dq(c), static_cast<uint32_t>(it & 1));
@@ -234,6 +321,35 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
         }
       }
       if (lane == 0) bulk_wait<0>();  // the reductions have written the accumulator
+    } else if (Traits::kIsCausal && iters > 0) {
+      // Warps 2 and 3, causal: the K tile's rows holding NaN / ±Inf (kKRowFlags) and, if there are any,
+      // sK0 = K with those elements zeroed (kKFlag set), then the K-scanned barrier.
+      const int tid = static_cast<int>(threadIdx.x) - 64;
+      constexpr int kChunksPerRow = kSw128RowBytes / 16;
+      constexpr int kChunks = Traits::kColBlocks * kBlockN * kChunksPerRow;
+      const uint4* const k_chunks = reinterpret_cast<const uint4*>(smem_ptr(sK));
+      mbarrier_wait(full_kv, 0);
+      bool any = false;
+#pragma unroll 1
+      for (int c = tid; c < kChunks; c += 64) {
+        if (chunk_nonfinite<Elem>(k_chunks[c])) {
+          const int row = (c / kChunksPerRow) % kBlockN;
+          atomicOr(&sFlags[Traits::kKRowFlags + row / 32], 1u << (row % 32));
+          any = true;
+        }
+      }
+      if (named_barrier_or(Traits::kScanBarrier, 64, any)) {
+        uint4* const k0_chunks = reinterpret_cast<uint4*>(smem_ptr(sK0));
+#pragma unroll 1
+        for (int c = tid; c < kChunks; c += 64) {
+          const uint4 w = k_chunks[c];
+          k0_chunks[c] = make_uint4(word_zero_nonfinite<Elem>(w.x), word_zero_nonfinite<Elem>(w.y),
+                                    word_zero_nonfinite<Elem>(w.z), word_zero_nonfinite<Elem>(w.w));
+        }
+        fence_proxy_async_smem();  // sK0 before the consumers' dQ products
+        if (tid == 0) sFlags[Traits::kKFlag] = 1u;
+      }
+      mbarrier_arrive(k_scanned);
     }
     return;
   }
@@ -248,6 +364,39 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
   const uint32_t sV_wg = sV + static_cast<uint32_t>(cw * Traits::kWgKeys * kSw128RowBytes);
   // This consumer's 64 dQ columns of K: column block cw of the K tile (the B operand of dQ = dS K).
   const uint32_t sK_dq = sK + static_cast<uint32_t>(cw * kBlockN * kSw128RowBytes);
+  // Causal: whether dQ of the step from row m0 reads sK0, K with its NaN / ±Inf elements zeroed (a
+  // crossing step, and the scan found some).
+  const auto k_rare = [&](int m0) {
+    if constexpr (Traits::kIsCausal) {
+      if (!crossing(m0)) return false;
+      mbarrier_wait(k_scanned, 0);
+      return sFlags[Traits::kKFlag] != 0u;
+    } else {
+      return false;
+    }
+  };
+  // The dS^T element (key, query q) of buffer sdS_b as the tensor core read it (the layout of the
+  // stores below).
+  const auto ds_read = [&](uint32_t sdS_b, int key, int q) {
+    uint16_t bits;
+    const uint32_t addr =
+        sdS_b + static_cast<uint32_t>(key * kSw128RowBytes + (((q / 8) ^ (key % 8)) * 16) + (q % 8) * 2);
+    asm volatile("ld.shared.u16 %0, [%1];\n" : "=h"(bits) : "r"(addr));
+    return to_float(elem_from_bits<Elem>(bits));
+  };
+  // This thread's elements of a (64 keys, 64 queries) tile packed as A operands (P^T, dS^T) into buffer
+  // sdS_b in the layout above: a key per 128-byte row, its queries along it.
+  const auto store_ds_t = [&](uint32_t sdS_b, const uint32_t (&a)[Traits::kQKSteps][4]) {
+#pragma unroll
+    for (int j = 0; j < kSTiles; ++j)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int key = key_row0 + 8 * h, q = 8 * j + 2 * t;
+        const uint32_t addr =
+            sdS_b + static_cast<uint32_t>(key * kSw128RowBytes + (((q / 8) ^ (key % 8)) * 16) + (q % 8) * 2);
+        asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(addr), "r"(a[j / 2][(j % 2) * 2 + h]) : "memory");
+      }
+  };
 
   float dk[kKvTiles][4], dv[kKvTiles][4];
 #pragma unroll
@@ -262,10 +411,11 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
     const int b = k % 2;
     mbarrier_wait(full_ds(b), static_cast<uint32_t>((k / 2) & 1));
     const uint32_t sdS_b = sdS + static_cast<uint32_t>(b * Traits::kDsBytes);
+    const uint32_t sK_b = k_rare(step_m0(k)) ? sK0 + (sK_dq - sK) : sK_dq;
     wgmma_fence();
 #pragma unroll
     for (int ks = 0; ks < Traits::kDqKSteps; ++ks)
-      Wgmma<Traits::kDqN, Elem>::ss_tt(dq, desc_mn_major<kBlockN>(sdS_b, ks), desc_mn_major<kBlockN>(sK_dq, ks),
+      Wgmma<Traits::kDqN, Elem>::ss_tt(dq, desc_mn_major<kBlockN>(sdS_b, ks), desc_mn_major<kBlockN>(sK_b, ks),
                                       ks > 0);
     wgmma_commit();
   };
@@ -274,6 +424,38 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
   // piece k - 1), then released to it.
   const auto stage_dq = [&](float (&dq)[Traits::kDqTiles][4], int k) {
     fence_operands(dq);
+    if constexpr (Traits::kIsCausal) {
+      const int m0 = step_m0(k);
+      if (k_rare(m0)) {
+        // dQ_i[c] += dS_ij K_j[c] for K's NaN / ±Inf elements (from global memory: sK0 held zeros there)
+        // at the visible pairs, dS^T from the buffer, added to the accumulator by atomics.
+        const Elem* k_tile = static_cast<const Elem*>(p.k) + batch * p.k_batch_stride + head_kv * p.k_head_stride +
+                             static_cast<int64_t>(n0) * p.k_row_stride;
+        const int col0 = cw * Traits::kDqN + 2 * t;
+        float* const acc = ws.dq_accum +
+                           ((batch * p.heads_q + step_head(k)) * ws.dq_rows + m0 + warp * 16 + g) * kHeadDim + col0;
+        const uint32_t sdS_b = sdS + static_cast<uint32_t>((k % 2) * Traits::kDsBytes);
+#pragma unroll 1
+        for (int w = 0; w < kBlockN / 32; ++w)
+#pragma unroll 1
+          for (uint32_t bits = sFlags[Traits::kKRowFlags + w]; bits != 0u; bits &= bits - 1u) {
+            const int j = 32 * w + __ffs(static_cast<int>(bits)) - 1;
+            const Elem* krow = k_tile + static_cast<int64_t>(j) * p.k_row_stride;
+#pragma unroll 1
+            for (int c = 0; c < 2 * Traits::kDqTiles; ++c) {  // column col0 + 8 (c / 2) + c % 2
+              const int off = 8 * (c / 2) + c % 2;
+              if (col0 + off >= head_dim) continue;
+              const float x = to_float(krow[col0 + off]);
+              if (isfinite(x)) continue;
+#pragma unroll
+              for (int h = 0; h < 2; ++h) {
+                const int q = warp * 16 + g + 8 * h;
+                if (!mask.hidden(m0 + q, n0 + j)) atomicAdd(acc + 8 * h * kHeadDim + off, ds_read(sdS_b, j, q) * x);
+              }
+            }
+          }
+      }
+    }
     mbarrier_arrive(empty_ds(k % 2));
     mbarrier_wait(empty_dq(cw), static_cast<uint32_t>((k & 1) ^ 1));
     uint32_t row_base = sdq_piece(cw) + static_cast<uint32_t>((warp * 16 + g) * kSw128RowBytes + (t % 2) * 8);
@@ -302,6 +484,9 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
     const uint32_t sdOs = sdO + static_cast<uint32_t>(st * Traits::kQTileBytes);
     const float* lse2 = sLse2 + st * kBlockM;
     const float* dvec = sD + st * kBlockM;
+    // Causal: a crossing step with rows that the producer flagged (their Q / dO zeroed there).
+    const bool rows_rare = Traits::kIsCausal && crossing(m0) &&
+                           (sFlags[Traits::kRowFlags + 2 * st] | sFlags[Traits::kRowFlags + 2 * st + 1]) != 0u;
 
     // S^T = K_w Q^T and dP^T - D = V_w dO^T - D: (64 keys, 64 queries), committed separately; the dP
     // product accumulates onto -D (element (j, e): query 8 j + 2 t + e % 2), so that D is read before
@@ -339,6 +524,44 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
     wgmma_fence();
     wgmma_rs_mn_major<kHeadDim, kBlockM, Traits::kQKSteps, Elem>(dv, pa, sdOs);
     wgmma_commit();
+    if constexpr (Traits::kIsCausal) {
+      if (rows_rare) {
+        // dV_j[c] += P_ij dO_i[c] for the flagged rows' NaN / ±Inf dO elements (from global memory) at
+        // the visible pairs. P^T (rounded as the tensor core read it) goes through this consumer's rows
+        // of the dS^T buffer that dS^T takes later in the step: query i's P for this thread's keys lies
+        // in another lane of the quad. (From registers by shuffles, pa live across the loop cost 44
+        // bytes of spills.)
+        const int buf = it % 2;
+        const uint32_t sdS_buf = sdS + static_cast<uint32_t>(buf * Traits::kDsBytes);
+        mbarrier_wait(empty_ds(buf), static_cast<uint32_t>(((it / 2) & 1) ^ 1));
+        store_ds_t(sdS_buf, pa);
+        wgmma_wait<0>();
+        fence_operands(dv);
+        named_barrier_sync(Traits::kRareBarrier0 + cw, 128);  // this consumer's P^T is in place
+        const Elem* dout =
+            static_cast<const Elem*>(p.dout) + batch * p.do_batch_stride + step_head(it) * p.do_head_stride;
+#pragma unroll 1
+        for (int i = 0; i < kBlockM; ++i) {
+          if (((sFlags[Traits::kRowFlags + 2 * st + i / 32] >> (i % 32)) & 1u) == 0u) continue;
+          const int row = m0 + i;
+          const float pij[2] = {ds_read(sdS_buf, key_row0, i), ds_read(sdS_buf, key_row0 + 8, i)};
+          const Elem* drow = dout + static_cast<int64_t>(row) * p.do_row_stride;
+#pragma unroll
+          for (int jt = 0; jt < kKvTiles; ++jt)
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+              const int col = 8 * jt + 2 * t + e;
+              if (col >= head_dim) continue;
+              const float x = to_float(drow[col]);
+              if (isfinite(x)) continue;
+#pragma unroll
+              for (int h = 0; h < 2; ++h)
+                if (!mask.hidden(row, n0 + key_row0 + 8 * h)) dv[jt][2 * h + e] += pij[h] * x;
+            }
+        }
+        named_barrier_sync(Traits::kRareBarrier0 + cw, 128);  // read before dS^T overwrites it
+      }
+    }
     wgmma_wait<1>();  // dP^T is ready; dV may still run
     fence_operands(dp_t);
     by_mask([&](auto masked) {
@@ -356,16 +579,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
     // are done with the buffer (its empty barrier, use it / 2 - 1).
     const int buf = it % 2;
     mbarrier_wait(empty_ds(buf), static_cast<uint32_t>(((it / 2) & 1) ^ 1));
-    const uint32_t sdS_buf = sdS + static_cast<uint32_t>(buf * Traits::kDsBytes);
-#pragma unroll
-    for (int j = 0; j < kSTiles; ++j)
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const int key = key_row0 + 8 * h, q = 8 * j + 2 * t;
-        const uint32_t addr = sdS_buf + static_cast<uint32_t>(key * kSw128RowBytes + (((q / 8) ^ (key % 8)) * 16) +
-                                                              (q % 8) * 2);
-        asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(addr), "r"(dsa[j / 2][(j % 2) * 2 + h]) : "memory");
-      }
+    store_ds_t(sdS + static_cast<uint32_t>(buf * Traits::kDsBytes), dsa);
     fence_proxy_async_smem();
     mbarrier_arrive(full_ds(buf));
 
