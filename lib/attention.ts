@@ -148,12 +148,11 @@ export interface AttentionBackwardOptions extends AttentionOptions {
    *   zero-padded); elsewhere a RangeError says why.
    * - `'auto'` (default): `'two-kernel'` where it exists (float16 and bfloat16 on Hopper), else
    *   `'single-kernel'`; on Hopper `'single-kernel'` also where it is faster: head dims 97–128 from
-   *   1024 queries and keys, causal or not (with `deterministic`, from 2048 and without a causal
-   *   mask), where the single kernel is a warp-specialized one, and head dim 64 (after padding) from
-   *   8192 without a causal mask when not deterministic. On an H100 (bf16, 16k tokens per batch,
-   *   2026-11-26/27) the warp-specialized kernel ran 1.15 / 1.23 / 1.32× the two kernels' throughput
-   *   at head dim 128, seqlen 1k / 2k / 8k, and 1.03 / 1.09 / 1.16× causal; the two need no float32
-   *   dq accumulator and are deterministic.
+   *   1024 queries and keys (2048 with `deterministic`), causal or not, where the single kernel is a
+   *   warp-specialized one, and head dim 64 (after padding) from 8192 without a causal mask when not
+   *   deterministic. On an H100 (bf16, 16k tokens per batch, 2026-11-26/27) the warp-specialized
+   *   kernel ran 1.15 / 1.23 / 1.32× the two kernels' throughput at head dim 128, seqlen 1k / 2k / 8k,
+   *   and 1.03 / 1.09 / 1.16× causal; the two need no float32 dq accumulator and are deterministic.
    *
    * The result's `algorithm` says which ran. The naive kernel and the CPU backend have one structure
    * each: they accept `'auto'` and `'single-kernel'`.

@@ -96,10 +96,11 @@ inline constexpr int64_t kBwdSingleKernelMinSeqlen = 8192;
 // 97-128, causal or not: a producer warpgroup (TMA, lse / D, a dQ writer warp) and two consumer
 // warpgroups of 64 keys; 64 query rows per step. It replaces the main kernel there, and 'auto' takes it
 // over the two kernels from kBwdWsMinSeqlen queries and keys, deterministic from
-// kBwdWsDeterministicMinSeqlen without a causal mask (deterministic causal calls keep the two kernels:
-// not measured). Causal, queued back to back, ms at 512 / 1k / 2k / 8k (H100, 2026-11-27, same run):
-// this kernel 0.553-0.566 / 0.725-0.734 / 1.078 / 3.21-3.27, two kernels 0.547-0.552 / 0.750-0.759 /
-// 1.18 / 3.75-3.77, the main single kernel 0.611 / 0.806 / 1.19 / 3.50-3.57. H100, bf16, B*S = 16k, H*D = 2048, queued back to back, ms at seqlen
+// kBwdWsDeterministicMinSeqlen. Causal, queued back to back, ms at 512 / 1k / 2k / 8k (H100,
+// 2026-11-27, same run): this kernel 0.553-0.566 / 0.725-0.734 / 1.078 / 3.21-3.27, two kernels
+// 0.547-0.552 / 0.750-0.759 / 1.18 / 3.75-3.77, the main single kernel 0.611 / 0.806 / 1.19 /
+// 3.50-3.57; a later run, deterministic (its K/V tiles' turns descending) 0.583 / 0.757 / 1.157 /
+// 3.467 against atomic 0.561 / 0.721 / 1.050 / 3.125 and two kernels 0.547 / 0.756 / 1.173 / 3.688. H100, bf16, B*S = 16k, H*D = 2048, queued back to back, ms at seqlen
 // 512 / 1k / 2k / 8k (2026-11-26, test/native/flash_bwd_check.cu): two kernels 0.670 / 1.057 / 1.872
 // / 6.974; this kernel with its consumers in lockstep (same run) 0.666 / 0.968 / 1.570 / 5.421,
 // deterministic 0.725 / 1.117 / 1.839 / 5.911; as built (consumer 0 a dQ step behind; a later run,

@@ -57,7 +57,7 @@ BwdPlan plan_backward(const AttentionBwdParams& p, BwdAlgorithm algorithm) {
     if (plan.unsupported == nullptr) plan.workspace_bytes = flash_bwd_fp32_workspace_bytes(p);
   } else {
     // 'auto' takes the single kernel where it is faster (flash_configs.h: kBwdWsMinSeqlen and
-    // kBwdWsDeterministicMinSeqlen for the warp-specialized one, causal when not deterministic;
+    // kBwdWsDeterministicMinSeqlen for the warp-specialized one, causal or not;
     // kBwdSingleKernelMinSeqlen for the main one, not causal), else tries the two kernels first and
     // falls back to the single kernel where they cannot run.
     AttentionBwdParams q = p;
@@ -65,7 +65,7 @@ BwdPlan plan_backward(const AttentionBwdParams& p, BwdAlgorithm algorithm) {
     const auto from = [&](int64_t seqlen) { return p.seqlen_q >= seqlen && p.seqlen_k >= seqlen; };
     const bool single_faster =
         flash_bwd_runs_sm90(q) &&
-        ((flash_bwd_sm90_ws(q) && !(p.causal && p.deterministic) &&
+        ((flash_bwd_sm90_ws(q) &&
           from(p.deterministic ? flash::kBwdWsDeterministicMinSeqlen : flash::kBwdWsMinSeqlen)) ||
          (!p.causal && !p.deterministic && flash::padded_head_dim(p.head_dim) >= 64 &&
           from(flash::kBwdSingleKernelMinSeqlen)));

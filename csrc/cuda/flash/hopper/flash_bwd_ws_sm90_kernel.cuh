@@ -175,7 +175,14 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
   const int head_dim = static_cast<int>(p.head_dim);
   const int n_blocks = (seqlen_k + kBlockN - 1) / kBlockN;
   const KeyTileWork tile = key_tile_work(p, static_cast<uint32_t>(n_blocks));  // tile_scheduler.cuh
-  const int n0 = tile.first_tile * kBlockN, head_kv = tile.head_kv;
+  // Deterministic and causal (kDescending): the K/V tiles that add to a query tile take their turns
+  // from its last one (on the diagonal) down to tile 0, and the blocks of a KV head take the tiles last
+  // first, so that a block waits only on blocks launched before it. Ascending, tile n's block would start
+  // at its diagonal query tile only after tiles 0 .. n - 1 had added theirs: a sweep from tile 0 down the
+  // diagonal, at 1.35-1.92x the atomic time (bf16 d128, 512-16k, H100).
+  const bool descending = Traits::kIsCausal && p.deterministic;
+  const int n_tile = descending ? n_blocks - 1 - tile.first_tile : tile.first_tile;
+  const int n0 = n_tile * kBlockN, head_kv = tile.head_kv;
   const int64_t batch = tile.batch;
   const int group = static_cast<int>(p.heads_q / p.heads_kv);
   const AttentionMask<Traits::kIsCausal> mask(seqlen_q, seqlen_k);  // mask.cuh
@@ -292,9 +299,9 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
     } else if (warp == 1) {
       // dQ writer: per step, each consumer's piece once staged (its full barrier, parity of use it),
       // added by bulk reductions; the piece is free again once they have read it. Deterministic: the
-      // K/V tiles of the KV head add to a query tile in tile order (tma.cuh ordered turns; tile n's
-      // block has a lower blockIdx than tile n + 1's), each step's reductions completed before the
-      // turn passes on.
+      // K/V tiles of the KV head add to a query tile in tile order, descending when causal (tma.cuh
+      // ordered turns; the block of the tile before in that order has the lower blockIdx), each step's
+      // reductions completed before the turn passes on.
       const bool ordered = p.deterministic;
       for (int it = 0; it < iters; ++it) {
         const int head = step_head(it), m0 = step_m0(it);
@@ -304,7 +311,12 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
         for (int c = 0; c < Traits::kConsumers; ++c) {
           mbarrier_wait(full_dq(c), static_cast<uint32_t>(it & 1));
           if (lane == 0) {
-            if (ordered && c == 0) ordered_turn_wait(turn, tile.first_tile);
+            if (ordered && c == 0) {
+              // This tile's turn at the query tile: its index, or descending its distance from the
+              // query tile's last K/V tile.
+              const int last = mask.template query_tile_keys<kBlockM, kBlockN>(m0).tiles - 1;
+              ordered_turn_wait(turn, descending ? last - n_tile : n_tile);
+            }
 #pragma unroll
             for (int b = 0; b < Traits::kDqBoxes; ++b)
               tma_reduce_add_5d(&maps.dq_accum, sdq_piece(c) + static_cast<uint32_t>(b * kBlockM * kSw128RowBytes),
