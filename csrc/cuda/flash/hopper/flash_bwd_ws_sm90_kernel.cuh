@@ -39,7 +39,9 @@
 // late on top of it bought nothing more (5.19 against 5.18 ms at 8k). S^T and dP^T accumulating onto
 // -lse2 / scale_log2 and -D (the rows read before the products are issued, not after their waits)
 // bought 2-3% (queued, 1k / 2k / 8k, three runs each: 0.909-0.918 / 1.50-1.56 / 5.08-5.11 ms against
-// 0.928-0.936 / 1.54-1.58 / 5.24-5.25).
+// 0.928-0.936 / 1.54-1.58 / 5.24-5.25). Causal (queued, 512 / 1k / 2k / 8k): 0.553-0.566 / 0.725-0.734 /
+// 1.078 / 3.21-3.27 ms against the two kernels' 0.547-0.552 / 0.750-0.759 / 1.18 / 3.75-3.77;
+// deterministic with descending turns 1.04-1.11x the atomic time (ascending: 1.35-1.92x).
 #pragma once
 #include <cuda_runtime.h>
 
