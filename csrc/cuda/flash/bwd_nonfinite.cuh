@@ -42,6 +42,27 @@ __device__ __forceinline__ bool bwd_row_suspect(int row, int seqlen_q, float lse
   return (row < seqlen_q) & !(isfinite(lse2) & isfinite(d));
 }
 
+// Step 2 of the rule for one source row in global memory (src: dO row i for dV, K row j for dQ): for
+// this thread's accumulator columns c = 8 jt + 2 t + e (c < head_dim) whose element of src is NaN /
+// ±Inf, acc[jt][2 h + e] += a[h] src[c] for the fragment rows h = 0, 1 (keys key0 / key0 + 8 of dV,
+// query rows of dQ) where visible(h): a[h] is the other factor as the tensor core read it.
+template <int kTiles, typename Elem, typename Visible>
+__device__ __forceinline__ void add_nonfinite_terms(float (&acc)[kTiles][4], const Elem* src, const float (&a)[2], int t,
+                                                    int head_dim, const Visible& visible) {
+#pragma unroll
+  for (int jt = 0; jt < kTiles; ++jt)
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      const int col = 8 * jt + 2 * t + e;
+      if (col >= head_dim) continue;
+      const float x = to_float(src[col]);
+      if (isfinite(x)) continue;
+#pragma unroll
+      for (int h = 0; h < 2; ++h)
+        if (visible(h)) acc[jt][2 * h + e] += a[h] * x;
+    }
+}
+
 // x rounded to Elem and back: the value of a P or dS element as the tensor-core product read it.
 template <typename Elem>
 __device__ __forceinline__ float as_operand(float x) {

@@ -213,19 +213,8 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSm)
           const int src = (lane & ~3) | (r / 2);
           const float ds[2] = {as_operand<Elem>(__shfl_sync(0xffffffffu, own[0], src)),
                                as_operand<Elem>(__shfl_sync(0xffffffffu, own[1], src))};
-          const Elem* krow = k_tile + static_cast<int64_t>(j) * p.k_row_stride;
-#pragma unroll
-          for (int jt = 0; jt < kDqTiles; ++jt)
-#pragma unroll
-            for (int e = 0; e < 2; ++e) {
-              const int col = 8 * jt + 2 * t + e;
-              if (col >= head_dim) continue;
-              const float x = to_float(krow[col]);
-              if (isfinite(x)) continue;
-#pragma unroll
-              for (int h = 0; h < 2; ++h)
-                if (!mask.off_band(row0 + 8 * h, n0 + j)) dq[jt][2 * h + e] += ds[h] * x;
-            }
+          add_nonfinite_terms(dq, k_tile + static_cast<int64_t>(j) * p.k_row_stride, ds, t, head_dim,
+                              [&](int h) { return !mask.off_band(row0 + 8 * h, n0 + j); });
         }
         __syncthreads();  // the zeroed tile is in place for the tensor cores
       }

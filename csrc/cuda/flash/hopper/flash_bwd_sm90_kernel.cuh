@@ -469,20 +469,8 @@ __global__ void __launch_bounds__(Traits::kNThreads, kComputeDq ? 1 : Traits::kD
             const int row = m0 + i;
             if (!bwd_row_suspect(row, seqlen_q, lse2[i], dvec[i])) continue;
             const float pij[2] = {sds_read(key_row0, i), sds_read(key_row0 + 8, i)};
-            const Elem* drow = dout + static_cast<int64_t>(row) * p.do_row_stride;
-#pragma unroll
-            for (int j = 0; j < kKvTiles; ++j)
-#pragma unroll
-              for (int e = 0; e < 2; ++e) {
-                const int col = 8 * j + 2 * t + e;
-                if (col >= head_dim) continue;
-                const float x = to_float(drow[col]);
-                if (isfinite(x)) continue;
-#pragma unroll
-                for (int h = 0; h < 2; ++h)
-                  if (!mask.hidden(row, n0 + key_row0 + 8 * h))
-                    dv[j][2 * h + e] += pij[h] * x;
-              }
+            add_nonfinite_terms(dv, dout + static_cast<int64_t>(row) * p.do_row_stride, pij, t, head_dim,
+                                [&](int h) { return !mask.hidden(row, n0 + key_row0 + 8 * h); });
           }
         }
         if constexpr (kComputeDq) {

@@ -559,19 +559,8 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
           if (((sFlags[Traits::kRowFlags + 2 * st + i / 32] >> (i % 32)) & 1u) == 0u) continue;
           const int row = m0 + i;
           const float pij[2] = {ds_read(sdS_buf, key_row0, i), ds_read(sdS_buf, key_row0 + 8, i)};
-          const Elem* drow = dout + static_cast<int64_t>(row) * p.do_row_stride;
-#pragma unroll
-          for (int jt = 0; jt < kKvTiles; ++jt)
-#pragma unroll
-            for (int e = 0; e < 2; ++e) {
-              const int col = 8 * jt + 2 * t + e;
-              if (col >= head_dim) continue;
-              const float x = to_float(drow[col]);
-              if (isfinite(x)) continue;
-#pragma unroll
-              for (int h = 0; h < 2; ++h)
-                if (!mask.hidden(row, n0 + key_row0 + 8 * h)) dv[jt][2 * h + e] += pij[h] * x;
-            }
+          add_nonfinite_terms(dv, dout + static_cast<int64_t>(row) * p.do_row_stride, pij, t, head_dim,
+                              [&](int h) { return !mask.hidden(row, n0 + key_row0 + 8 * h); });  // bwd_nonfinite.cuh
         }
         named_barrier_sync(Traits::kRareBarrier0 + cw, 128);  // read before dS^T overwrites it
       }
