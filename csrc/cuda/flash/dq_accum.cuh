@@ -19,8 +19,9 @@ struct FlashBwdWorkspace {
   int splits;
   int64_t split_stride;
   // Deterministic mode of the warp-specialized Hopper kernel (one slice): a counter per (batch, query
-  // head, 64-row query tile), [batch, heads_q, ceil(seqlen_q / 64)], zeroed; the K/V tiles of a KV head
-  // add to a query tile's rows in tile order (tma.cuh ordered_turn_wait). nullptr otherwise.
+  // head, 64-row query tile, dQ column half), [batch, heads_q, ceil(seqlen_q / 64), 2], zeroed; the K/V
+  // tiles of a KV head add to a query tile's half in a fixed tile order (tma.cuh ordered_turn_wait).
+  // nullptr otherwise.
   int* dq_turns;
 };
 

@@ -72,7 +72,7 @@ flash::BwdWorkspacePlan workspace_plan(const AttentionBwdParams& p, bool sm90) {
   if (p.two_kernel) {
     plan.accum_bytes = 0;
   } else if (sm90 && p.deterministic && flash_bwd_sm90_ws(p)) {
-    flash::use_ordered_turns(&plan, p, flash::kBwdWsSm90Configs[0].block_m);
+    flash::use_ordered_turns(&plan, p, flash::kBwdWsSm90Configs[0].block_m, flash::kBwdWsDqTurnsPerTile);
   }
   return plan;
 }

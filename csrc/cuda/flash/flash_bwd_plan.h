@@ -59,7 +59,7 @@ struct BwdWorkspacePlan {
   int64_t split_stride;  // elements per slice
   size_t accum_bytes;    // fp32 [splits][B, Hq, dq_rows, accum_cols]
   size_t d_bytes;        // fp32 [B, Hq, Sq]
-  size_t turn_bytes = 0; // int32 [B, Hq, query tiles]: FlashBwdWorkspace::dq_turns (0: none)
+  size_t turn_bytes = 0; // int32 [B, Hq, query tiles, turns a tile]: FlashBwdWorkspace::dq_turns (0: none)
 };
 
 // accum_cols: the accumulator's row width (the padded head dim); dq_row_multiple: a multiple of every
@@ -75,13 +75,13 @@ inline BwdWorkspacePlan bwd_workspace_plan(const AttentionBwdParams& p, int bloc
   return w;
 }
 
-// One accumulator slice and a turn counter per (batch, query head, query tile of block_m rows): the
-// deterministic mode of kernels that add to the accumulator in a fixed order of K/V tiles.
-inline void use_ordered_turns(BwdWorkspacePlan* w, const AttentionBwdParams& p, int block_m) {
+// One accumulator slice and turns_per_tile turn counters per (batch, query head, query tile of block_m
+// rows): the deterministic mode of kernels that add to the accumulator in a fixed order of K/V tiles.
+inline void use_ordered_turns(BwdWorkspacePlan* w, const AttentionBwdParams& p, int block_m, int turns_per_tile) {
   w->splits = 1;
   w->accum_bytes = workspace_bytes(static_cast<size_t>(w->split_stride) * sizeof(float));
-  w->turn_bytes =
-      workspace_bytes(static_cast<size_t>(p.batch * p.heads_q * ceil_div<int64_t>(p.seqlen_q, block_m)) * sizeof(int));
+  w->turn_bytes = workspace_bytes(
+      static_cast<size_t>(p.batch * p.heads_q * ceil_div<int64_t>(p.seqlen_q, block_m) * turns_per_tile) * sizeof(int));
 }
 
 // Allocates the plan's workspace on `stream` (cudaMallocAsync), zeroes the accumulator (and turns), calls

@@ -108,6 +108,8 @@ inline constexpr int64_t kBwdSingleKernelMinSeqlen = 8192;
 // an earlier run: 0.680 / 1.018 / 1.671 / 5.722.)
 inline constexpr FlashConfig kBwdWsSm90Configs[] = {{128, 64, 128, 12, 2, 0, false}};
 inline constexpr int64_t kBwdWsMinSeqlen = 1024;
+// Its deterministic mode: turn counters per query tile (one per consumer warpgroup's dQ columns).
+inline constexpr int kBwdWsDqTurnsPerTile = 2;
 inline constexpr int64_t kBwdWsDeterministicMinSeqlen = 2048;
 inline constexpr FlashConfig kBwdDqSm90Configs[] = {
     {32, 128, 64, 8, 2, 0, false},  {64, 128, 64, 8, 2, 0, false},  {128, 128, 64, 8, 2, 0, false},
