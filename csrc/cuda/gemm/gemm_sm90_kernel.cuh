@@ -315,7 +315,7 @@ __device__ __forceinline__ void sm90_tma_epilogue(const GemmParams& p, const Gem
         flash::st_shared_b32(addr + 8 * kSw128RowBytes, flash::pack2<Elem>(f(v[2]), f(v[3])));
       }
     }
-    fence_proxy_async_shared();
+    fence_proxy_async_smem();
     flash::named_barrier_sync(bar_id, 128);
     if (t == 0) {
       tma_store_4d(map, stage, w.j0 + pass * kCols, row0, 0, 0);

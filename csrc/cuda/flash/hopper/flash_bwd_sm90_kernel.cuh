@@ -404,7 +404,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, kComputeDq ? 1 : Traits::kD
                 asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(addr), "f"(dq[j][2 * h]), "f"(dq[j][2 * h + 1])
                              : "memory");
               }
-            fence_proxy_async_shared();
+            fence_proxy_async_smem();
             named_barrier_sync(Traits::kDqBarrier0 + wg, 128);  // this warpgroup's piece is in place
             if (dq_issuer()) {
 #pragma unroll

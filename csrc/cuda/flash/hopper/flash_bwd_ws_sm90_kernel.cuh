@@ -8,7 +8,8 @@
 // release it on its empty barrier) and loads the step's lse / D rows (lane r rows r and r + 32), all
 // completing the stage's full barrier. Its warp 1 writes dQ: per step and consumer warpgroup, once
 // the warpgroup has staged its dQ piece, one bulk reduction per 32-column block into the fp32
-// accumulator, then it frees the staging piece.
+// accumulator, then it frees the staging piece (deterministic mode: warp 1 consumer 0's pieces and
+// warp 3 consumer 1's, each column half taking its own turns).
 // Warpgroups 1 and 2 are the consumers: warpgroup 1 + w owns keys [64 w, 64 w + 64) of the tile, its
 // dK and dV in registers. Per step: S^T and dP^T (committed separately), P^T while dP^T runs, dV
 // issued, dS^T, dK issued, dS^T into shared memory (double-buffered; full / empty mbarriers of both
@@ -25,7 +26,7 @@
 //     (bwd_row_suspect); if any row is flagged it waits for the stage's TMA (its own barrier on
 //     crossing steps), zeroes the NaN / ±Inf elements of the flagged rows of Q and dO in place (the
 //     stage serves this step only), and only then completes the stage's full barrier. The consumers
-//     add dO's terms of the visible pairs to dV after the dV product (P^T from the quad's lanes).
+//     add dO's terms of the visible pairs to dV after the dV product (P^T through the dS^T buffer).
 //   - K: the producer's warps 2 and 3 scan the resident K tile once, note its rows with NaN / ±Inf
 //     and, if any, copy it to sK0 with those elements zeroed; dQ of a crossing step then reads sK0,
 //     and the consumer adds K's terms of the visible pairs to the accumulator by atomics (the terms
@@ -504,7 +505,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
         asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(addr), "f"(dq[j][2 * h]), "f"(dq[j][2 * h + 1])
                      : "memory");
       }
-    fence_proxy_async_shared();
+    fence_proxy_async_smem();
     mbarrier_arrive(full_dq(cw));
   };
 

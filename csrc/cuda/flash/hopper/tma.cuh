@@ -54,12 +54,14 @@ __device__ __forceinline__ void tma_load_4d(uint32_t dst, const CUtensorMap* map
 
 
 // ---- TMA stores and reductions (shared -> global) -------------------------------------------------
-// Protocol per staging buffer: every thread that wrote the buffer runs fence_proxy_async_shared (its
+// Protocol per staging buffer: every thread that wrote the buffer runs fence_proxy_async_smem (its
 // generic-proxy writes become visible to TMA), a barrier, then one thread issues the store and
 // commits it as a bulk group. Before the buffer is written again, that thread waits until the
 // store has read it (bulk_wait_read), and a barrier passes that on. Boxes past the map's bounds
 // are clipped: nothing outside the tensor is written.
-__device__ __forceinline__ void fence_proxy_async_shared() {
+// Orders this thread's generic-proxy shared-memory writes before later async-proxy reads (TMA stores
+// and reductions from the same bytes, wgmma operands rewritten in place).
+__device__ __forceinline__ void fence_proxy_async_smem() {
   asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
 }
 // 4-D box of `map` at coordinates (c0 innermost .. c3) from shared memory at src.

@@ -21,6 +21,7 @@
 #pragma once
 #include <cstdint>
 
+#include "cuda/flash/hopper/tma.cuh"  // fence_proxy_async_smem
 #include "cuda/flash/hopper/wgmma_ops.cuh"
 
 namespace fa::cuda::flash::sm90 {
@@ -30,11 +31,6 @@ inline constexpr int kSw128BlockCols = 64;    // 16-bit elements per row of a co
 inline constexpr int kSw128F32Cols = 32;      // fp32 elements per row of a column block (the dQ staging tile)
 inline constexpr int kSw128AtomBytes = 1024;  // 8 rows: the swizzle period, and the alignment
 
-// Orders this thread's generic-proxy shared-memory writes before later async-proxy reads (wgmma, TMA
-// stores into the same bytes): after a rewrite of an operand tile in place.
-__device__ __forceinline__ void fence_proxy_async_smem() {
-  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-}
 __device__ __forceinline__ uint64_t make_desc(uint32_t smem_addr, uint32_t leading_bytes, uint32_t stride_bytes) {
   constexpr uint64_t kSwizzle128 = 1;
   return static_cast<uint64_t>((smem_addr & 0x3FFFF) >> 4) | (static_cast<uint64_t>(leading_bytes >> 4) << 16) |
