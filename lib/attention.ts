@@ -148,7 +148,7 @@ export interface AttentionBackwardOptions extends AttentionOptions {
    *   zero-padded); elsewhere a RangeError says why.
    * - `'auto'` (default): `'two-kernel'` where it exists (float16 and bfloat16 on Hopper), else
    *   `'single-kernel'`; on Hopper `'single-kernel'` also where it is faster: head dims 97–128 from
-   *   1024 queries and keys (2048 with `deterministic`), causal or not, where the single kernel is a
+   *   1024 queries and keys, causal or not, deterministic or not, where the single kernel is a
    *   warp-specialized one, and head dim 64 (after padding) from 8192 without a causal mask when not
    *   deterministic. On an H100 (bf16, 16k tokens per batch, 2026-11-26/27) the warp-specialized
    *   kernel ran 1.15 / 1.23 / 1.32× the two kernels' throughput at head dim 128, seqlen 1k / 2k / 8k,

@@ -8,7 +8,7 @@
  *   the FlashAttention-2 forward and backward for float16, bfloat16 and float32 (TF32) at every head
  *   dim (deterministic or not). The backward's algorithm 'auto' resolves to 'two-kernel' on Hopper
  *   for float16 / bfloat16 (every head dim; 'single-kernel' at head dims 97-128 from 1024 queries and
- *   keys, deterministic from 2048, causal or not, where it is the warp-specialized kernel, and
+ *   keys, causal or not, deterministic or not, where it is the warp-specialized kernel, and
  *   at 64 from 8192 without a causal mask when not deterministic), else to 'single-kernel'; an
  *   explicit 'two-kernel' where it does not exist is refused with the reason (float32 here; the head
  *   dims in test/flash-backward.test.ts). 'naive' runs on request. The forward's only refusal ("needs
@@ -125,8 +125,8 @@ describeEachDevice('kernel choice', (device) => {
       });
 
     // The backward's 'auto': the warp-specialized single kernel (12 warps) at head dims 97-128 from 1024
-    // queries and keys, causal or not, deterministic from 2048 (flash_configs.h kBwdWsMinSeqlen,
-    // kBwdWsDeterministicMinSeqlen), the main single kernel at head dim 64 from 8192 without a causal
+    // queries and keys, causal or not, deterministic or not (flash_configs.h kBwdWsMinSeqlen), the main
+    // single kernel at head dim 64 from 8192 without a causal
     // mask when not deterministic (kBwdSingleKernelMinSeqlen); the two kernels below those lengths, at
     // head dim 64 causal, and at head dims 32 and 96.
     // The plan names the kernel.
@@ -137,10 +137,10 @@ describeEachDevice('kernel choice', (device) => {
       [128, 8192, false, false, 'single-kernel', ws], [64, 8192, false, false, 'single-kernel', main(64)],
       [128, 1023, false, false, 'two-kernel', main(128)], [64, 8191, false, false, 'two-kernel', main(64)],
       [128, 1024, true, false, 'single-kernel', ws], [128, 1023, true, false, 'two-kernel', main(128)],
-      [128, 2048, true, true, 'single-kernel', ws], [128, 2047, true, true, 'two-kernel', main(128)],
+      [128, 1024, true, true, 'single-kernel', ws], [128, 1023, true, true, 'two-kernel', main(128)],
       [64, 8192, true, false, 'two-kernel', main(64)],
-      [128, 2047, false, true, 'two-kernel', main(128)],
-      [128, 2048, false, true, 'single-kernel', ws], [64, 8192, false, true, 'two-kernel', main(64)],
+      [128, 1023, false, true, 'two-kernel', main(128)],
+      [128, 1024, false, true, 'single-kernel', ws], [64, 8192, false, true, 'two-kernel', main(64)],
       [96, 8192, false, false, 'two-kernel', main(128)], [32, 8192, false, false, 'two-kernel', main(32)],
     ] as const)('bfloat16, head dim %d, seqlen %d, causal %s, deterministic %s on Hopper: auto runs %s',
       (headDim, seqlen, causal, deterministic, algorithm, plan) => {

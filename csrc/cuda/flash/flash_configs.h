@@ -93,24 +93,24 @@ inline constexpr FlashConfig kBwdSm90Configs[] = {
 // 1.02x (8k) and 0.73-0.85x below it; 4k and head dim 32 were not measured.
 inline constexpr int64_t kBwdSingleKernelMinSeqlen = 8192;
 // Backward, the warp-specialized single kernel (hopper/flash_bwd_ws_sm90_kernel.cuh) for head dims
-// 97-128, causal or not: a producer warpgroup (TMA, lse / D, a dQ writer warp) and two consumer
+// 97-128, causal or not: a producer warpgroup (TMA, lse / D, dQ writer warps) and two consumer
 // warpgroups of 64 keys; 64 query rows per step. It replaces the main kernel there, and 'auto' takes it
-// over the two kernels from kBwdWsMinSeqlen queries and keys, deterministic from
-// kBwdWsDeterministicMinSeqlen. Causal, queued back to back, ms at 512 / 1k / 2k / 8k (H100,
-// 2026-11-27, same run): this kernel 0.553-0.566 / 0.725-0.734 / 1.078 / 3.21-3.27, two kernels
-// 0.547-0.552 / 0.750-0.759 / 1.18 / 3.75-3.77, the main single kernel 0.611 / 0.806 / 1.19 /
-// 3.50-3.57; a later run, deterministic (its K/V tiles' turns descending) 0.583 / 0.757 / 1.157 /
-// 3.467 against atomic 0.561 / 0.721 / 1.050 / 3.125 and two kernels 0.547 / 0.756 / 1.173 / 3.688. H100, bf16, B*S = 16k, H*D = 2048, queued back to back, ms at seqlen
-// 512 / 1k / 2k / 8k (2026-11-26, test/native/flash_bwd_check.cu): two kernels 0.670 / 1.057 / 1.872
-// / 6.974; this kernel with its consumers in lockstep (same run) 0.666 / 0.968 / 1.570 / 5.421,
-// deterministic 0.725 / 1.117 / 1.839 / 5.911; as built (consumer 0 a dQ step behind; a later run,
-// 1k / 2k / 8k) 0.950 / 1.565 / 5.23, deterministic 1.133 / 1.873 / 5.935. (The main single kernel,
-// an earlier run: 0.680 / 1.018 / 1.671 / 5.722.)
+// over the two kernels from kBwdWsMinSeqlen queries and keys, deterministic or not. H100, bf16, B*S =
+// 16k, H*D = 2048, queued back to back (test/native/flash_bwd_check.cu), ms at seqlen 512 / 1k / 2k /
+// 8k, each line one run:
+//   2026-11-26, not causal: two kernels 0.670 / 1.057 / 1.872 / 6.974; this kernel (consumers in
+//     lockstep) 0.666 / 0.968 / 1.570 / 5.421; the main single kernel (earlier) 0.680 / 1.018 / 1.671 /
+//     5.722.
+//   2026-11-27, causal: this kernel 0.553-0.566 / 0.725-0.734 / 1.078 / 3.21-3.27, two kernels
+//     0.547-0.552 / 0.750-0.759 / 1.18 / 3.75-3.77, the main single kernel 0.611 / 0.806 / 1.19 /
+//     3.50-3.57.
+//   2026-11-27, deterministic (a turn per dQ column half, descending when causal), 512 / 1k / 2k: not
+//     causal 0.695 / 1.032 / 1.70 against the two kernels' 0.664 / 1.078 / 1.89; causal 0.572 / 0.733 /
+//     1.066 against 0.545 / 0.752 / 1.186.
 inline constexpr FlashConfig kBwdWsSm90Configs[] = {{128, 64, 128, 12, 2, 0, false}};
 inline constexpr int64_t kBwdWsMinSeqlen = 1024;
 // Its deterministic mode: turn counters per query tile (one per consumer warpgroup's dQ columns).
 inline constexpr int kBwdWsDqTurnsPerTile = 2;
-inline constexpr int64_t kBwdWsDeterministicMinSeqlen = 2048;
 inline constexpr FlashConfig kBwdDqSm90Configs[] = {
     {32, 128, 64, 8, 2, 0, false},  {64, 128, 64, 8, 2, 0, false},  {128, 128, 64, 8, 2, 0, false},
     {192, 128, 64, 8, 2, 0, false}, {256, 128, 32, 8, 2, 0, false},

@@ -56,17 +56,16 @@ BwdPlan plan_backward(const AttentionBwdParams& p, BwdAlgorithm algorithm) {
     plan.family = FlashFamily::kFp32Mma;
     if (plan.unsupported == nullptr) plan.workspace_bytes = flash_bwd_fp32_workspace_bytes(p);
   } else {
-    // 'auto' takes the single kernel where it is faster (flash_configs.h: kBwdWsMinSeqlen and
-    // kBwdWsDeterministicMinSeqlen for the warp-specialized one, causal or not;
-    // kBwdSingleKernelMinSeqlen for the main one, not causal), else tries the two kernels first and
-    // falls back to the single kernel where they cannot run.
+    // 'auto' takes the single kernel where it is faster (flash_configs.h: kBwdWsMinSeqlen for the
+    // warp-specialized one, causal or not, deterministic or not; kBwdSingleKernelMinSeqlen for the main
+    // one, not causal, not deterministic), else tries the two kernels first and falls back to the
+    // single kernel where they cannot run.
     AttentionBwdParams q = p;
     q.two_kernel = false;
     const auto from = [&](int64_t seqlen) { return p.seqlen_q >= seqlen && p.seqlen_k >= seqlen; };
     const bool single_faster =
         flash_bwd_runs_sm90(q) &&
-        ((flash_bwd_sm90_ws(q) &&
-          from(p.deterministic ? flash::kBwdWsDeterministicMinSeqlen : flash::kBwdWsMinSeqlen)) ||
+        ((flash_bwd_sm90_ws(q) && from(flash::kBwdWsMinSeqlen)) ||
          (!p.causal && !p.deterministic && flash::padded_head_dim(p.head_dim) >= 64 &&
           from(flash::kBwdSingleKernelMinSeqlen)));
     q.two_kernel = algorithm == BwdAlgorithm::kTwoKernel || (algorithm == BwdAlgorithm::kAuto && !single_faster);

@@ -39,10 +39,10 @@ struct BwdPlan {
   flash::FlashConfig config{};              // the main kernel's row for the padded head dim (flash_configs.h)
   // The algorithm: the two-kernel backward (dK/dV, then dQ without atomics) or the single kernel.
   // BwdAlgorithm::kAuto takes the two kernels wherever they exist (Hopper, fp16 / bf16): they need no
-  // fp32 dq accumulator and are deterministic. Except the single kernel on Hopper where it is faster,
-  // without a causal mask: head dims 97-128 from 1024 queries and keys, deterministic from 2048 (the
-  // warp-specialized kernel, flash_configs.h kBwdWsMinSeqlen, kBwdWsDeterministicMinSeqlen), and 64
-  // from 8192 when not deterministic (kBwdSingleKernelMinSeqlen).
+  // fp32 dq accumulator and are deterministic. Except the single kernel on Hopper where it is faster:
+  // head dims 97-128 from 1024 queries and keys (the warp-specialized kernel, flash_configs.h
+  // kBwdWsMinSeqlen), and 64 without a causal mask from 8192 when not deterministic
+  // (kBwdSingleKernelMinSeqlen).
   bool two_kernel = false;
   const char* unsupported = nullptr;  // a sentence for an error message when family is kNone
   size_t workspace_bytes = 0;         // what the launch allocates on its stream (and frees)

@@ -234,6 +234,17 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
   if (wg == 0) {
     setmaxnreg_dec<Traits::kProducerRegs>();
     const int warp = static_cast<int>(threadIdx.x) / 32;
+    // Consumer c's dQ piece of a step (rows from m0 of query head `head`) added to the accumulator by
+    // bulk reductions, one per 32-column block; the piece is free again once they have read it. One lane.
+    const auto add_dq_piece = [&](int c, int m0, int head) {
+#pragma unroll
+      for (int b = 0; b < Traits::kDqBoxes; ++b)
+        tma_reduce_add_5d(&maps.dq_accum, sdq_piece(c) + static_cast<uint32_t>(b * kBlockM * kSw128RowBytes),
+                          (c * Traits::kDqBoxes + b) * kSw128F32Cols, m0, head, static_cast<int>(batch), 0);
+      bulk_commit_group();
+      bulk_wait_read<0>();
+      mbarrier_arrive(empty_dq(c));
+    };
     if (warp == 0) {
       // Loads. Stage st's use u = it / kStages: its empty barrier's previous phase (parity of use u - 1;
       // a fresh barrier passes the first kStages waits).
@@ -310,13 +321,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
         for (int c = 0; c < Traits::kConsumers; ++c) {
           mbarrier_wait(full_dq(c), static_cast<uint32_t>(it & 1));
           if (lane == 0) {
-#pragma unroll
-            for (int b = 0; b < Traits::kDqBoxes; ++b)
-              tma_reduce_add_5d(&maps.dq_accum, sdq_piece(c) + static_cast<uint32_t>(b * kBlockM * kSw128RowBytes),
-                                (c * Traits::kDqBoxes + b) * kSw128F32Cols, m0, head, static_cast<int>(batch), 0);
-            bulk_commit_group();
-            bulk_wait_read<0>();
-            mbarrier_arrive(empty_dq(c));
+            add_dq_piece(c, m0, head);
           }
           __syncwarp();
         }
@@ -371,13 +376,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
             // tile's last K/V tile.
             const int last = mask.template query_tile_keys<kBlockM, kBlockN>(m0).tiles - 1;
             ordered_turn_wait(turn, descending ? last - n_tile : n_tile);
-#pragma unroll
-            for (int b = 0; b < Traits::kDqBoxes; ++b)
-              tma_reduce_add_5d(&maps.dq_accum, sdq_piece(c) + static_cast<uint32_t>(b * kBlockM * kSw128RowBytes),
-                                (c * Traits::kDqBoxes + b) * kSw128F32Cols, m0, head, static_cast<int>(batch), 0);
-            bulk_commit_group();
-            bulk_wait_read<0>();
-            mbarrier_arrive(empty_dq(c));
+            add_dq_piece(c, m0, head);
             bulk_wait<0>();
             ordered_turn_pass(turn);
           }
