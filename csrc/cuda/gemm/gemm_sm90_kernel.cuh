@@ -355,7 +355,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSm)
   constexpr int kBM = Traits::kBlockM, kBN = Traits::kBlockN, kStages = Traits::kStages;
 
   extern __shared__ unsigned char smem_raw[];
-  const uint32_t base = (flash::smem_u32(smem_raw) + kSw128AtomBytes - 1) & ~uint32_t(kSw128AtomBytes - 1);
+  const uint32_t base = sw128_aligned_base(smem_raw);
   const auto s_a = [&](int st) { return base + static_cast<uint32_t>(st * Traits::kStageBytes); };
   const auto bar = [&](int st) { return base + static_cast<uint32_t>(Traits::kDataBytes + 8 * st); };
 
@@ -420,7 +420,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
   constexpr int kTurnThreads = 2 * Traits::kGroupThreads;  // a turn passes from one group to the next
 
   extern __shared__ unsigned char smem_raw[];
-  const uint32_t base = (flash::smem_u32(smem_raw) + kSw128AtomBytes - 1) & ~uint32_t(kSw128AtomBytes - 1);
+  const uint32_t base = sw128_aligned_base(smem_raw);
   const auto s_a = [&](int st) { return base + static_cast<uint32_t>(st * Traits::kStageBytes); };
   const auto bar = [&](int i) { return base + static_cast<uint32_t>(Traits::kDataBytes + 8 * i); };
   const auto full = [&](int st) { return bar(st); };

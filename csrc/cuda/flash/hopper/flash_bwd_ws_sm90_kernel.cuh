@@ -138,7 +138,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
   constexpr int kStages = Traits::kStages, kSTiles = Traits::kSTiles, kKvTiles = Traits::kKvTiles;
 
   extern __shared__ unsigned char smem_raw[];
-  const uint32_t smem_base = (smem_u32(smem_raw) + kSw128AtomBytes - 1) & ~uint32_t(kSw128AtomBytes - 1);
+  const uint32_t smem_base = sw128_aligned_base(smem_raw);
   const uint32_t sK = smem_base;
   const uint32_t sV = sK + static_cast<uint32_t>(Traits::kKvTileBytes);
   const uint32_t sQ = sV + static_cast<uint32_t>(Traits::kKvTileBytes);

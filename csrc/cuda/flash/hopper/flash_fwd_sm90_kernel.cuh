@@ -75,7 +75,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSm) fl
   constexpr int kSTiles = Traits::kSTiles, kOTiles = Traits::kOTiles;
 
   extern __shared__ unsigned char smem_raw[];
-  const uint32_t smem_base = (smem_u32(smem_raw) + kSw128AtomBytes - 1) & ~uint32_t(kSw128AtomBytes - 1);
+  const uint32_t smem_base = sw128_aligned_base(smem_raw);
   const uint32_t sQ = smem_base;
   const uint32_t sK = sQ + static_cast<uint32_t>(Traits::kQBytes);
   const uint32_t sV = sK + static_cast<uint32_t>(kStages * Traits::kKvTileBytes);

@@ -23,6 +23,7 @@
 
 #include "cuda/flash/hopper/tma.cuh"  // fence_proxy_async_smem
 #include "cuda/flash/hopper/wgmma_ops.cuh"
+#include "cuda/flash/ptx.cuh"
 
 namespace fa::cuda::flash::sm90 {
 
@@ -30,6 +31,12 @@ inline constexpr int kSw128RowBytes = 128;    // one row of a column block
 inline constexpr int kSw128BlockCols = 64;    // 16-bit elements per row of a column block
 inline constexpr int kSw128F32Cols = 32;      // fp32 elements per row of a column block (the dQ staging tile)
 inline constexpr int kSw128AtomBytes = 1024;  // 8 rows: the swizzle period, and the alignment
+
+// The shared-memory address of the dynamic allocation rounded up to kSw128AtomBytes: the base of the
+// Hopper kernels' layouts (each asks for kSw128AtomBytes more than its layout takes).
+__device__ __forceinline__ uint32_t sw128_aligned_base(const void* smem_raw) {
+  return (smem_u32(smem_raw) + kSw128AtomBytes - 1) & ~uint32_t(kSw128AtomBytes - 1);
+}
 
 __device__ __forceinline__ uint64_t make_desc(uint32_t smem_addr, uint32_t leading_bytes, uint32_t stride_bytes) {
   constexpr uint64_t kSwizzle128 = 1;
