@@ -15,8 +15,8 @@
 // they agree (proof that the kernel ran and wrote its rows; the accuracy rule is in
 // test/flash-forward.test.ts), and that empty causal rows give out 0 and lse +Infinity. Each backward
 // case runs, after an FA2 forward, the FA2 backward (algorithm 'auto': the two kernels on Hopper,
-// above head dim 128 on the wide dK/dV kernel; the single kernel atomic and deterministic: wgmma at head dims 32 / 64 / 128 on
-// Hopper, mma.sync at the others; the float32 kernel in TF32 and 3xTF32) and the naive one on the same
+// above head dim 128 on the wide dK/dV kernel; the single kernel atomic and deterministic: wgmma up to
+// head dim 128 on Hopper (the warp-specialized kernel from 33), mma.sync above; the float32 kernel in TF32 and 3xTF32) and the naive one on the same
 // inputs and checks loosely that they agree. Each non-finite case (causal) puts a NaN and a +Infinity
 // in v and a -Infinity in k at keys inside tiles that cross the diagonal, so that the kernels' rare
 // paths run under the tools (csrc/cuda/flash/nonfinite_pv.cuh zeroing and adding back, the backward's
@@ -62,12 +62,13 @@ const BACKWARD = {
   full: [
     [1, 97, 113, 4, 2, 64, true, 'bfloat16'], // GQA 2:1, tails
     [1, 203, 113, 2, 2, 128, true, 'float16'], // 90 empty rows
-    [1, 130, 65, 2, 2, 96, false, 'bfloat16'], // Hopper: two kernels on d128 (padded), single kernel mma.sync
+    [1, 130, 65, 2, 2, 96, false, 'bfloat16'], // Hopper: two kernels and the warp-specialized kernel on d128 (padded)
     [1, 113, 97, 2, 1, 72, true, 'float16'], // padded head dim 72: on Hopper the two kernels on d128
     [1, 17, 97, 2, 1, 256, true, 'float16'], // Hopper: wide dK/dV kernel; single kernel mma.sync, head dim split
     [1, 130, 97, 2, 2, 160, false, 'bfloat16'], // padded head dim 160: on Hopper the wide d192 kernels
     [1, 1025, 1023, 2, 1, 40, false, 'bfloat16'], // padded head dim, 8 key tiles (deterministic: slices)
     [1, 1100, 1030, 4, 2, 120, false, 'float16'], // Hopper: 'auto' and 'single-kernel' the warp-specialized kernel
+    [1, 1030, 1100, 2, 1, 64, false, 'float16'], // Hopper: 'auto' and 'single-kernel' the warp-specialized d64 kernel
     [1, 1030, 1100, 2, 1, 128, true, 'bfloat16'], // Hopper: 'auto' and 'single-kernel' the warp-specialized causal kernel
     [1, 203, 113, 4, 2, 64, true, 'float32'], // float32 kernel (TF32 and 3xTF32), 90 empty rows, GQA 2:1
     [1, 97, 130, 2, 2, 200, false, 'float32'], // float32, padded head dim 200 (runs as 256)
@@ -87,7 +88,7 @@ const NONFINITE = {
   full: [
     [1, 203, 113, 2, 2, 64, true, 'bfloat16'], // 90 empty rows
     [1, 130, 130, 4, 1, 128, true, 'float16'], // GQA 4:1
-    [1, 97, 161, 2, 2, 96, true, 'bfloat16'], // head dim 96: Hopper's padded two kernels, mma.sync single kernel
+    [1, 97, 161, 2, 2, 96, true, 'bfloat16'], // head dim 96: Hopper's d128 kernels (padded)
     [1, 130, 97, 2, 2, 64, true, 'float32'], // float32 kernels
     [1, 130, 113, 2, 1, 256, true, 'bfloat16'], // Hopper: the wide dK/dV kernel's rare paths
   ],

@@ -7,11 +7,11 @@
  * - CUDA (the suites run on sm_80 or newer, with the shared memory of an A100 or H100): 'auto' runs
  *   the FlashAttention-2 forward and backward for float16, bfloat16 and float32 (TF32) at every head
  *   dim (deterministic or not). The backward's algorithm 'auto' resolves to 'two-kernel' on Hopper
- *   for float16 / bfloat16 (every head dim; 'single-kernel' at head dims 97-128 from 1024 queries and
- *   keys, causal or not, deterministic or not, where it is the warp-specialized kernel, and
- *   at 64 from 8192 without a causal mask when not deterministic), else to 'single-kernel'; an
- *   explicit 'two-kernel' where it does not exist is refused with the reason (float32 here; the head
- *   dims in test/flash-backward.test.ts). 'naive' runs on request. The forward's only refusal ("needs
+ *   for float16 / bfloat16 (every head dim; 'single-kernel' at head dims 65-128 from 1024 queries and
+ *   keys, causal or not, deterministic or not, and at 33-64 when not deterministic from 1024 without a
+ *   causal mask and from 4096 causal, where it is the warp-specialized kernel), else to
+ *   'single-kernel'; an explicit 'two-kernel' where it does not exist is refused with the reason
+ *   (float32 here; the head dims in test/flash-backward.test.ts). 'naive' runs on request. The forward's only refusal ("needs
  *   a GPU of compute capability 8.0 (sm_80) or newer") cannot be reached on the GPUs the suites run on.
  * - Results also carry the plan that ran: the kernel family ('cpu' on the CPU; on CUDA 'sm90-wgmma' for
  *   fp16 / bf16 on Hopper where it exists, else 'sm80-mma', 'fp32-mma' for float32, 'naive') and, for
@@ -124,24 +124,24 @@ describeEachDevice('kernel choice', (device) => {
         }
       });
 
-    // The backward's 'auto': the warp-specialized single kernel (12 warps) at head dims 97-128 from 1024
-    // queries and keys, causal or not, deterministic or not (flash_configs.h kBwdWsMinSeqlen), the main
-    // single kernel at head dim 64 from 8192 without a causal
-    // mask when not deterministic (kBwdSingleKernelMinSeqlen); the two kernels below those lengths, at
-    // head dim 64 causal, and at head dims 32 and 96.
-    // The plan names the kernel.
-    const ws = { family: 'sm90-wgmma', headDim: 128, blockM: 64, blockN: 128, warps: 12, stages: 2 };
+    // The backward's 'auto': the warp-specialized single kernel (12 warps) at head dims 65-128 (d128)
+    // from 1024 queries and keys, causal or not, deterministic or not; at 33-64 (d64) from 1024 without
+    // a causal mask and from 4096 causal, not deterministic (flash_configs.h bwd_ws_min_seqlen); the two
+    // kernels below those lengths, at head dim 64 with deterministic, and at head dim 32. The plan names
+    // the kernel.
+    const ws = (headDim: number): KernelPlan => ({ family: 'sm90-wgmma', headDim, blockM: 64, blockN: 128, warps: 12, stages: 2 });
     const main = (headDim: number): KernelPlan => ({ family: 'sm90-wgmma', headDim, blockM: 64, blockN: 128, warps: 8, stages: 2 });
     test.each([
-      [128, 1024, false, false, 'single-kernel', ws], [104, 1024, false, false, 'single-kernel', ws],
-      [128, 8192, false, false, 'single-kernel', ws], [64, 8192, false, false, 'single-kernel', main(64)],
-      [128, 1023, false, false, 'two-kernel', main(128)], [64, 8191, false, false, 'two-kernel', main(64)],
-      [128, 1024, true, false, 'single-kernel', ws], [128, 1023, true, false, 'two-kernel', main(128)],
-      [128, 1024, true, true, 'single-kernel', ws], [128, 1023, true, true, 'two-kernel', main(128)],
-      [64, 8192, true, false, 'two-kernel', main(64)],
-      [128, 1023, false, true, 'two-kernel', main(128)],
-      [128, 1024, false, true, 'single-kernel', ws], [64, 8192, false, true, 'two-kernel', main(64)],
-      [96, 8192, false, false, 'two-kernel', main(128)], [32, 8192, false, false, 'two-kernel', main(32)],
+      [128, 1024, false, false, 'single-kernel', ws(128)], [104, 1024, false, false, 'single-kernel', ws(128)],
+      [128, 8192, false, false, 'single-kernel', ws(128)], [128, 1023, false, false, 'two-kernel', main(128)],
+      [128, 1024, true, false, 'single-kernel', ws(128)], [128, 1023, true, false, 'two-kernel', main(128)],
+      [128, 1024, true, true, 'single-kernel', ws(128)], [128, 1023, true, true, 'two-kernel', main(128)],
+      [128, 1023, false, true, 'two-kernel', main(128)], [128, 1024, false, true, 'single-kernel', ws(128)],
+      [64, 1024, false, false, 'single-kernel', ws(64)], [40, 1024, false, false, 'single-kernel', ws(64)],
+      [64, 1023, false, false, 'two-kernel', main(64)], [64, 4096, true, false, 'single-kernel', ws(64)],
+      [64, 4095, true, false, 'two-kernel', main(64)], [64, 8192, false, true, 'two-kernel', main(64)],
+      [96, 1024, false, false, 'single-kernel', ws(128)], [80, 1024, true, true, 'single-kernel', ws(128)],
+      [96, 1023, true, false, 'two-kernel', main(128)], [32, 8192, false, false, 'two-kernel', main(32)],
     ] as const)('bfloat16, head dim %d, seqlen %d, causal %s, deterministic %s on Hopper: auto runs %s',
       (headDim, seqlen, causal, deterministic, algorithm, plan) => {
         const [q, k, v, dout] = make('bfloat16', headDim, seqlen);

@@ -54,7 +54,7 @@
 // multiply the P = dS = 0 of hidden pairs by the poisoned operand (0 * NaN = NaN: bug B2,
 // bwd_nonfinite.cuh), so the poison sits next to the hidden pairs of tiles that cross the diagonal (see
 // main). A failing case prints its first violations (element, expected class, value, clean value).
-// Then (unless --no-bench) bf16 timing on the FA2 grid (B*S = 16k, H*D = 2048, S 512 / 1k / 2k / 8k,
+// Then (unless --no-bench) bf16 timing on the FA2 grid (B*S = 16k, H*D = 2048, S 512 / 1k / 2k / 4k / 8k,
 // D 64 / 128, causal and not): median of 20 cudaEvent-timed single calls after warm-up, and the median
 // of 5 rounds of 20 calls queued back to back (check_timing.h); TFLOP/s = 2.5 * 4 B H S^2 D / t (halved when causal), FA2's count for
 // the backward. The naive backward (N^2 workspace) is timed at S 512 and 1k only.
@@ -443,6 +443,13 @@ cudaError_t flash_bwd_deterministic(const fa::AttentionBwdParams& p, cudaStream_
   return fa::cuda::flash_bwd(d, stream);
 }
 
+// The mma.sync kernel in deterministic mode (fp32 accumulator slices summed in order).
+cudaError_t flash_bwd_sm80_deterministic(const fa::AttentionBwdParams& p, cudaStream_t stream) {
+  fa::AttentionBwdParams d = p;
+  d.deterministic = true;
+  return fa::cuda::flash_bwd_sm80(d, stream);
+}
+
 // flash_bwd as two kernels (dK/dV, then dQ without atomics; Hopper, head dims 32 / 64 / 128).
 cudaError_t flash_bwd_two_kernel(const fa::AttentionBwdParams& p, cudaStream_t stream) {
   fa::AttentionBwdParams d = p;
@@ -766,7 +773,10 @@ int main(int argc, char** argv) {
   };
   std::vector<Path> paths = {{"flash_bwd", fa::cuda::flash_bwd, false},
                              {"flash_bwd-det", flash_bwd_deterministic, true}};
-  if (prop.major == 9) paths.push_back({"sm80-mma", fa::cuda::flash_bwd_sm80, false});
+  if (prop.major == 9) {
+    paths.push_back({"sm80-mma", fa::cuda::flash_bwd_sm80, false});
+    paths.push_back({"sm80-mma-det", flash_bwd_sm80_deterministic, true});
+  }
   int failed = 0, total = 0;
   for (const Path& path : setup.run_checks ? paths : std::vector<Path>{}) {
     for (DType t : {DType::kFloat16, DType::kBFloat16})
@@ -856,7 +866,7 @@ int main(int argc, char** argv) {
     std::printf("\n");
   }
   if (run_bench)
-    for (int64_t seqlen : {512, 1024, 2048, 8192})
+    for (int64_t seqlen : {512, 1024, 2048, 4096, 8192})
       for (int64_t d : {64, 96, 128, 192, 256}) {
         if (!listed("FLASH_BWD_CHECK_BENCH_SEQLENS", std::to_string(seqlen)) ||
             !listed("FLASH_BWD_CHECK_BENCH_DIMS", std::to_string(d)))

@@ -63,16 +63,23 @@ size_t smem_bytes(int padded) {
 }
 int block_n(int padded) { return padded <= 128 ? 128 : 64; }
 
+// The columns of the dQ accumulator's rows: the head dim of the kernel that adds to it (the Hopper
+// single kernels' or the mma.sync kernel's).
+int accum_cols(const AttentionBwdParams& p, bool sm90) {
+  return sm90 ? flash_bwd_sm90_padded(p.head_dim) : flash::padded_head_dim(p.head_dim);
+}
+
 // The workspace of p (flash_bwd_plan.h) on the Hopper path (sm90) or the mma.sync one: the two-kernel
 // backward has no dQ accumulator; the warp-specialized kernel's deterministic mode has one slice and
 // turn counters.
 flash::BwdWorkspacePlan workspace_plan(const AttentionBwdParams& p, bool sm90) {
-  const int padded = flash::padded_head_dim(p.head_dim);
-  flash::BwdWorkspacePlan plan = flash::bwd_workspace_plan(p, block_n(padded), kDqRowMultiple, padded);
+  const int cols = accum_cols(p, sm90);
+  flash::BwdWorkspacePlan plan = flash::bwd_workspace_plan(p, block_n(cols), kDqRowMultiple, cols);
   if (p.two_kernel) {
     plan.accum_bytes = 0;
   } else if (sm90 && p.deterministic && flash_bwd_sm90_ws(p)) {
-    flash::use_ordered_turns(&plan, p, flash::kBwdWsSm90Configs[0].block_m, flash::kBwdWsDqTurnsPerTile);
+    flash::use_ordered_turns(&plan, p, flash::config_for(flash::kBwdWsSm90Configs, cols).block_m,
+                             flash::kBwdWsDqTurnsPerTile);
   }
   return plan;
 }
@@ -92,11 +99,19 @@ cudaError_t launch(const AttentionBwdParams& p, const flash::FlashBwdWorkspace& 
     kernel<<<static_cast<unsigned>(blocks), Traits::kNThreads, Traits::kSmemBytes, stream>>>(p, ws);
     FA_CUDA_TRY(cudaGetLastError());
   }
+  // The accumulator's rows have the columns of the kernel that filled it: on Hopper head dim 96 runs
+  // the d128 kernels (accum_cols).
   const int64_t vecs = p.batch * p.heads_q * p.seqlen_q * (p.head_dim / flash::kAuxVec);
-  flash::flash_bwd_convert_dq_kernel<Elem, kHeadDim>
-      <<<grid_size(vecs, flash::kAuxThreads), flash::kAuxThreads, 0, stream>>>(p, ws.dq_accum, ws.dq_rows, ws.splits,
-                                                                               ws.split_stride);
-  return cudaGetLastError();
+  const auto convert = [&](auto kernel) {
+    kernel<<<grid_size(vecs, flash::kAuxThreads), flash::kAuxThreads, 0, stream>>>(p, ws.dq_accum, ws.dq_rows,
+                                                                                   ws.splits, ws.split_stride);
+    return cudaGetLastError();
+  };
+  if constexpr (kHeadDim == 96) {
+    if (accum_cols(p, sm90) == 128) return convert(flash::flash_bwd_convert_dq_kernel<Elem, 128>);
+  }
+  if (accum_cols(p, sm90) != kHeadDim) return cudaErrorInvalidValue;  // no other head dim is padded further
+  return convert(flash::flash_bwd_convert_dq_kernel<Elem, kHeadDim>);
 }
 
 // The preprocess: D = rowsum(dO o O) into d.
@@ -131,17 +146,15 @@ cudaError_t run(const AttentionBwdParams& p, const flash::FlashBwdWorkspace& ws,
 
 }  // namespace
 
-// The two-kernel backward runs every head dim up to 128 on the Hopper kernels, padded up to their next
-// head dim (96 on the d128 kernels: 4/3 of the work on wgmma rather than all of it on mma.sync). The
-// single kernel's fp32 dQ accumulator and its conversion are laid out for the mma.sync kernels' head
-// dim, so it takes the Hopper kernel only where both round to the same one. Head dim 96, bf16, H100,
+// The backward runs every head dim up to 128 on the Hopper kernels, padded up to their next head dim
+// (96 on the d128 kernels: 4/3 of the work on wgmma rather than all of it on mma.sync; the single
+// kernel's dQ accumulator then has the Hopper kernel's columns, accum_cols). Head dim 96, bf16, H100,
 // B*S = 16k, 21 heads, median of 20, TFLOP/s at 512 / 1k / 2k / 8k (2026-11-26): two kernels on d128
 // 192 / 246 / 286 / 306 non-causal, 121 / 179 / 227 / 295 causal; the mma.sync single kernel 145 /
 // 182 / 205 / 233 and 84 / 129 / 158 / 206.
 bool flash_bwd_runs_sm90(const AttentionBwdParams& p) {
   const int sm90 = flash_bwd_sm90_padded(p.head_dim);
-  const bool single = sm90 == flash::padded_head_dim(p.head_dim) &&
-                      flash::config_for(flash::kBwdSm90Configs, sm90).head_dim == sm90;
+  const bool single = flash::config_for(flash::kBwdSm90Configs, sm90).head_dim == sm90;
   return current_device_props().major == 9 && flash_bwd_sm90_built() && sm90 != 0 && (p.two_kernel || single);
 }
 

@@ -85,17 +85,11 @@ inline constexpr FlashConfig kBwdSm80Configs[] = {
 inline constexpr FlashConfig kBwdSm90Configs[] = {
     {32, 64, 128, 8, 2, 0, false}, {64, 64, 128, 8, 2, 0, false}, {128, 64, 128, 8, 2, 0, false},
 };
-// 'auto' runs the single kernel (dQ by bulk reductions of a staged tile) rather than the two kernels
-// for calls without a causal mask and with at least kBwdSingleKernelMinSeqlen queries and keys, not
-// deterministic. H100, bf16, B*S = 16k, H*D = 2048, TFLOP/s at seqlen 512 / 1k / 2k / 8k (2026-11-26,
-// test/native/flash_bwd_check.cu, same run): d128 single 204 / 292 / 374 / 468, two kernels 242 / 318 /
-// 376 / 381; d64 170 / 231 / 283 / 343 and 202 / 263 / 303 / 326. Causal, the single kernel is at most
-// 1.02x (8k) and 0.73-0.85x below it; 4k and head dim 32 were not measured.
-inline constexpr int64_t kBwdSingleKernelMinSeqlen = 8192;
 // Backward, the warp-specialized single kernel (hopper/flash_bwd_ws_sm90_kernel.cuh) for head dims
-// 97-128, causal or not: a producer warpgroup (TMA, lse / D, dQ writer warps) and two consumer
-// warpgroups of 64 keys; 64 query rows per step. It replaces the main kernel there, and 'auto' takes it
-// over the two kernels from kBwdWsMinSeqlen queries and keys, deterministic or not. H100, bf16, B*S =
+// 33-128 (rows 64 and 128; 65-96 run the d128 row zero-padded), causal or not: a producer warpgroup
+// (TMA, lse / D, dQ writer warps) and two consumer warpgroups of 64 keys; 64 query rows per step. It
+// replaces the main kernel there, and 'auto' takes it over the two kernels from bwd_ws_min_seqlen
+// queries and keys. Head dim 128, H100, bf16, B*S =
 // 16k, H*D = 2048, queued back to back (test/native/flash_bwd_check.cu), ms at seqlen 512 / 1k / 2k /
 // 8k, each line one run:
 //   2026-11-26, not causal: two kernels 0.670 / 1.057 / 1.872 / 6.974; this kernel (consumers in
@@ -107,8 +101,22 @@ inline constexpr int64_t kBwdSingleKernelMinSeqlen = 8192;
 //   2026-11-27, deterministic (a turn per dQ column half, descending when causal), 512 / 1k / 2k: not
 //     causal 0.695 / 1.032 / 1.70 against the two kernels' 0.664 / 1.078 / 1.89; causal 0.572 / 0.733 /
 //     1.066 against 0.545 / 0.752 / 1.186.
-inline constexpr FlashConfig kBwdWsSm90Configs[] = {{128, 64, 128, 12, 2, 0, false}};
+inline constexpr FlashConfig kBwdWsSm90Configs[] = {{64, 64, 128, 12, 2, 0, false}, {128, 64, 128, 12, 2, 0, false}};
 inline constexpr int64_t kBwdWsMinSeqlen = 1024;
+// Head dim 64 (dQ split by keys), queued ms at 512 / 1k / 2k / 8k (H100, bf16, 2026-11-27): not causal
+// 0.866 / 1.242 / 2.026 / 6.908 against the two kernels' 0.793 / 1.286 / 2.284 / 8.301; causal 0.752 /
+// 0.976 / 1.441 / 4.101 against 0.658 / 0.889 / 1.424 / 4.450; another run at 1k / 2k / 4k: causal 0.969 /
+// 1.439 / 2.309 against 0.912 / 1.428 / 2.412. Deterministic (rotated walks) 1.26-1.34x its atomic
+// time, slower than the two kernels (its one chain of two links a K/V tile). 'auto' takes it without a
+// causal mask from kBwdWsMinSeqlen, causal from kBwdWsD64CausalMinSeqlen, never with deterministic.
+inline constexpr int64_t kBwdWsD64CausalMinSeqlen = 4096;
+// The shortest sequence (queries and keys) from which 'auto' takes the warp-specialized kernel of a
+// head dim with a row over the two kernels, or 0 where it never does.
+constexpr int64_t bwd_ws_min_seqlen(int head_dim, bool causal, bool deterministic) {
+  if (head_dim != 64) return kBwdWsMinSeqlen;
+  if (deterministic) return 0;
+  return causal ? kBwdWsD64CausalMinSeqlen : kBwdWsMinSeqlen;
+}
 // Its deterministic mode: turn counters per query tile (one per consumer warpgroup's dQ columns).
 inline constexpr int kBwdWsDqTurnsPerTile = 2;
 inline constexpr FlashConfig kBwdDqSm90Configs[] = {

@@ -56,18 +56,14 @@ BwdPlan plan_backward(const AttentionBwdParams& p, BwdAlgorithm algorithm) {
     plan.family = FlashFamily::kFp32Mma;
     if (plan.unsupported == nullptr) plan.workspace_bytes = flash_bwd_fp32_workspace_bytes(p);
   } else {
-    // 'auto' takes the single kernel where it is faster (flash_configs.h: kBwdWsMinSeqlen for the
-    // warp-specialized one, causal or not, deterministic or not; kBwdSingleKernelMinSeqlen for the main
-    // one, not causal, not deterministic), else tries the two kernels first and falls back to the
-    // single kernel where they cannot run.
+    // 'auto' takes the warp-specialized single kernel where it is faster (flash_configs.h
+    // bwd_ws_min_seqlen), else tries the two kernels first and falls back to the single kernel where
+    // they cannot run.
     AttentionBwdParams q = p;
     q.two_kernel = false;
     const auto from = [&](int64_t seqlen) { return p.seqlen_q >= seqlen && p.seqlen_k >= seqlen; };
-    const bool single_faster =
-        flash_bwd_runs_sm90(q) &&
-        ((flash_bwd_sm90_ws(q) && from(flash::kBwdWsMinSeqlen)) ||
-         (!p.causal && !p.deterministic && flash::padded_head_dim(p.head_dim) >= 64 &&
-          from(flash::kBwdSingleKernelMinSeqlen)));
+    const int64_t ws_from = flash::bwd_ws_min_seqlen(flash_bwd_sm90_padded(p.head_dim), p.causal, p.deterministic);
+    const bool single_faster = flash_bwd_runs_sm90(q) && flash_bwd_sm90_ws(q) && ws_from > 0 && from(ws_from);
     q.two_kernel = algorithm == BwdAlgorithm::kTwoKernel || (algorithm == BwdAlgorithm::kAuto && !single_faster);
     plan.unsupported = flash_bwd_unsupported_reason(q);
     if (algorithm == BwdAlgorithm::kAuto && plan.unsupported != nullptr) {
@@ -85,7 +81,7 @@ BwdPlan plan_backward(const AttentionBwdParams& p, BwdAlgorithm algorithm) {
       AttentionBwdParams q = p;
       q.two_kernel = plan.two_kernel;
       if (flash_bwd_sm90_ws(q)) {
-        plan.config = flash::kBwdWsSm90Configs[0];
+        plan.config = flash::config_for(flash::kBwdWsSm90Configs, flash_bwd_sm90_padded(p.head_dim));
         break;
       }
       const int sm90 = flash_bwd_sm90_padded(p.head_dim);

@@ -98,4 +98,33 @@ __device__ __forceinline__ KeyTileWork key_tile_work(const AttentionFwdParams& p
   return w;
 }
 
+// Rotated walks (the warp-specialized backward without a causal mask): block n of a KV head's n_tiles
+// K/V tile blocks walks the m_count query tiles from tile rotated_start(n) on and wraps around, so
+// that the blocks reach a query tile at different steps: their dQ reductions land on different tiles
+// at once, and in deterministic mode the turns at a query tile follow the order in which the blocks
+// arrive there (rotated_turn) rather than the blocks' order, in which block n, walking in lockstep
+// with the others, waits at every tile for blocks 0 .. n - 1. A block may then wait on a block with a
+// higher blockIdx: the launcher rotates only where all the blocks of a KV head can be resident at once,
+// so n_tiles is small and the 32-bit products below (n_tiles x m_count) cannot overflow.
+__device__ __forceinline__ int rotated_start(int n, int n_tiles, int m_count) {
+  return static_cast<int>(static_cast<uint32_t>(n) * static_cast<uint32_t>(m_count) / static_cast<uint32_t>(n_tiles));
+}
+// How many blocks start before query tile x (0 <= x <= m_count): those with n m_count / n_tiles < x.
+__device__ __forceinline__ int rotated_starts_before(int x, int n_tiles, int m_count) {
+  return static_cast<int>((static_cast<uint32_t>(x) * static_cast<uint32_t>(n_tiles) + static_cast<uint32_t>(m_count) - 1) /
+                          static_cast<uint32_t>(m_count));
+}
+// Block n's turn at query tile m: how many blocks reach m before it. Those at an earlier step of their
+// walks started in the tiles (m - step, m], cyclically; at the same step, those that started at its
+// own tile with a lower index.
+__device__ __forceinline__ int rotated_turn(int n, int n_tiles, int m, int m_count) {
+  const int start = rotated_start(n, n_tiles, m_count);
+  const int step = m >= start ? m - start : m - start + m_count;
+  const int lo = m - step + 1;  // the window's first tile, before wrapping
+  const int earlier = lo >= 0 ? rotated_starts_before(m + 1, n_tiles, m_count) - rotated_starts_before(lo, n_tiles, m_count)
+                              : rotated_starts_before(m + 1, n_tiles, m_count) + n_tiles -
+                                    rotated_starts_before(lo + m_count, n_tiles, m_count);
+  return earlier + n - rotated_starts_before(start, n_tiles, m_count);
+}
+
 }  // namespace fa::cuda::flash

@@ -22,6 +22,7 @@
 #include <cuda_runtime.h>
 
 #include "cuda/cuda_utils.cuh"
+#include "cuda/device_props.h"
 #include "cuda/flash/flash_bwd.h"
 #include "cuda/flash/flash_configs.h"
 #include "cuda/flash/hopper/flash_bwd_dq_sm90_kernel.cuh"
@@ -127,21 +128,34 @@ cudaError_t launch_dq(const AttentionBwdParams& p, const float* d_rows, cudaStre
   }
 }
 
-// The warp-specialized single kernel (head dim 128).
-template <typename Elem, bool kIsCausal>
+// The warp-specialized single kernel (head dims 64 and 128).
+template <typename Elem, int kHeadDim, bool kIsCausal>
 cudaError_t launch_ws(const AttentionBwdParams& p, const flash::FlashBwdWorkspace& ws, cudaStream_t stream) {
-  using Traits = flash::sm90::FlashBwdWsSm90Traits<128, Elem, kIsCausal>;
-  static_assert(flash::row_matches<Traits>(flash::kBwdWsSm90Configs[0]), "the row reports the traits' tile");
+  using Traits = flash::sm90::FlashBwdWsSm90Traits<kHeadDim, Elem, kIsCausal>;
+  static_assert(flash::row_matches<Traits>(flash::config_for(flash::kBwdWsSm90Configs, kHeadDim)),
+                "the row reports the traits' tile");
   flash::sm90::BwdTensorMaps maps{};
   FA_CUDA_TRY(make_bwd_maps(&maps, p, Traits::kBlockM, Traits::kBlockN));
-  FA_CUDA_TRY(make_accum_map(&maps.dq_accum, ws.dq_accum, 128, ws.dq_rows, p.heads_q, p.batch, ws.splits,
+  FA_CUDA_TRY(make_accum_map(&maps.dq_accum, ws.dq_accum, kHeadDim, ws.dq_rows, p.heads_q, p.batch, ws.splits,
                              ws.split_stride, Traits::kBlockM));
-  auto kernel = flash::sm90::flash_bwd_ws_sm90_kernel<Traits>;
-  FA_CUDA_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                   static_cast<int>(Traits::kSmemBytes)));
-  const int64_t blocks = ceil_div<int64_t>(p.seqlen_k, Traits::kBlockN) * p.heads_kv * p.batch;
-  kernel<<<static_cast<unsigned>(blocks), Traits::kNThreads, Traits::kSmemBytes, stream>>>(p, maps, ws);
-  return cudaGetLastError();
+  const int64_t n_tiles = ceil_div<int64_t>(p.seqlen_k, Traits::kBlockN);
+  const int64_t blocks = n_tiles * p.heads_kv * p.batch;
+  // Deterministic without a causal mask, where the K/V tiles of a KV head fit on half of the SMs (one
+  // block per SM): the rotated walks (tile_scheduler.cuh; a block may wait on a later block of its
+  // head). H100, bf16, queued ms at 1k / 2k, two rounds, same run (2026-11-27): d128 1.005 / 1.625
+  // against 1.045 / 1.71 in lockstep (the atomic kernel: 0.90 / 1.50); d64 1.576 / 2.700 against
+  // 1.850 / 3.188 (atomic 1.24 / 2.05).
+  const bool rotated = !kIsCausal && p.deterministic && n_tiles <= current_device_props().sms / 2;
+  const auto launch = [&](auto kernel) {
+    FA_CUDA_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                     static_cast<int>(Traits::kSmemBytes)));
+    kernel<<<static_cast<unsigned>(blocks), Traits::kNThreads, Traits::kSmemBytes, stream>>>(p, maps, ws);
+    return cudaGetLastError();
+  };
+  if constexpr (!kIsCausal) {
+    if (rotated) return launch(flash::sm90::flash_bwd_ws_sm90_kernel<Traits, true>);
+  }
+  return launch(flash::sm90::flash_bwd_ws_sm90_kernel<Traits, false>);
 }
 
 }  // namespace
@@ -162,15 +176,18 @@ int flash_bwd_sm90_padded(int64_t head_dim) {
 }
 
 bool flash_bwd_sm90_ws(const AttentionBwdParams& p) {
-  return flash::padded_head_dim(p.head_dim) == flash::kBwdWsSm90Configs[0].head_dim &&
-         flash_bwd_sm90_padded(p.head_dim) == flash::kBwdWsSm90Configs[0].head_dim && !p.two_kernel;
+  const int sm90 = flash_bwd_sm90_padded(p.head_dim);
+  return sm90 != 0 && flash::config_for(flash::kBwdWsSm90Configs, sm90).head_dim == sm90 && !p.two_kernel;
 }
 
 cudaError_t flash_bwd_sm90(const AttentionBwdParams& p, const flash::FlashBwdWorkspace& ws, cudaStream_t stream) {
   if (flash_bwd_sm90_ws(p))
     return FA_BOOL_SWITCH(p.causal, kIsCausal, [&] {
-      return p.dtype == DType::kFloat16 ? launch_ws<__half, kIsCausal>(p, ws, stream)
-                                        : launch_ws<__nv_bfloat16, kIsCausal>(p, ws, stream);
+      if (flash_bwd_sm90_padded(p.head_dim) == 64)
+        return p.dtype == DType::kFloat16 ? launch_ws<__half, 64, kIsCausal>(p, ws, stream)
+                                          : launch_ws<__nv_bfloat16, 64, kIsCausal>(p, ws, stream);
+      return p.dtype == DType::kFloat16 ? launch_ws<__half, 128, kIsCausal>(p, ws, stream)
+                                        : launch_ws<__nv_bfloat16, 128, kIsCausal>(p, ws, stream);
     });
   return FA_HEADDIM_SWITCH(flash_bwd_sm90_padded(p.head_dim), kHeadDim, [&] {
     return FA_BOOL_SWITCH(p.causal, kIsCausal, [&] {

@@ -1,5 +1,8 @@
-// FlashAttention-2 backward, Hopper warp-specialized single kernel (sm_90a): FA3's layout for head dim
-// 128, causal or not; deterministic mode by ordered dQ reductions.
+// FlashAttention-2 backward, Hopper warp-specialized single kernel (sm_90a): FA3's layout for head dims
+// 64 and 128, causal or not; deterministic mode by ordered dQ reductions. At head dim 64 each consumer
+// computes dQ over its own 64 keys and all 64 columns from its own dS^T (kDqSplitKeys): no dS^T
+// exchange, and both pieces of a step add to the same accumulator columns (deterministic: one turn
+// counter a query tile, consumer 0 then 1 of each K/V tile).
 //
 // One thread block per (K/V tile of kBlockN = 128 keys, KV head, batch), as flash_bwd_sm90_kernel.cuh;
 // the loop runs over the query heads of the KV head's group and their 64-row query tiles.
@@ -85,11 +88,15 @@ struct FlashBwdWsSm90Traits {
   static constexpr int kProducerRegs = 24;
   static constexpr int kConsumerRegs = 240;
 
-  static constexpr int kDqN = kHeadDim / kConsumers;       // dQ columns per consumer
+  // dQ = dS K split between the consumers: at head dim 128 by 64-column halves over the block's 128
+  // keys (each consumer needs both dS^T halves), at 64 by keys (kDqSplitKeys: each consumer its own
+  // 64 keys, all 64 columns, its own dS^T; the two pieces add to the same accumulator columns).
+  static constexpr bool kDqSplitKeys = kHeadDim == 64;
+  static constexpr int kDqN = kDqSplitKeys ? kHeadDim : kHeadDim / kConsumers;  // dQ columns per consumer
   static constexpr int kMmaK = 16;
   static constexpr int kKSteps = kHeadDim / kMmaK;
   static constexpr int kQKSteps = kBlockM / kMmaK;
-  static constexpr int kDqKSteps = kBlockN / kMmaK;
+  static constexpr int kDqKSteps = (kDqSplitKeys ? kWgKeys : kBlockN) / kMmaK;
   static constexpr int kSTiles = kBlockM / 8;
   static constexpr int kKvTiles = kHeadDim / 8;
   static constexpr int kDqTiles = kDqN / 8;
@@ -99,7 +106,9 @@ struct FlashBwdWsSm90Traits {
   static constexpr size_t kKvTileBytes = static_cast<size_t>(kColBlocks) * kBlockN * 128;
   static constexpr size_t kQTileBytes = static_cast<size_t>(kColBlocks) * kBlockM * 128;
   static constexpr size_t kDsBytes = static_cast<size_t>(kBlockN) * 128;  // dS^T [keys][64 queries]
-  static constexpr size_t kDqStageBytes = static_cast<size_t>(kBlockM) * kHeadDim * sizeof(float);
+  // Both consumers' dQ pieces, kBlockM x kDqN fp32 each (d128: the step's 64 x 128 tile; d64: two 64 x 64
+  // partial tiles).
+  static constexpr size_t kDqStageBytes = static_cast<size_t>(kConsumers) * kBlockM * kDqN * sizeof(float);
   // Causal: K with its NaN / ±Inf elements zeroed, for dQ on the crossing steps (the rare path).
   static constexpr size_t kK0Bytes = kIsCausal ? kKvTileBytes : 0;
   // Layout: sK | sV | sQ [kStages] | sdO [kStages] | sdS [2] | sdQ | sK0 (each 1024-aligned) | lse2, D
@@ -116,11 +125,12 @@ struct FlashBwdWsSm90Traits {
                                        kK0Bytes + kFloatBytes + kFlagBytes + kBarrierBytes + 1024;
   static constexpr int kScanBarrier = 1;   // named barrier of the producer's warps 2 and 3 (the K scan)
   static constexpr int kRareBarrier0 = 2;  // + consumer: the rare path's P^T exchange
+  static constexpr int kDsBarrier0 = 4;    // + consumer, kDqSplitKeys: its dS^T is in place for its dQ
 
 
   static_assert(sizeof(Elem) == 2, "the wgmma path takes fp16 or bf16");
-  static_assert(kHeadDim == 128, "head dim 128: each consumer takes one 64-column half of dQ");
-  static_assert(kColBlocks == 2, "the rare path's row zeroing gives one 16-byte chunk of a Q / dO row to a lane");
+  static_assert(kHeadDim == 128 || kHeadDim == 64, "head dim 128 (dQ split by columns) or 64 (by keys)");
+  static_assert(2 * kColBlocks * 8 <= 32, "the rare path's row zeroing gives one 16-byte chunk of a Q / dO row to a lane");
   static_assert(kFlagBytes % 8 == 0, "the mbarriers stay 8-byte aligned");
   static_assert(kConsumers == kBwdWsDqTurnsPerTile, "deterministic mode: a turn per consumer's column half");
   static_assert(128 * kProducerRegs + kConsumerThreads * kConsumerRegs <= kLaunchRegs * kNThreads,
@@ -128,7 +138,8 @@ struct FlashBwdWsSm90Traits {
   static_assert(kSmemBytes <= kSm90MaxSmemPerBlock, "shared memory exceeds the sm_90 per-block limit");
 };
 
-template <typename Traits>
+// kRotated (deterministic, not causal): the blocks walk the query tiles rotated (tile_scheduler.cuh).
+template <typename Traits, bool kRotated = false>
 __global__ void __launch_bounds__(Traits::kNThreads, 1)
     flash_bwd_ws_sm90_kernel(const __grid_constant__ AttentionBwdParams p, const __grid_constant__ BwdTensorMaps maps,
                              const FlashBwdWorkspace ws) {
@@ -171,6 +182,8 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
   float* sLse2 = reinterpret_cast<float*>(smem_ptr(float_base));
   float* sD = sLse2 + kStages * kBlockM;
   uint32_t* const sFlags = reinterpret_cast<uint32_t*>(smem_ptr(flag_base));
+  // Consumer c's first 32-column block of dQ (kDqSplitKeys: both pieces hold columns 0-63).
+  const auto dq_col_box = [](int c) { return Traits::kDqSplitKeys ? 0 : c * Traits::kDqBoxes; };
   // Consumer c's dQ piece: column blocks [c kDqBoxes, (c + 1) kDqBoxes) of the staging tile.
   const auto sdq_piece = [&](int c) {
     return sdQ + static_cast<uint32_t>(c * Traits::kDqBoxes * kBlockM * kSw128RowBytes);
@@ -195,9 +208,16 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
   const int m_begin = mask.template first_query_tile<kBlockM>(n0, m_blocks);
   const int m_count = m_blocks - m_begin;  // query tiles per query head that see the block's keys
   const int iters = m_count * group;
+  // Rotated: each query head's walk starts at the block's rotated_start and wraps around.
+  static_assert(!(kRotated && Traits::kIsCausal), "the causal walks are not rotated");
+  const int m_start = kRotated ? rotated_start(n_tile, n_blocks, m_count) : 0;
   // Step it's query head, query tile and first row, and whether the tile crosses the causal diagonal.
   const auto step_head = [&](int it) { return head_kv * group + it / m_count; };
-  const auto step_m_block = [&](int it) { return m_begin + it % m_count; };
+  const auto step_m_block = [&](int it) {
+    if constexpr (!kRotated) return m_begin + it % m_count;
+    const int m = it % m_count + m_start;
+    return m_begin + (m < m_count ? m : m - m_count);
+  };
   const auto step_m0 = [&](int it) { return step_m_block(it) * kBlockM; };
   const auto crossing = [&](int m0) { return mask.template crosses<kBlockM, kBlockN>(m0, n0); };
 
@@ -240,7 +260,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
 #pragma unroll
       for (int b = 0; b < Traits::kDqBoxes; ++b)
         tma_reduce_add_5d(&maps.dq_accum, sdq_piece(c) + static_cast<uint32_t>(b * kBlockM * kSw128RowBytes),
-                          (c * Traits::kDqBoxes + b) * kSw128F32Cols, m0, head, static_cast<int>(batch), 0);
+                          (dq_col_box(c) + b) * kSw128F32Cols, m0, head, static_cast<int>(batch), 0);
       bulk_commit_group();
       bulk_wait_read<0>();
       mbarrier_arrive(empty_dq(c));
@@ -288,14 +308,18 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
             mbarrier_wait(loaded_q(st), (loaded_parity >> st) & 1u);
             loaded_parity ^= 1u << st;
             if ((rows[0] | rows[1]) != 0u) {
-              // Lane l: 16-byte chunk l % 8 of column block (l / 8) % 2 of the row in Q (l < 16) or dO.
+              // Lane l: 16-byte chunk l % 8 of column block (l / 8) % kColBlocks of the row in Q (l < 8
+              // kColBlocks) or dO; lanes from 16 kColBlocks on have none.
+              constexpr int kRowChunks = 8 * Traits::kColBlocks;
+              const bool has_chunk = lane < 2 * kRowChunks;
               const uint32_t lane_off =
-                  static_cast<uint32_t>(st * Traits::kQTileBytes + ((lane / 8) % 2) * kBlockM * kSw128RowBytes) +
+                  static_cast<uint32_t>(st * Traits::kQTileBytes +
+                                        ((lane / 8) % Traits::kColBlocks) * kBlockM * kSw128RowBytes) +
                   static_cast<uint32_t>((lane % 8) * 16);
-              const uint32_t lane_base = (lane < 16 ? sQ : sdO) + lane_off;
+              const uint32_t lane_base = (lane < kRowChunks ? sQ : sdO) + lane_off;
 #pragma unroll
               for (int h = 0; h < kBlockM / 32; ++h)
-                for (uint32_t bits = rows[h]; bits != 0u; bits &= bits - 1u) {
+                for (uint32_t bits = has_chunk ? rows[h] : 0u; bits != 0u; bits &= bits - 1u) {
                   const int r = 32 * h + __ffs(static_cast<int>(bits)) - 1;
                   uint4* chunk =
                       reinterpret_cast<uint4*>(smem_ptr(lane_base + static_cast<uint32_t>(r * kSw128RowBytes)));
@@ -362,7 +386,8 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
         // Deterministic: a dQ writer per consumer (warp 1: consumer 0's columns, warp 3: consumer 1's),
         // each column half a chain of its own. The K/V tiles of the KV head add to a query tile's half
         // in tile order, descending when causal (tma.cuh ordered turns; the block of the tile before in
-        // that order has the lower blockIdx), each reduction completed before the turn passes on. One
+        // that order has the lower blockIdx), or rotated in the order the walks reach the query tile;
+        // each reduction completed before the turn passes on. One
         // writer and one turn a step for both halves held the turn from consumer 0's piece to the
         // completion of consumer 1's: 1.13-1.26x the atomic time at d128 without a causal mask (H100).
         const int c = warp / 2;
@@ -370,12 +395,21 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
           const int head = step_head(it), m0 = step_m0(it);
           mbarrier_wait(full_dq(c), static_cast<uint32_t>(it & 1));
           if (lane == 0) {
-            int* const turn =
-                ws.dq_turns + (((batch * p.heads_q + head) * m_blocks + step_m_block(it)) * Traits::kConsumers + c);
-            // This tile's turn at the query tile: its index, or descending its distance from the query
-            // tile's last K/V tile.
-            const int last = mask.template query_tile_keys<kBlockM, kBlockN>(m0).tiles - 1;
-            ordered_turn_wait(turn, descending ? last - n_tile : n_tile);
+            // This tile's turn at the query tile: rotated, the blocks' order of arrival there; else its
+            // index, or descending its distance from the query tile's last K/V tile.
+            int pos;
+            if constexpr (kRotated) {
+              pos = rotated_turn(n_tile, n_blocks, step_m_block(it) - m_begin, m_count);
+            } else {
+              const int last = mask.template query_tile_keys<kBlockM, kBlockN>(m0).tiles - 1;
+              pos = descending ? last - n_tile : n_tile;
+            }
+            // The counter of this query tile's column half (kDqSplitKeys: one counter, both consumers
+            // in turn on the same columns, consumer 0 first).
+            int* const turn = ws.dq_turns + (((batch * p.heads_q + head) * m_blocks + step_m_block(it)) *
+                                                 Traits::kConsumers +
+                                             (Traits::kDqSplitKeys ? 0 : c));
+            ordered_turn_wait(turn, Traits::kDqSplitKeys ? Traits::kConsumers * pos + c : pos);
             add_dq_piece(c, m0, head);
             bulk_wait<0>();
             ordered_turn_pass(turn);
@@ -395,8 +429,12 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
   const int key_row0 = cw * Traits::kWgKeys + warp * 16 + g;  // this thread's keys: key_row0, +8 (in the tile)
   const uint32_t sK_wg = sK + static_cast<uint32_t>(cw * Traits::kWgKeys * kSw128RowBytes);
   const uint32_t sV_wg = sV + static_cast<uint32_t>(cw * Traits::kWgKeys * kSw128RowBytes);
-  // This consumer's 64 dQ columns of K: column block cw of the K tile (the B operand of dQ = dS K).
-  const uint32_t sK_dq = sK + static_cast<uint32_t>(cw * kBlockN * kSw128RowBytes);
+  // The operands of this consumer's dQ = dS K: B, its 64 columns of K (column block cw of the K tile;
+  // kDqSplitKeys: its 64 keys, rows [64 cw, 64 cw + 64)), and the offset of A's rows of dS^T in a
+  // buffer (all 128 keys; kDqSplitKeys: its own 64).
+  const uint32_t sK_dq = sK + static_cast<uint32_t>(Traits::kDqSplitKeys ? cw * Traits::kWgKeys * kSw128RowBytes
+                                                                        : cw * kBlockN * kSw128RowBytes);
+  const uint32_t ds_dq_off = Traits::kDqSplitKeys ? static_cast<uint32_t>(cw * Traits::kWgKeys * kSw128RowBytes) : 0u;
   // Causal: whether dQ of the step from row m0 reads sK0, K with its NaN / ±Inf elements zeroed (a
   // crossing step, and the scan found some).
   const auto k_rare = [&](int m0) {
@@ -442,8 +480,8 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
   // k's dS^T are in place (buffer k % 2, use k / 2); committed, not waited for.
   const auto issue_dq = [&](float (&dq)[Traits::kDqTiles][4], int k) {
     const int b = k % 2;
-    mbarrier_wait(full_ds(b), static_cast<uint32_t>((k / 2) & 1));
-    const uint32_t sdS_b = sdS + static_cast<uint32_t>(b * Traits::kDsBytes);
+    if constexpr (!Traits::kDqSplitKeys) mbarrier_wait(full_ds(b), static_cast<uint32_t>((k / 2) & 1));
+    const uint32_t sdS_b = sdS + static_cast<uint32_t>(b * Traits::kDsBytes) + ds_dq_off;
     const uint32_t sK_b = k_rare(step_m0(k)) ? sK0 + (sK_dq - sK) : sK_dq;
     wgmma_fence();
 #pragma unroll
@@ -464,12 +502,15 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
         // at the visible pairs, dS^T from the buffer, added to the accumulator by atomics.
         const Elem* k_tile = static_cast<const Elem*>(p.k) + batch * p.k_batch_stride + head_kv * p.k_head_stride +
                              static_cast<int64_t>(n0) * p.k_row_stride;
-        const int col0 = cw * Traits::kDqN + 2 * t;
+        const int col0 = dq_col_box(cw) * kSw128F32Cols + 2 * t;
         float* const acc = ws.dq_accum +
                            ((batch * p.heads_q + step_head(k)) * ws.dq_rows + m0 + warp * 16 + g) * kHeadDim + col0;
         const uint32_t sdS_b = sdS + static_cast<uint32_t>((k % 2) * Traits::kDsBytes);
+        // The keys of this consumer's dQ product: all 128, kDqSplitKeys its own 64.
+        constexpr int kDqKeyWords = (Traits::kDqSplitKeys ? Traits::kWgKeys : kBlockN) / 32;
+        const int w0 = Traits::kDqSplitKeys ? cw * kDqKeyWords : 0;
 #pragma unroll 1
-        for (int w = 0; w < kBlockN / 32; ++w)
+        for (int w = w0; w < w0 + kDqKeyWords; ++w)
 #pragma unroll 1
           for (uint32_t bits = sFlags[Traits::kKRowFlags + w]; bits != 0u; bits &= bits - 1u) {
             const int j = 32 * w + __ffs(static_cast<int>(bits)) - 1;
@@ -489,7 +530,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
           }
       }
     }
-    mbarrier_arrive(empty_ds(k % 2));
+    if constexpr (!Traits::kDqSplitKeys) mbarrier_arrive(empty_ds(k % 2));
     mbarrier_wait(empty_dq(cw), static_cast<uint32_t>((k & 1) ^ 1));
     uint32_t row_base = sdq_piece(cw) + static_cast<uint32_t>((warp * 16 + g) * kSw128RowBytes + (t % 2) * 8);
     uint32_t swz = static_cast<uint32_t>(((t / 2) ^ g) * 16);
@@ -566,7 +607,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
         // bytes of spills.)
         const int buf = it % 2;
         const uint32_t sdS_buf = sdS + static_cast<uint32_t>(buf * Traits::kDsBytes);
-        mbarrier_wait(empty_ds(buf), static_cast<uint32_t>(((it / 2) & 1) ^ 1));
+        if constexpr (!Traits::kDqSplitKeys) mbarrier_wait(empty_ds(buf), static_cast<uint32_t>(((it / 2) & 1) ^ 1));
         store_ds_t(sdS_buf, pa);
         wgmma_wait<0>();
         fence_operands(dv);
@@ -598,20 +639,26 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
 
     // dS^T into sdS[it % 2] (flash_bwd_sm90_kernel.cuh's layout: a key per 128-byte row, its 64 queries
     // along it, 16-byte chunks swizzled with the key), once both consumers' dQ products of step it - 2
-    // are done with the buffer (its empty barrier, use it / 2 - 1).
+    // are done with the buffer (its empty barrier, use it / 2 - 1). kDqSplitKeys: only this consumer's
+    // own dQ product reads its rows, and it completed within step it - 2; a named barrier of the
+    // consumer then passes its rows to its dQ product.
     const int buf = it % 2;
-    mbarrier_wait(empty_ds(buf), static_cast<uint32_t>(((it / 2) & 1) ^ 1));
+    if constexpr (!Traits::kDqSplitKeys) mbarrier_wait(empty_ds(buf), static_cast<uint32_t>(((it / 2) & 1) ^ 1));
     store_ds_t(sdS + static_cast<uint32_t>(buf * Traits::kDsBytes), dsa);
     fence_proxy_async_smem();
-    mbarrier_arrive(full_ds(buf));
+    if constexpr (Traits::kDqSplitKeys)
+      named_barrier_sync(Traits::kDsBarrier0 + cw, 128);
+    else
+      mbarrier_arrive(full_ds(buf));
 
     // dQ: consumer 1 takes this step's, consumer 0 the previous step's, so that consumer 1 runs up to a
-    // step behind consumer 0 and their softmax phases need not coincide.
+    // step behind consumer 0 and their softmax phases need not coincide (kDqSplitKeys: both this
+    // step's, as neither reads the other's dS^T).
     // This thread is done with the stage once dV and dK are: its products have read Q and dO, its
     // lse / D reads are done. Every thread arrives, not one a warp after __syncwarp: compute-sanitizer's
     // racecheck then sees the producer's next lse / D writes ordered after each thread's reads (one a
     // warp: 312 hazards).
-    const int dq_it = cw == 1 ? it : it - 1;
+    const int dq_it = Traits::kDqSplitKeys || cw == 1 ? it : it - 1;
     if (dq_it >= 0) {
       float dq[Traits::kDqTiles][4];
       issue_dq(dq, dq_it);
@@ -627,7 +674,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
       mbarrier_arrive(empty_q(st));
     }
   }
-  if (cw == 0 && iters > 0) {  // consumer 0's last dQ
+  if (!Traits::kDqSplitKeys && cw == 0 && iters > 0) {  // consumer 0's last dQ
     float dq[Traits::kDqTiles][4];
     issue_dq(dq, iters - 1);
     wgmma_wait<0>();
