@@ -43,7 +43,10 @@ const FULL = [
   [1, 17, 97, 2, 2, 200, false, 'bfloat16'], // padded head dim 200 (runs as 256; Hopper: warp-specialized)
   [2, 1100, 1100, 8, 2, 128, false, 'bfloat16'], // Hopper: the warp-specialized kernel, 144 work items (> SMs)
   [1, 203, 113, 2, 2, 112, false, 'float16'], // padded head dim 112: the warp-specialized kernel on Hopper
+  [2, 1100, 1100, 8, 2, 80, false, 'bfloat16'], // padded head dim 80: the warp-specialized d96 kernel, 144 items
   [1, 4100, 4097, 2, 1, 128, true, 'bfloat16'], // causal from 4k: the warp-specialized kernel on Hopper
+  [3, 1100, 1100, 8, 2, 64, false, 'float16'], // Hopper: the warp-specialized d64 kernel (three consumers), 144 items
+  [1, 4100, 4097, 2, 1, 64, true, 'bfloat16'], // causal d64 from 4k: the warp-specialized kernel on Hopper
 ];
 
 const RACE = [
@@ -55,6 +58,7 @@ const RACE = [
   [1, 130, 65, 1, 1, 256, true, 'bfloat16'],
   [1, 97, 17, 2, 2, 40, true, 'float16'],
   [1, 203, 300, 2, 2, 128, false, 'float16'], // the warp-specialized kernel on Hopper
+  [1, 300, 203, 2, 2, 64, false, 'bfloat16'], // the warp-specialized d64 kernel (three consumers) on Hopper
 ];
 
 // Backward cases: the FA2 backward (atomic and deterministic) against the naive one.

@@ -111,16 +111,31 @@ describeEachDevice('kernel choice', (device) => {
       }
     });
 
-    // Causal head dim 128 from 4096 queries and keys on: the warp-specialized kernel (128-key tiles,
-    // query tiles longest first over all heads); below, the two-warpgroup kernel.
-    test.each([[4095, 128, 8, 3], [4096, 128, 12, 2]])(
-      'bfloat16, causal head dim 128 at seqlen %d on Hopper: 128 x %d tiles of %d warps', (seqlen, blockN, warps, stages) => {
-        const [q, k, v, dout] = make('bfloat16', 128, seqlen);
-        const c = flashAttention(q, k, v, { causal: true });
+    // Causal head dims 64 and 128 from 4096 queries and keys on: the warp-specialized kernel (128-key
+    // tiles, query tiles longest first over all heads; at 64 three consumer warpgroups, 192-row
+    // tiles); below, the two-warpgroup kernel.
+    test.each([
+      [128, 4095, 128, 128, 8, 3], [128, 4096, 128, 128, 12, 2], [64, 4095, 128, 64, 8, 3], [64, 4096, 192, 128, 16, 3],
+    ])('bfloat16, causal head dim %d at seqlen %d on Hopper: %d x %d tiles of %d warps', (headDim, seqlen, blockM, blockN, warps, stages) => {
+      const [q, k, v, dout] = make('bfloat16', headDim, seqlen);
+      const c = flashAttention(q, k, v, { causal: true });
+      try {
+        expect(c.plan).toEqual({ family: 'sm90-wgmma', headDim, blockM, blockN, warps, stages });
+      } finally {
+        for (const t of [q, k, v, dout, c.out, c.lse]) t.dispose();
+      }
+    });
+
+    // Head dims 33-64 without a causal mask: the warp-specialized forward of three consumer warpgroups
+    // (192 query rows, 128-key tiles, 3 stages); head dims up to 32 the two-warpgroup d32 row.
+    test.each([[64, 64, 192, 128, 16, 3], [40, 64, 192, 128, 16, 3], [32, 32, 128, 64, 8, 3]])(
+      'bfloat16, head dim %d on Hopper: the non-causal forward runs d%d, %d x %d tiles of %d warps', (headDim, padded, blockM, blockN, warps, stages) => {
+        const [q, k, v, dout] = make('bfloat16', headDim);
+        const f = flashAttention(q, k, v);
         try {
-          expect(c.plan).toEqual({ family: 'sm90-wgmma', headDim: 128, blockM: 128, blockN, warps, stages });
+          expect(f.plan).toEqual({ family: 'sm90-wgmma', headDim: padded, blockM, blockN, warps, stages });
         } finally {
-          for (const t of [q, k, v, dout, c.out, c.lse]) t.dispose();
+          for (const t of [q, k, v, dout, f.out, f.lse]) t.dispose();
         }
       });
 
@@ -155,9 +170,9 @@ describeEachDevice('kernel choice', (device) => {
         }
       });
 
-    // Head dims 129-192 and 193-256 without a causal mask: the warp-specialized forward at d192 (112-key
-    // tiles) and d256 (80-key tiles); causal, the two-warpgroup rows.
-    test.each([[160, 192, 112, 64], [256, 256, 80, 32]])(
+    // Head dims 65-96, 129-192 and 193-256 without a causal mask: the warp-specialized forward at d96
+    // (128-key tiles), d192 (112-key tiles) and d256 (80-key tiles); causal, the two-warpgroup rows.
+    test.each([[80, 96, 128, 128], [96, 96, 128, 128], [160, 192, 112, 64], [256, 256, 80, 32]])(
       'bfloat16, head dim %d on Hopper: the forward runs the d%d rows', (headDim, padded, wsBlockN, blockN) => {
         const [q, k, v, dout] = make('bfloat16', headDim);
         const f = flashAttention(q, k, v);

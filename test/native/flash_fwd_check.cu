@@ -133,13 +133,14 @@ cudaError_t sm90_variant(const fa::AttentionFwdParams& p, cudaStream_t stream) {
                   : fa::cuda::launch_flash_fwd_sm90<Traits, false>(p, stream);
 }
 
-// The warp-specialized Hopper kernel (flash_fwd_sm90_ws_kernel.cuh): keys per tile, stages, the causal
-// walk's L2 sections (MiB of K/V; bf16 only).
+// The warp-specialized Hopper kernel (flash_fwd_sm90_ws_kernel.cuh): keys per tile, stages, consumer
+// warpgroups (64 query rows each), the causal walk's L2 sections (MiB of K/V; bf16 only).
 // kL2SectionMiB 0: the shipped walk, one section over all heads.
-template <int kHeadDim, int kBlockN, int kStages, uint32_t kL2SectionMiB = 0>
+template <int kHeadDim, int kBlockN, int kStages, int kConsumers = 2, uint32_t kL2SectionMiB = 0>
 cudaError_t sm90_ws_variant(const fa::AttentionFwdParams& p, cudaStream_t stream) {
   using Traits = fa::cuda::flash::sm90::FlashFwdSm90WsTraits<
-      kHeadDim, kBlockN, kStages, __nv_bfloat16, kL2SectionMiB == 0 ? fa::cuda::flash::kAllHeadsKiB : kL2SectionMiB << 10>;
+      kHeadDim, kBlockN, kStages, __nv_bfloat16, kConsumers,
+      kL2SectionMiB == 0 ? fa::cuda::flash::kAllHeadsKiB : kL2SectionMiB << 10>;
   if (p.dtype != DType::kBFloat16 || p.head_dim != kHeadDim) return cudaErrorNotSupported;
   return p.causal ? fa::cuda::launch_flash_fwd_sm90_ws<Traits, true>(p, stream)
                   : fa::cuda::launch_flash_fwd_sm90_ws<Traits, false>(p, stream);
@@ -359,10 +360,17 @@ int main(int argc, char** argv) {
   const Variant all_variants[] = {
       {"d128n128w2s3", 128, sm90_variant<128, 128, 2, 3>},
       {"ws-d128n128s2", 128, sm90_ws_variant<128, 128, 2>},
-      {"ws-d128n128s2-l2s32", 128, sm90_ws_variant<128, 128, 2, 32>},
+      {"ws-d128n128s2-l2s32", 128, sm90_ws_variant<128, 128, 2, 2, 32>},
       {"ws-d128n176s2", 128, sm90_ws_variant<128, 176, 2>},
       {"d64n64w2s3b2", 64, sm90_variant<64, 64, 2, 3, 2>},
       {"ws-d64n128s2", 64, sm90_ws_variant<64, 128, 2>},
+      {"ws-d64n128s2c3", 64, sm90_ws_variant<64, 128, 2, 3>},
+      {"ws-d64n128s3c3", 64, sm90_ws_variant<64, 128, 3, 3>},
+      {"ws-d64n96s3c3", 64, sm90_ws_variant<64, 96, 3, 3>},
+      {"d96n128w2s3", 96, sm90_variant<96, 128, 2, 3>},
+      {"ws-d96n128s2", 96, sm90_ws_variant<96, 128, 2>},
+      {"ws-d96n176s2", 96, sm90_ws_variant<96, 176, 2>},
+      {"ws-d96n192s2", 96, sm90_ws_variant<96, 192, 2>},
       {"d192n64w2s3", 192, sm90_variant<192, 64, 2, 3>},
       {"ws-d192n96s2", 192, sm90_ws_variant<192, 96, 2>},
       {"ws-d192n112s2", 192, sm90_ws_variant<192, 112, 2>},

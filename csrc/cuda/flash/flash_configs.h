@@ -43,10 +43,12 @@ inline constexpr FlashConfig kFwdSm90Configs[] = {
     {128, 128, 128, 8, 3, 1, false}, {192, 128, 64, 8, 3, 1, false},  {256, 128, 32, 8, 3, 1, false},
 };
 // Forward, warp-specialized wgmma + TMA (hopper/flash_fwd_sm90_ws_kernel.cuh): a producer warpgroup
-// and two consumer warpgroups of 64 query rows (12 warps), persistent, K and V double-buffered. It runs
-// the non-causal calls of the head dims it has a row for; the causal ones run the row above
-// (fwd_sm90_config).
+// and consumer warpgroups of 64 query rows (warps / 4 - 1 of them: two, or three at head dim 64),
+// persistent, K and V in `stages` buffers. It runs the non-causal calls of the head dims it has a row
+// for; the causal ones run the row above (fwd_sm90_config).
 inline constexpr FlashConfig kFwdSm90WsConfigs[] = {
+    {64, 192, 128, 16, 3, 1, false},
+    {96, 128, 128, 12, 2, 1, false},
     {128, 128, 176, 12, 2, 1, false},
     {192, 128, 112, 12, 2, 1, false},
     {256, 128, 80, 12, 2, 1, false},
@@ -56,8 +58,10 @@ inline constexpr FlashConfig kFwdSm90WsConfigs[] = {
 // block per query tile, which the hardware balances better there. H100, bf16, d128 causal, TFLOP/s at
 // seqlen 512 / 1k / 2k / 4k / 8k / 16k: ws n128 s2 169 / 234 / 311 / 485 / 567 / 609, two warpgroups
 // n128 s3 200 / 297 / 383 / 447 / 499 / 551 (test/native/flash_fwd_check.cu, same run). Causal n176
-// spills 220 bytes.
+// spills 220 bytes. d64 causal (three consumers, n128 s3, queued; 2026-11-27): 170 / 231 / 326 / 367 /
+// 433 at 512-8k, two warpgroups n64 s3 b2 197 / 270 / 331 / 364 / 395.
 inline constexpr FlashConfig kFwdSm90WsCausalConfigs[] = {
+    {64, 192, 128, 16, 3, 1, false},
     {128, 128, 128, 12, 2, 1, false},
 };
 inline constexpr int64_t kFwdSm90WsCausalMinSeqlen = 4096;

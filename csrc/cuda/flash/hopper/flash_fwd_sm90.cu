@@ -34,7 +34,24 @@
 //     169 / 234 / 311 / 485 / 567 / 609   <- shipped from 4k (kFwdSm90WsCausalConfigs)
 //                 n128 w2 s3 b1: 200 / 297 / 383 / 447 / 499 / 551
 //   d64 non-causal,  ws n192 s2: 301 / 352 / 410 / 449;  ws n128 s2: 320 / 374 / 398 / 417
-//                 n64 w2 s3 b2: 317 / 372 / 402 / 428   <- shipped
+//                 n64 w2 s3 b2: 317 / 372 / 402 / 428
+//     three consumer warpgroups (192-row tiles; setmaxnreg 32 / 160, no spills; queued, 2026-11-27,
+//     at 512 / 1k / 2k / 4k / 8k / 16k):
+//                 ws n128 s3 c3: 348 / 391 / 455 / 459 / 489 / 495   <- shipped (kFwdSm90WsConfigs)
+//                 ws n128 s2 c3: 347 / 391 / 453 / 467 / 488 / 495
+//                 n64 w2 s3 b2:  324 / 377 / 406 / 417 / 419 / 432
+//     Each warpgroup's softmax of a 64 x 128 tile (8192 exp2) costs about as many cycles of the SM's
+//     MUFU units as its two GEMMs (2 x 64 x 128 x 64 MACs) cost of the tensor cores: with two
+//     consumers one softmax hides behind the other warpgroup's GEMMs at best; with three the tensor
+//     cores have two other warpgroups' GEMMs to run during each softmax.
+//   d64 causal,      ws n128 s3 c3: 170 / 231 / 326 / 367 / 433 at 512-8k;  n64 w2 s3 b2: 197 / 270 / 331 /
+//     364 / 395   <- the ws kernel from 4k (kFwdSm90WsCausalConfigs), as at d128
+//   d96 non-causal (queued, 2026-11-27, at 512 / 1k / 2k / 4k / 8k / 16k):
+//                    ws n128 s2: 383 / 462 / 507 / 501 / 491 / 508   <- shipped (kFwdSm90WsConfigs)
+//                    ws n176 s2: 380 / 454 / 505 / 481 / 506 / 519;  ws n192 s2: 361 / 427 / 494 / 524 / 516 / 515
+//                 n128 w2 s3 b1: 291 / 373 / 425 / 444 / 445 / 460
+//   d96 causal,      ws n128 s2: 166 / 227 / 280 / 375 / 425 / 459;  n128 w2 s3 b1: 171 / 256 / 329 / 388 / 408 /
+//     428 <- shipped (the ws kernel would win from 8k only)
 //   d192 non-causal, ws n112 s2: 416 / 530 / 629 / 713   <- shipped (kFwdSm90WsConfigs)
 //                    ws n96 s2:  395 / 541 / 616 / 695
 //                 n64 w2 s3 b1: 325 / 433 / 507 / 573
@@ -71,7 +88,7 @@ cudaError_t launch(const AttentionFwdParams& p, cudaStream_t stream) {
   if constexpr (kIsCausal && flash::config_for(flash::kFwdSm90WsCausalConfigs, kHeadDim).head_dim == kHeadDim) {
     if (flash::fwd_sm90_ws_causal(kHeadDim, p.seqlen_q, p.seqlen_k)) {
       constexpr flash::FlashConfig kW = flash::config_for(flash::kFwdSm90WsCausalConfigs, kHeadDim);
-      using Traits = flash::sm90::FlashFwdSm90WsTraits<kHeadDim, kW.block_n, kW.stages, Elem>;
+      using Traits = flash::sm90::FlashFwdSm90WsTraits<kHeadDim, kW.block_n, kW.stages, Elem, kW.warps / 4 - 1>;
       static_assert(flash::row_matches<Traits>(kW), "the row reports the traits' tile");
       return launch_flash_fwd_sm90_ws<Traits, true>(p, stream);
     }
@@ -79,7 +96,7 @@ cudaError_t launch(const AttentionFwdParams& p, cudaStream_t stream) {
   constexpr flash::FlashConfig kC = flash::fwd_sm90_config(kHeadDim, kIsCausal);
   static_assert(kC.head_dim == kHeadDim && kC.warps % 4 == 0, "every compiled head dim has a row of warpgroups");
   if constexpr (flash::fwd_sm90_warp_specialized(kHeadDim, kIsCausal)) {
-    using Traits = flash::sm90::FlashFwdSm90WsTraits<kHeadDim, kC.block_n, kC.stages, Elem>;
+    using Traits = flash::sm90::FlashFwdSm90WsTraits<kHeadDim, kC.block_n, kC.stages, Elem, kC.warps / 4 - 1>;
     static_assert(flash::row_matches<Traits>(kC), "the row reports the traits' tile");
     return launch_flash_fwd_sm90_ws<Traits, kIsCausal>(p, stream);
   } else {

@@ -1,20 +1,20 @@
-// FlashAttention-2 forward, Hopper warp-specialized path (sm_90a): a producer warpgroup and two
-// consumer warpgroups, FA3's structure.
+// FlashAttention-2 forward, Hopper warp-specialized path (sm_90a): a producer warpgroup and two or
+// three consumer warpgroups, FA3's structure.
 //
-// Persistent: a block per SM takes query tiles of kBlockM = 128 rows, one work item per round (causal:
-// the heaviest tiles of every head first, walked in a snake over the blocks; tile_scheduler.cuh
-// query_tile_work_at, persistent_item). Warpgroup 0 is the producer: it gives up registers
-// (setmaxnreg) and one thread issues every TMA load: per item Q (once the consumers are done with the
+// Persistent: a block per SM takes query tiles of kBlockM = 64 x kConsumers rows, one work item per
+// round (causal: the heaviest tiles of every head first, walked in a snake over the blocks;
+// tile_scheduler.cuh query_tile_work_at, persistent_item). Warpgroup 0 is the producer: it gives up
+// registers (setmaxnreg) and one thread issues every TMA load: per item Q (once the consumers are done with the
 // previous item's), then K tile j and V tile j into the stages in turn, each on its own full barrier,
 // each stage waiting for its empty barrier (the consumers' release of its last use). It runs ahead
 // into the next item while the consumers finish one. K and V have separate barriers so that
 // S = Q K^T can start while V is still in flight, and a K stage is refilled as soon as its S is
 // computed.
-// Warpgroups 1 and 2 are the consumers: they take the registers the producer gave up, and warpgroup
-// 1 + w owns query rows [64 w, 64 w + 64) of the tile (wgmma M = 64). Each runs the loop of
+// Warpgroups 1 .. kConsumers are the consumers: they take the registers the producer gave up, and
+// warpgroup 1 + w owns query rows [64 w, 64 w + 64) of the tile (wgmma M = 64). Each runs the loop of
 // flash_fwd_sm90_kernel.cuh (the softmax of tile j overlaps the tensor cores' P V of tile j - 1
-// inside the warpgroup), and the two take turns at issuing their wgmma (named barriers, "pingpong"):
-// one warpgroup's softmax runs while the other's GEMMs occupy the tensor cores.
+// inside the warpgroup), and they take turns at issuing their wgmma in a ring (named barriers,
+// "pingpong"): one warpgroup's softmax runs while the others' GEMMs occupy the tensor cores.
 // NaN / ±Inf in V on tiles that cross the diagonal (causal): the producer warpgroup's other three
 // warps check each such tile once it lands (scan, vote on a named barrier of their own, zero the
 // elements) and release it to the consumers on a "checked" barrier with a flag; the consumers add the
@@ -41,11 +41,12 @@
 
 namespace fa::cuda::flash::sm90 {
 
-template <int kHeadDim_, int kBlockN_, int kStages_, typename Elem_, uint32_t kL2SectionKiB_ = kAllHeadsKiB>
+template <int kHeadDim_, int kBlockN_, int kStages_, typename Elem_, int kConsumers_ = 2,
+          uint32_t kL2SectionKiB_ = kAllHeadsKiB>
 struct FlashFwdSm90WsTraits {
   using Elem = Elem_;
   static constexpr int kHeadDim = kHeadDim_;
-  static constexpr int kConsumers = 2;                       // consumer warpgroups
+  static constexpr int kConsumers = kConsumers_;             // consumer warpgroups
   static constexpr int kNThreads = 128 * (1 + kConsumers);   // + the producer warpgroup
   static constexpr int kConsumerThreads = 128 * kConsumers;
   static constexpr int kWgRows = 64;
@@ -55,12 +56,13 @@ struct FlashFwdSm90WsTraits {
   // Causal: the K/V bytes of the heads whose query tiles the blocks take longest first together
   // (tile_scheduler.cuh query_tile_work_at); by default all heads.
   static constexpr uint32_t kL2SectionKiB = kL2SectionKiB_;
-  // setmaxnreg budgets: the launch gives each thread 168 registers (65,536 / 384, in steps of 8), and
-  // the consumers can take only what the producer gives up: 128 x 40 + 256 x 232 = 384 x 168. The
-  // producer's checker warps spilled at 24 (ptxas, causal); at 232 the consumers of d128 with 128-key
-  // tiles spill nothing, with 176-key tiles the causal kernel spills (non-causal does not).
-  static constexpr int kProducerRegs = 40;
-  static constexpr int kConsumerRegs = 232;
+  // setmaxnreg budgets: the launch gives each thread 65,536 / kNThreads registers (in steps of 8), and
+  // the consumers can take only what the producer gives up. Two consumers: 128 x 40 + 256 x 232 =
+  // 384 x 168; the producer's checker warps spilled at 24 (ptxas, causal); at 232 the consumers of
+  // d128 with 128-key tiles spill nothing, with 176-key tiles the causal kernel spills (non-causal
+  // does not). Three consumers: 128 x 32 + 384 x 160 = 512 x 128.
+  static constexpr int kProducerRegs = kConsumers == 2 ? 40 : 32;
+  static constexpr int kConsumerRegs = kConsumers == 2 ? 232 : 160;
 
   static constexpr int kMmaK = 16;
   static constexpr int kKSteps = kHeadDim / kMmaK;
@@ -87,6 +89,7 @@ struct FlashFwdSm90WsTraits {
   static_assert(kHeadDim % 16 == 0 && kHeadDim <= 256, "head dim: a multiple of 16 up to 256");
   static_assert(kBlockN % 16 == 0 && kBlockN <= 256, "kBlockN: wgmma N of S and a multiple of the P V k-step");
   static_assert(kStages >= 2, "K and V double-buffered at least");
+  static_assert(kConsumers == 2 || kConsumers == 3, "two or three consumer warpgroups (register budgets above)");
   static_assert(128 * kProducerRegs + kConsumerThreads * kConsumerRegs <= (65536 / kNThreads) / 8 * 8 * kNThreads,
                 "setmaxnreg: the consumers take only what the producer gives up");
   static_assert(kSmemBytes <= kSm90MaxSmemPerBlock, "shared memory exceeds the sm_90 per-block limit");
@@ -228,7 +231,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
     if (lane == 0) mbarrier_arrive(empty_bar);
   };
   // Turns at issuing wgmma: warpgroup cw waits for its own barrier, then passes the turn on. They
-  // continue from item to item: both warpgroups walk the same items and tiles.
+  // continue from item to item: every consumer warpgroup walks the same items and tiles.
   constexpr int kTurnThreads = 2 * 128;
   const auto take_turn = [&] { named_barrier_sync(Traits::kTurnBarrier0 + cw, kTurnThreads); };
   const auto pass_turn = [&] {
@@ -267,8 +270,8 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
     OnlineSoftmax softmax;
 
     if (n_blocks > 0) {
-      // The first turn is warpgroup 0's: warpgroup 1 passes it before its first tile.
-      if (!turns_started && cw == 1) pass_turn();
+      // The first turn is warpgroup 0's: the last warpgroup passes it before its first tile.
+      if (!turns_started && cw == Traits::kConsumers - 1) pass_turn();
       turns_started = true;
       mbarrier_wait(full_q, static_cast<uint32_t>(q_uses & 1));
       ++q_uses;
@@ -324,7 +327,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
     float* lse = p.lse + (w.batch * p.heads_q + w.head) * p.seqlen_q;
     write_fwd_rows<Elem>(o, softmax, mask, row0, t, out, p.o_row_stride, lse, head_dim);
   }
-  // Warpgroup 1's last pass has no taker: warpgroup 0 takes it, so that no arrival is left pending
+  // The last warpgroup's last pass has no taker: warpgroup 0 takes it, so that no arrival is left pending
   // on a barrier at exit.
   if (turns_started && cw == 0) take_turn();
 #else
