@@ -74,10 +74,12 @@ export interface KernelPlan {
   /** Keys per K/V tile (backward: per thread block). */
   blockN: number | null;
   /**
-   * Warps per thread block. On `'sm90-wgmma'`, 12 is the warp-specialized forward: a producer
-   * warpgroup issuing the TMA loads and two consumer warpgroups of 64 query rows, one persistent
-   * block per SM: non-causal at head dims 97–256 (176-key tiles up to 128, 112 up to 192, 80 above),
-   * and causal at head dims 97–128 with at least 4096 queries and keys (128-key tiles).
+   * Warps per thread block. On `'sm90-wgmma'`, 12 and 16 are the warp-specialized forward: a
+   * producer warpgroup issuing the TMA loads and two (three at head dims 33–64: 192 query rows)
+   * consumer warpgroups of 64 query rows, one persistent block per SM: non-causal at head dims
+   * 33–256 (128-key tiles up to 96, 176 up to 128, 112 up to 192, 80 above), and causal at head dims
+   * 33–64 and 97–128 with at least 4096 queries and keys (128-key tiles). In the backward, 12 is the
+   * warp-specialized single kernel (head dims 33–128).
    */
   warps: number | null;
   /** K/V tiles (backward: Q / dO tiles) held in shared memory at once. */
@@ -147,12 +149,13 @@ export interface AttentionBackwardOptions extends AttentionOptions {
    *   float16 and bfloat16, every head dim (run by the kernels of head dim 32, 64, 128, 192 or 256,
    *   zero-padded); elsewhere a RangeError says why.
    * - `'auto'` (default): `'two-kernel'` where it exists (float16 and bfloat16 on Hopper), else
-   *   `'single-kernel'`; on Hopper `'single-kernel'` also where it is faster: head dims 97–128 from
-   *   1024 queries and keys, causal or not, deterministic or not, where the single kernel is a
-   *   warp-specialized one, and head dim 64 (after padding) from 8192 without a causal mask when not
-   *   deterministic. On an H100 (bf16, 16k tokens per batch, 2026-11-26/27) the warp-specialized
-   *   kernel ran 1.15 / 1.23 / 1.32× the two kernels' throughput at head dim 128, seqlen 1k / 2k / 8k,
-   *   and 1.03 / 1.09 / 1.16× causal; the two need no float32 dq accumulator and are deterministic.
+   *   `'single-kernel'`; on Hopper `'single-kernel'` also where it is faster, where the single kernel
+   *   is a warp-specialized one: head dims 65–128 from 1024 queries and keys, causal or not,
+   *   deterministic or not; head dims 33–64 when not deterministic, from 1024 without a causal mask
+   *   and from 4096 causal. On an H100 (bf16, 16k tokens per batch, 2026-11-26/27) the
+   *   warp-specialized kernel ran 1.15 / 1.23 / 1.32× the two kernels' throughput at head dim 128,
+   *   seqlen 1k / 2k / 8k (1.03 / 1.09 / 1.16× causal), and 1.04 / 1.13 / 1.20× at head dim 64 (1.04×
+   *   causal at 4k); the two need no float32 dq accumulator and are deterministic.
    *
    * The result's `algorithm` says which ran. The naive kernel and the CPU backend have one structure
    * each: they accept `'auto'` and `'single-kernel'`.
@@ -161,11 +164,12 @@ export interface AttentionBackwardOptions extends AttentionOptions {
   /**
    * Bit-identical dq across runs (dk and dv always are). Default false: the single-kernel CUDA
    * FlashAttention-2 backward adds each query tile's dq contributions with fp32 atomics, so dq's
-   * summation order (and its last bits) can change from run to run. With `true` each thread block
-   * adds into its own fp32 accumulator slice in a fixed order and the slices are summed in order (up
-   * to 8 slices, or with few heads up to 64 within 256 MiB: that many times the accumulator's memory,
-   * 4·batch·headsQ·seqlenQ·headDim bytes each). The two-kernel backward (see `algorithm`, 'auto' on
-   * Hopper) is deterministic either way, at no extra cost.
+   * summation order (and its last bits) can change from run to run. With `true` the Hopper
+   * warp-specialized kernel adds the K/V tiles' dq terms to each query tile in a fixed order (turn
+   * counters), and the other single kernels give each thread block its own fp32 accumulator slice,
+   * summed in order (up to 8 slices, or with few heads up to 64 within 256 MiB: that many times the
+   * accumulator's memory, 4·batch·headsQ·seqlenQ·headDim bytes each). The two-kernel backward (see
+   * `algorithm`, 'auto' on Hopper) is deterministic either way, at no extra cost.
    */
   deterministic?: boolean;
 }
