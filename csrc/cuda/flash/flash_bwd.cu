@@ -107,10 +107,11 @@ cudaError_t launch(const AttentionBwdParams& p, const flash::FlashBwdWorkspace& 
                                                                                    ws.splits, ws.split_stride);
     return cudaGetLastError();
   };
+  const int cols = accum_cols(p, sm90);
   if constexpr (kHeadDim == 96) {
-    if (accum_cols(p, sm90) == 128) return convert(flash::flash_bwd_convert_dq_kernel<Elem, 128>);
+    if (cols == 128) return convert(flash::flash_bwd_convert_dq_kernel<Elem, 128>);
   }
-  if (accum_cols(p, sm90) != kHeadDim) return cudaErrorInvalidValue;  // no other head dim is padded further
+  if (cols != kHeadDim) return cudaErrorInvalidValue;  // no other head dim is padded further
   return convert(flash::flash_bwd_convert_dq_kernel<Elem, kHeadDim>);
 }
 
