@@ -15,7 +15,8 @@
 // Then (unless --no-bench) bf16 timing at B*S = 16k, H*D = 2048, S 2k / 8k, D 64 / 128, causal and not:
 // median of 20 cudaEvent-timed calls after warm-up, TFLOP/s = 4 B H S^2 D / t (halved when causal).
 // On Hopper the kernel variants below are checked and timed too; FLASH_FWD_CHECK_VARIANTS=d192,ws-d256
-// runs only those whose names contain one of the comma-separated strings (and not the shipped paths).
+// runs only those whose names contain one of the comma-separated strings (and not the shipped paths,
+// unless the list holds "shipped": FLASH_FWD_CHECK_VARIANTS=shipped runs those alone).
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -26,8 +27,8 @@
 #include <cstdlib>
 #include <cstring>
 #include <limits>
+#include <memory>
 #include <random>
-#include <string>
 #include <string>
 #include <vector>
 
@@ -123,24 +124,26 @@ fa::AttentionFwdParams make_params(const Case& c, const Dev& q, const Dev& k, co
 using FwdFn = cudaError_t (*)(const fa::AttentionFwdParams&, cudaStream_t);
 
 // Alternative Hopper configurations, timed beside the shipped one (bf16 only): keys per tile,
-// warpgroups, stages, thread blocks per SM.
-template <int kHeadDim, int kBlockN, int kWarpGroups, int kStages, int kMinBlocks = 1>
+// warpgroups, stages, thread blocks per SM; kTmaStoreO false: O stored from registers.
+template <int kHeadDim, int kBlockN, int kWarpGroups, int kStages, int kMinBlocks = 1, bool kTmaStoreO = true>
 cudaError_t sm90_variant(const fa::AttentionFwdParams& p, cudaStream_t stream) {
-  using Traits =
-      fa::cuda::flash::sm90::FlashFwdSm90Traits<kHeadDim, kBlockN, kWarpGroups, kStages, __nv_bfloat16, kMinBlocks>;
+  using Traits = fa::cuda::flash::sm90::FlashFwdSm90Traits<kHeadDim, kBlockN, kWarpGroups, kStages, __nv_bfloat16,
+                                                           kMinBlocks, kTmaStoreO>;
   if (p.dtype != DType::kBFloat16 || p.head_dim != kHeadDim) return cudaErrorNotSupported;
   return p.causal ? fa::cuda::launch_flash_fwd_sm90<Traits, true>(p, stream)
                   : fa::cuda::launch_flash_fwd_sm90<Traits, false>(p, stream);
 }
 
 // The warp-specialized Hopper kernel (flash_fwd_sm90_ws_kernel.cuh): keys per tile, stages, consumer
-// warpgroups (64 query rows each), the causal walk's L2 sections (MiB of K/V; bf16 only).
-// kL2SectionMiB 0: the shipped walk, one section over all heads.
-template <int kHeadDim, int kBlockN, int kStages, int kConsumers = 2, uint32_t kL2SectionMiB = 0>
+// warpgroups (64 query rows each), the causal walk's L2 sections (MiB of K/V; bf16 only), Q buffers.
+// kL2SectionMiB 0: the shipped walk, one section over all heads; kQStages 0: the traits' choice;
+// kTmaStoreO false: O stored from registers.
+template <int kHeadDim, int kBlockN, int kStages, int kConsumers = 2, uint32_t kL2SectionMiB = 0, int kQStages = 0,
+          bool kTmaStoreO = true>
 cudaError_t sm90_ws_variant(const fa::AttentionFwdParams& p, cudaStream_t stream) {
   using Traits = fa::cuda::flash::sm90::FlashFwdSm90WsTraits<
       kHeadDim, kBlockN, kStages, __nv_bfloat16, kConsumers,
-      kL2SectionMiB == 0 ? fa::cuda::flash::kAllHeadsKiB : kL2SectionMiB << 10>;
+      kL2SectionMiB == 0 ? fa::cuda::flash::kAllHeadsKiB : kL2SectionMiB << 10, kQStages, kTmaStoreO>;
   if (p.dtype != DType::kBFloat16 || p.head_dim != kHeadDim) return cudaErrorNotSupported;
   return p.causal ? fa::cuda::launch_flash_fwd_sm90_ws<Traits, true>(p, stream)
                   : fa::cuda::launch_flash_fwd_sm90_ws<Traits, false>(p, stream);
@@ -283,14 +286,21 @@ bool run_nonfinite_case(const Case& c, int64_t j1, int64_t j2, const char* path,
   return ok;
 }
 
-void bench(int64_t seqlen, int64_t d, bool causal, const char* path, FwdFn fwd, std::mt19937_64& rng) {
+// The timing inputs: every timed shape has B * S * H * D = kBenchTokens * kBenchWidth elements per
+// tensor, so one set of random q, k, v serves them all (made once: generating them took 2.5 s a shape).
+struct BenchInputs {
+  static constexpr int64_t kElems = kBenchTokens * kBenchWidth;
+  Dev q{kElems * 2}, k{kElems * 2}, v{kElems * 2}, out{kElems * 2}, lse{kBenchTokens * (kBenchWidth / 16) * 4};
+  explicit BenchInputs(std::mt19937_64& rng) {
+    upload(q, DType::kBFloat16, random_values(kElems, DType::kBFloat16, kQkMaxMag, rng));
+    upload(k, DType::kBFloat16, random_values(kElems, DType::kBFloat16, kQkMaxMag, rng));
+    upload(v, DType::kBFloat16, random_values(kElems, DType::kBFloat16, kVMaxMag, rng));
+  }
+};
+
+void bench(int64_t seqlen, int64_t d, bool causal, const char* path, FwdFn fwd, BenchInputs& in) {
   Case c{kBenchTokens / seqlen, seqlen, seqlen, kBenchWidth / d, kBenchWidth / d, d, causal, DType::kBFloat16};
-  const int64_t n = c.batch * c.sq * c.hq * c.d;
-  Dev dq(n * 2), dk(n * 2), dv(n * 2), dout(n * 2), dlse(c.batch * c.hq * c.sq * 4);
-  upload(dq, c.dtype, random_values(n, c.dtype, kQkMaxMag, rng));
-  upload(dk, c.dtype, random_values(n, c.dtype, kQkMaxMag, rng));
-  upload(dv, c.dtype, random_values(n, c.dtype, kVMaxMag, rng));
-  const auto p = make_params(c, dq, dk, dv, dout, dlse);
+  const auto p = make_params(c, in.q, in.k, in.v, in.out, in.lse);
   cudaStream_t stream;
   CHECK_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamDefault));
   const LaunchTimes tm = time_launches([&] { return fwd(p, stream); }, stream);
@@ -325,7 +335,7 @@ int main(int argc, char** argv) {
   if (std::strcmp(fa::cuda::flash_fwd_path(), "sm80-mma") != 0) paths.push_back({"sm80-mma", fa::cuda::flash_fwd_sm80});
   int failed = 0, total = 0;
   const char* const wanted = std::getenv("FLASH_FWD_CHECK_VARIANTS");
-  if (wanted != nullptr) paths.clear();
+  if (wanted != nullptr && std::strstr(wanted, "shipped") == nullptr) paths.clear();
   for (const Path& path : setup.run_checks ? paths : std::vector<Path>{}) {
     for (DType t : {DType::kFloat16, DType::kBFloat16})
       for (int64_t d : {64, 128})
@@ -359,24 +369,38 @@ int main(int argc, char** argv) {
   // The shipped d64 / d128 configurations (flash_configs.h) beside the warp-specialized kernel's.
   const Variant all_variants[] = {
       {"d128n128w2s3", 128, sm90_variant<128, 128, 2, 3>},
+      {"d128n128w2s3-d", 128, sm90_variant<128, 128, 2, 3, 1, false>},
       {"ws-d128n128s2", 128, sm90_ws_variant<128, 128, 2>},
+      {"ws-d128n128s2-q1", 128, sm90_ws_variant<128, 128, 2, 2, 0, 1>},
+      {"ws-d128n128s2-q2d", 128, sm90_ws_variant<128, 128, 2, 2, 0, 2, false>},
       {"ws-d128n128s2-l2s32", 128, sm90_ws_variant<128, 128, 2, 2, 32>},
       {"ws-d128n176s2", 128, sm90_ws_variant<128, 176, 2>},
+      {"ws-d128n176s2-d", 128, sm90_ws_variant<128, 176, 2, 2, 0, 0, false>},
       {"d64n64w2s3b2", 64, sm90_variant<64, 64, 2, 3, 2>},
+      {"d64n64w2s3b2-d", 64, sm90_variant<64, 64, 2, 3, 2, false>},
       {"ws-d64n128s2", 64, sm90_ws_variant<64, 128, 2>},
       {"ws-d64n128s2c3", 64, sm90_ws_variant<64, 128, 2, 3>},
       {"ws-d64n128s3c3", 64, sm90_ws_variant<64, 128, 3, 3>},
+      {"ws-d64n128s3c3-q1", 64, sm90_ws_variant<64, 128, 3, 3, 0, 1>},
+      {"ws-d64n128s3c3-q2d", 64, sm90_ws_variant<64, 128, 3, 3, 0, 2, false>},
       {"ws-d64n96s3c3", 64, sm90_ws_variant<64, 96, 3, 3>},
       {"d96n128w2s3", 96, sm90_variant<96, 128, 2, 3>},
+      {"d96n128w2s3-d", 96, sm90_variant<96, 128, 2, 3, 1, false>},
       {"ws-d96n128s2", 96, sm90_ws_variant<96, 128, 2>},
+      {"ws-d96n128s2-q1", 96, sm90_ws_variant<96, 128, 2, 2, 0, 1>},
+      {"ws-d96n128s2-q2d", 96, sm90_ws_variant<96, 128, 2, 2, 0, 2, false>},
       {"ws-d96n176s2", 96, sm90_ws_variant<96, 176, 2>},
       {"ws-d96n192s2", 96, sm90_ws_variant<96, 192, 2>},
       {"d192n64w2s3", 192, sm90_variant<192, 64, 2, 3>},
+      {"d192n64w2s3-d", 192, sm90_variant<192, 64, 2, 3, 1, false>},
       {"ws-d192n96s2", 192, sm90_ws_variant<192, 96, 2>},
       {"ws-d192n112s2", 192, sm90_ws_variant<192, 112, 2>},
+      {"ws-d192n112s2-d", 192, sm90_ws_variant<192, 112, 2, 2, 0, 0, false>},
       {"d256n32w2s3", 256, sm90_variant<256, 32, 2, 3>},
+      {"d256n32w2s3-d", 256, sm90_variant<256, 32, 2, 3, 1, false>},
       {"ws-d256n64s2", 256, sm90_ws_variant<256, 64, 2>},
       {"ws-d256n80s2", 256, sm90_ws_variant<256, 80, 2>},
+      {"ws-d256n80s2-d", 256, sm90_ws_variant<256, 80, 2, 2, 0, 0, false>},
   };
   std::vector<Variant> variants;
   for (const Variant& var : all_variants) {
@@ -415,14 +439,16 @@ int main(int argc, char** argv) {
       failed += !run_nonfinite_case(Case{1, 400, 250, 2, 1, var.d, true, DType::kBFloat16}, 3, 100, var.name, var.fn, rng);
     }
   if (setup.run_checks) std::printf("%s: %d of %d cases failed\n", failed ? "FAIL" : "PASS", failed, total);
+  std::unique_ptr<BenchInputs> bench_in;
+  if (run_bench && (hopper || !paths.empty())) bench_in = std::make_unique<BenchInputs>(rng);
   if (run_bench && hopper)
     for (const Variant& var : variants)
       for (int64_t seqlen : {512, 1024, 2048, 4096, 8192, 16384})
-        for (bool causal : {false, true}) bench(seqlen, var.d, causal, var.name, var.fn, rng);
+        for (bool causal : {false, true}) bench(seqlen, var.d, causal, var.name, var.fn, *bench_in);
   if (run_bench && !paths.empty())
     for (const Path& path : {paths.front()})  // the shipped path (the variants above time sm90's)
       for (int64_t seqlen : {512, 2048, 8192})
         for (int64_t d : {64, 128, 256})
-          for (bool causal : {false, true}) bench(seqlen, d, causal, path.name, path.fn, rng);
+          for (bool causal : {false, true}) bench(seqlen, d, causal, path.name, path.fn, *bench_in);
   return failed ? 1 : 0;
 }

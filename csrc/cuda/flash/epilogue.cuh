@@ -3,6 +3,7 @@
 // a warp's 16-row slice, g = lane / 4, t = lane % 4) as rows of Elem in global memory, scaled per
 // row and bounded by the sequence and head_dim:
 //   forward    O / l and lse                      write_fwd_rows
+//              O / l into a swizzled shared tile   stage_fwd_rows_sw128 (a TMA store writes it out)
 //   dQ kernel  dQ * softmax_scale                  store_fragment_row
 // Each thread stores two adjacent columns per fragment tile: one 32-bit store of two 16-bit values, or
 // one float2.
@@ -62,6 +63,35 @@ __device__ __forceinline__ void write_fwd_rows(const float (&o)[kOTiles][4], con
       store_fragment_row<Elem>(o, h, inv_l[h], out + static_cast<int64_t>(row) * row_stride, 2 * t, head_dim);
       if (t == 0) lse[row] = row_lse[h];
     }
+  }
+}
+
+// write_fwd_rows with O / l staged in shared memory for a TMA store (Hopper): the warp's 16 rows are
+// rows tile_row .. tile_row + 15 (this thread's: tile_row and tile_row + 8) of a tile of 64-column
+// blocks with the 128-byte swizzle, block cb at tile + cb * block_bytes (each 1024-aligned), row r at
+// r * 128 bytes, its 16-byte chunk c at (c ^ (r % 8)) * 16: the layout TMA reads a box of 64 columns
+// from. Every row and column of the tile is written (the store clips what lies past seqlen_q and
+// head_dim); lse as in write_fwd_rows. In a warp the 8 rows' chunks differ (c ^ g): the 32-bit stores of
+// one fragment tile fall in 32 different banks.
+template <typename Elem, int kOTiles, typename Mask>
+__device__ __forceinline__ void stage_fwd_rows_sw128(const float (&o)[kOTiles][4], const OnlineSoftmax& softmax,
+                                                     const Mask& mask, int row0, int t, uint32_t tile,
+                                                     uint32_t block_bytes, int tile_row, float* lse) {
+  constexpr int kChunksPerBlock = 8;  // 16-byte chunks of a 128-byte row: n8 fragment tiles
+  const bool sees_key[2] = {mask.row_sees_key(row0), mask.row_sees_key(row0 + 8)};
+  float inv_l[2], row_lse[2];
+  softmax.finish(sees_key, inv_l, row_lse);
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int r = tile_row + 8 * h;
+    const uint32_t row_addr = tile + static_cast<uint32_t>(r * 128 + 4 * t);
+#pragma unroll
+    for (int j = 0; j < kOTiles; ++j) {
+      const uint32_t chunk = static_cast<uint32_t>((j % kChunksPerBlock) ^ (r % 8));
+      st_shared_b32(row_addr + static_cast<uint32_t>(j / kChunksPerBlock) * block_bytes + chunk * 16,
+                    pack2<Elem>(o[j][2 * h] * inv_l[h], o[j][2 * h + 1] * inv_l[h]));
+    }
+    if (t == 0 && row0 + 8 * h < mask.seqlen_q) lse[row0 + 8 * h] = row_lse[h];
   }
 }
 

@@ -40,9 +40,10 @@
 namespace fa::cuda::flash::sm90 {
 
 // The tensor maps of one call (flash_fwd_sm90.cu builds them): 4-D views (head_dim, seqlen, heads,
-// batch) of q, k and v with 64-column x kRows boxes and the 128-byte swizzle.
+// batch) of q, k and v with 64-column x kRows boxes and the 128-byte swizzle, and of out with boxes of
+// 64 rows (a consumer warpgroup's; made only for kernels whose epilogue stores through TMA).
 struct FwdTensorMaps {
-  CUtensorMap q, k, v;
+  CUtensorMap q, k, v, o;
 };
 
 // One step of the forward's software pipeline, per warpgroup: issues S_nb = Q K_nb^T and, from the
@@ -188,7 +189,25 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSm) fl
     add_nonfinite_v<Elem, kOTiles>(o, v, p.v_row_stride, v_nonfinite_from, n_end, row0, mask, head_dim, lane);
 
   // Epilogue: O / l and lse (epilogue.cuh). Rows that see no key: O = 0, lse = +inf.
-  write_fwd_rows<Elem>(o, softmax, mask, row0, t, out, p.o_row_stride, lse, head_dim);
+  if constexpr (Traits::kStagedO) {
+    // Through the warpgroup's rows of sQ, once all its warps are past their S GEMMs (the rows' last
+    // readers); the block's shared memory must outlive the store's reads.
+    constexpr uint32_t kBlockBytes = static_cast<uint32_t>(kBlockM * kSw128RowBytes);
+    named_barrier_sync(Traits::kEpilogueBarrier0 + wg, 128);
+    stage_fwd_rows_sw128<Elem>(o, softmax, mask, row0, t, sQ_wg, kBlockBytes, warp * 16 + g, lse);
+    fence_proxy_async_smem();
+    named_barrier_sync(Traits::kEpilogueBarrier0 + wg, 128);
+    if (threadIdx.x % 128 == 0) {
+#pragma unroll
+      for (int cb = 0; cb < Traits::kColBlocks; ++cb)
+        tma_store_4d(&maps.o, sQ_wg + cb * kBlockBytes, cb * kSw128BlockCols, m0 + wg * Traits::kWgRows, head,
+                     static_cast<int>(batch));
+      bulk_commit_group();
+      bulk_wait_read<0>();
+    }
+  } else {
+    write_fwd_rows<Elem>(o, softmax, mask, row0, t, out, p.o_row_stride, lse, head_dim);
+  }
 #else
   __trap();  // only the sm_90a build has this kernel; the launcher never selects it elsewhere
 #endif

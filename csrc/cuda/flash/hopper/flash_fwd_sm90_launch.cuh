@@ -29,6 +29,9 @@ cudaError_t make_fwd_maps(flash::sm90::FwdTensorMaps* maps, const AttentionFwdPa
                        p.k_head_stride, p.k_batch_stride, Traits::kBlockN));
   FA_CUDA_TRY(make_map(&maps->v, type, p.v, p.head_dim, p.seqlen_k, p.heads_kv, p.batch, p.v_row_stride,
                        p.v_head_stride, p.v_batch_stride, Traits::kBlockN));
+  if constexpr (Traits::kStagedO)
+    FA_CUDA_TRY(make_map(&maps->o, type, p.out, p.head_dim, p.seqlen_q, p.heads_q, p.batch, p.o_row_stride,
+                         p.o_head_stride, p.o_batch_stride, Traits::kWgRows));
   return cudaSuccess;
 }
 

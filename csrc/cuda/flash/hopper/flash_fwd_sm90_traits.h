@@ -7,7 +7,8 @@
 
 namespace fa::cuda::flash::sm90 {
 
-template <int kHeadDim_, int kBlockN_, int kNWarpGroups_, int kStages_, typename Elem_, int kMinBlocksPerSm_ = 1>
+template <int kHeadDim_, int kBlockN_, int kNWarpGroups_, int kStages_, typename Elem_, int kMinBlocksPerSm_ = 1,
+          bool kTmaStoreO_ = true>
 struct FlashFwdSm90Traits {
   using Elem = Elem_;
   static constexpr int kHeadDim = kHeadDim_;  // compiled head dim; smaller multiples of 8 run zero-padded
@@ -35,6 +36,10 @@ struct FlashFwdSm90Traits {
   // (8 bytes each); +1024 to align the dynamic base.
   static constexpr size_t kBarrierBytes = 8 * (1 + kStages);
   static constexpr size_t kSmemBytes = kQBytes + 2 * kStages * kKvTileBytes + kBarrierBytes + 1024;
+  // The epilogue: each warpgroup stages O / l in its rows of sQ and one thread stores them with TMA
+  // (epilogue.cuh stage_fwd_rows_sw128), or (false) every thread stores its fragments from registers.
+  static constexpr bool kStagedO = kTmaStoreO_;
+  static constexpr int kEpilogueBarrier0 = 1;  // named barriers, one per warpgroup (0 is __syncthreads')
 
   static_assert(sizeof(Elem) == 2, "the wgmma path takes fp16 or bf16");
   static_assert(kHeadDim % 16 == 0 && kHeadDim <= 256, "head dim: a multiple of 16 up to 256 (wgmma k, N)");

@@ -4,8 +4,9 @@
 // Persistent: a block per SM takes query tiles of kBlockM = 64 x kConsumers rows, one work item per
 // round (causal: the heaviest tiles of every head first, walked in a snake over the blocks;
 // tile_scheduler.cuh query_tile_work_at, persistent_item). Warpgroup 0 is the producer: it gives up
-// registers (setmaxnreg) and one thread issues every TMA load: per item Q (once the consumers are done with the
-// previous item's), then K tile j and V tile j into the stages in turn, each on its own full barrier,
+// registers (setmaxnreg) and one thread issues every TMA load: per item Q (into a buffer the consumers are
+// done with: two buffers where shared memory allows, so that it lands while the previous item runs), then K
+// tile j and V tile j into the stages in turn, each on its own full barrier,
 // each stage waiting for its empty barrier (the consumers' release of its last use). It runs ahead
 // into the next item while the consumers finish one. K and V have separate barriers so that
 // S = Q K^T can start while V is still in flight, and a K stage is refilled as soon as its S is
@@ -42,7 +43,7 @@
 namespace fa::cuda::flash::sm90 {
 
 template <int kHeadDim_, int kBlockN_, int kStages_, typename Elem_, int kConsumers_ = 2,
-          uint32_t kL2SectionKiB_ = kAllHeadsKiB>
+          uint32_t kL2SectionKiB_ = kAllHeadsKiB, int kQStages_ = 0, bool kTmaStoreO_ = true>
 struct FlashFwdSm90WsTraits {
   using Elem = Elem_;
   static constexpr int kHeadDim = kHeadDim_;
@@ -73,22 +74,36 @@ struct FlashFwdSm90WsTraits {
   static constexpr int kColBlocks = (kHeadDim + 63) / 64;
   static constexpr size_t kQBytes = static_cast<size_t>(kColBlocks) * kBlockM * 128;
   static constexpr size_t kKvTileBytes = static_cast<size_t>(kColBlocks) * kBlockN * 128;
-  // Layout: sQ | sK [kStages] | sV [kStages] | mbarriers: full Q, empty Q, then per stage full K, full
-  // V, empty K, empty V, V checked | per stage the checked V tile's NaN / ±Inf flag (an int in an
-  // 8-byte slot); +1024 to align the dynamic base.
-  static constexpr size_t kBarrierBytes = 8 * (2 + 5 * kStages) + 8 * kStages;
-  static constexpr size_t kSmemBytes = kQBytes + 2 * kStages * kKvTileBytes + kBarrierBytes + 1024;
+  // Layout: sQ [kQStages] | sK [kStages] | sV [kStages] | mbarriers: per Q buffer full and empty, then
+  // per stage full K, full V, empty K, empty V, V checked | per stage the checked V tile's NaN / ±Inf
+  // flag (an int in an 8-byte slot); +1024 to align the dynamic base.
+  static constexpr size_t kBarrierBytes(int q_stages) { return 8 * (2 * q_stages + 5 * kStages) + 8 * kStages; }
+  static constexpr size_t kSmemBytesFor(int q_stages) {
+    return q_stages * kQBytes + 2 * kStages * kKvTileBytes + kBarrierBytes(q_stages) + 1024;
+  }
+  // Q buffers: two where they fit, so that the producer loads the next work item's Q while the
+  // consumers still compute S with this one's (with one, the load starts only after the item's last
+  // S, and short items wait for it); kQStages_ forces 1 or 2.
+  static constexpr int kQStages = kQStages_ != 0 ? kQStages_ : (kSmemBytesFor(2) <= kSm90MaxSmemPerBlock ? 2 : 1);
+  static constexpr size_t kSmemBytes = kSmemBytesFor(kQStages);
+  // The epilogue: each consumer warpgroup stages O / l in its rows of the item's Q buffer and one
+  // thread stores them with TMA (epilogue.cuh stage_fwd_rows_sw128); the buffer is released once the
+  // store has read it: with two buffers after the warpgroup's first S of its next item, with one at
+  // once (the next Q waits for it). kTmaStoreO_ false: every thread stores its fragments from registers.
+  static constexpr bool kStagedO = kTmaStoreO_;
 
   // Named barriers (0 is __syncthreads'): the consumers' turns, one per warpgroup, and the V checkers'
   // vote (the producer warpgroup's warps 1-3).
   static constexpr int kTurnBarrier0 = 1;
   static constexpr int kCheckBarrier = kTurnBarrier0 + kConsumers;
   static constexpr int kCheckThreads = 96;
+  static constexpr int kEpilogueBarrier0 = kCheckBarrier + 1;  // one per consumer warpgroup (staged O)
 
   static_assert(sizeof(Elem) == 2, "the wgmma path takes fp16 or bf16");
   static_assert(kHeadDim % 16 == 0 && kHeadDim <= 256, "head dim: a multiple of 16 up to 256");
   static_assert(kBlockN % 16 == 0 && kBlockN <= 256, "kBlockN: wgmma N of S and a multiple of the P V k-step");
   static_assert(kStages >= 2, "K and V double-buffered at least");
+  static_assert(kQStages == 1 || kQStages == 2, "one or two Q buffers");
   static_assert(kConsumers == 2 || kConsumers == 3, "two or three consumer warpgroups (register budgets above)");
   static_assert(128 * kProducerRegs + kConsumerThreads * kConsumerRegs <= (65536 / kNThreads) / 8 * 8 * kNThreads,
                 "setmaxnreg: the consumers take only what the producer gives up");
@@ -106,22 +121,30 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
 
   extern __shared__ unsigned char smem_raw[];
   const uint32_t smem_base = sw128_aligned_base(smem_raw);
+  constexpr int kQStages = Traits::kQStages;
+  constexpr uint32_t kBar0 = 2 * kQStages;  // the first K/V barrier's slot
   const uint32_t sQ = smem_base;
-  const uint32_t sK = sQ + static_cast<uint32_t>(Traits::kQBytes);
+  const uint32_t sK = sQ + static_cast<uint32_t>(kQStages * Traits::kQBytes);
   const uint32_t sV = sK + kStages * kTileBytes;
-  const uint32_t full_q = sV + kStages * kTileBytes, empty_q = full_q + 8u;
-  const auto full_k = [&](int st) { return full_q + 8u * static_cast<uint32_t>(2 + st); };
-  const auto full_v = [&](int st) { return full_q + 8u * static_cast<uint32_t>(2 + kStages + st); };
-  const auto empty_k = [&](int st) { return full_q + 8u * static_cast<uint32_t>(2 + 2 * kStages + st); };
-  const auto empty_v = [&](int st) { return full_q + 8u * static_cast<uint32_t>(2 + 3 * kStages + st); };
-  const auto v_checked = [&](int st) { return full_q + 8u * static_cast<uint32_t>(2 + 4 * kStages + st); };
-  int* const v_flag = reinterpret_cast<int*>(smem_raw + (full_q + 8u * (2 + 5 * kStages) - smem_u32(smem_raw)));
+  const uint32_t bars = sV + kStages * kTileBytes;
+  const auto full_q = [&](int b) { return bars + 8u * static_cast<uint32_t>(b); };
+  const auto empty_q = [&](int b) { return bars + 8u * static_cast<uint32_t>(kQStages + b); };
+  const auto full_k = [&](int st) { return bars + 8u * (kBar0 + static_cast<uint32_t>(st)); };
+  const auto full_v = [&](int st) { return bars + 8u * (kBar0 + static_cast<uint32_t>(kStages + st)); };
+  const auto empty_k = [&](int st) { return bars + 8u * (kBar0 + static_cast<uint32_t>(2 * kStages + st)); };
+  const auto empty_v = [&](int st) { return bars + 8u * (kBar0 + static_cast<uint32_t>(3 * kStages + st)); };
+  const auto v_checked = [&](int st) { return bars + 8u * (kBar0 + static_cast<uint32_t>(4 * kStages + st)); };
+  int* const v_flag = reinterpret_cast<int*>(smem_raw + (bars + 8u * (kBar0 + 5 * kStages) - smem_u32(smem_raw)));
   // K/V tile g of the block's walk (over all its work items) is in stage g % kStages; its full
   // barriers complete once per use, (g / kStages) & 1 is the parity of use g, and a stage's empty
   // barrier before use g passes on the parity of the previous use (a fresh barrier counts the phase
-  // before its first as complete, so the first kStages waits pass).
+  // before its first as complete, so the first kStages waits pass). Q use u (the block's u-th item
+  // with keys) is in buffer u % kQStages, with the same parity rule.
   const auto stage_off = [&](int g) { return static_cast<uint32_t>(g % kStages) * kTileBytes; };
   const auto use_parity = [&](int g) { return static_cast<uint32_t>((g / kStages) & 1); };
+  const auto q_buf = [&](int u) { return u % kQStages; };
+  const auto q_parity = [&](int u) { return static_cast<uint32_t>((u / kQStages) & 1); };
+  const auto q_off = [&](int u) { return static_cast<uint32_t>(q_buf(u) * Traits::kQBytes); };
 
   const int seqlen_q = static_cast<int>(p.seqlen_q), seqlen_k = static_cast<int>(p.seqlen_k);
   const int head_dim = static_cast<int>(p.head_dim);
@@ -130,8 +153,12 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
       static_cast<uint32_t>((seqlen_q + kBlockM - 1) / kBlockM) * static_cast<uint32_t>(p.heads_q * p.batch);
 
   if (threadIdx.x == 0) {
-    mbarrier_init(full_q, 1);                            // the producer's expect_tx
-    mbarrier_init(empty_q, Traits::kConsumerThreads / 32);  // every consumer warp, after its last S
+#pragma unroll
+    for (int b = 0; b < kQStages; ++b) {
+      mbarrier_init(full_q(b), 1);                            // the producer's expect_tx
+      // every consumer warp after its last S, or (staged O) one thread per warpgroup once O is stored
+      mbarrier_init(empty_q(b), Traits::kStagedO ? Traits::kConsumers : Traits::kConsumerThreads / 32);
+    }
 #pragma unroll
     for (int st = 0; st < kStages; ++st) {
       mbarrier_init(full_k(st), 1);
@@ -148,7 +175,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
   const int wg = warp_uniform_int(static_cast<int>(threadIdx.x) / 128);
   if (wg == 0) {
     setmaxnreg_dec<Traits::kProducerRegs>();
-    // Producer: per work item, Q once the consumers are done with the previous item's, then its K and
+    // Producer: per work item, Q once its buffer's previous item is past its last S, then its K and
     // V tiles, each once its stage is released. It runs ahead into the next item while the consumers
     // finish one (their softmax tail and epilogue overlap the next loads).
     // Warps 1-3 (causal): the V checkers. A crossing tile's check completes its stage's "checked"
@@ -191,13 +218,14 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
         const QueryTileWork w = query_tile_work_at<kBlockM, kIsCausal, Traits::kL2SectionKiB>(p, item);  // tile_scheduler.cuh
         const int n_blocks = mask.template query_tile_keys<kBlockM, kBlockN>(w.m0).tiles;
         if (n_blocks == 0) continue;
-        mbarrier_wait(empty_q, static_cast<uint32_t>((q_uses & 1) ^ 1));
-        ++q_uses;
-        mbarrier_arrive_expect_tx(full_q, static_cast<uint32_t>(Traits::kQBytes));
+        const uint32_t full = full_q(q_buf(q_uses));
+        mbarrier_wait(empty_q(q_buf(q_uses)), q_parity(q_uses) ^ 1u);
+        mbarrier_arrive_expect_tx(full, static_cast<uint32_t>(Traits::kQBytes));
 #pragma unroll
         for (int cb = 0; cb < Traits::kColBlocks; ++cb)
-          tma_load_4d(sQ + static_cast<uint32_t>(cb * kBlockM * kSw128RowBytes), &maps.q, full_q, cb * kSw128BlockCols,
-                      w.m0, w.head, static_cast<int>(w.batch));
+          tma_load_4d(sQ + q_off(q_uses) + static_cast<uint32_t>(cb * kBlockM * kSw128RowBytes), &maps.q, full,
+                      cb * kSw128BlockCols, w.m0, w.head, static_cast<int>(w.batch));
+        ++q_uses;
         for (int j = 0; j < n_blocks; ++j, ++g) {
           const int st = g % kStages;
           // Tile j of K (or V) into stage st of sK (sV), once the stage's previous use is released.
@@ -223,7 +251,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
   const int ct = static_cast<int>(threadIdx.x) - 128;  // consumer thread, [0, kConsumerThreads)
   const int warp = (ct / 32) % 4, lane = ct % 32;
   const int g_row = lane / 4, t = lane % 4;
-  const uint32_t sQ_wg = sQ + static_cast<uint32_t>(cw * Traits::kWgRows * kSw128RowBytes);
+  const uint32_t sQ_wg0 = sQ + static_cast<uint32_t>(cw * Traits::kWgRows * kSw128RowBytes);
 
   // A warp's release of a stage (or of Q), once every lane's wgmma reading it are done.
   const auto release = [&](uint32_t empty_bar) {
@@ -241,6 +269,9 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
 
   int g = 0, q_uses = 0;
   uint32_t cross_phase = 0;  // bit st: parity of stage st's next "checked" completion
+  // Staged O: each warpgroup's first thread issues its stores, and releases the Q buffer of use u - 1
+  // in use u.
+  const auto store_thread = [&] { return threadIdx.x % 128 == 0; };
   for (uint32_t round = 0, item; (item = persistent_item<kIsCausal>(round)) < items; ++round) {
     const QueryTileWork w = query_tile_work_at<kBlockM, kIsCausal, Traits::kL2SectionKiB>(p, item);
     const int m0 = w.m0;
@@ -269,12 +300,14 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
       for (int e = 0; e < 4; ++e) o[j][e] = 0.0f;
     OnlineSoftmax softmax;
 
+    int q_use = -1;
     if (n_blocks > 0) {
       // The first turn is warpgroup 0's: the last warpgroup passes it before its first tile.
       if (!turns_started && cw == Traits::kConsumers - 1) pass_turn();
       turns_started = true;
-      mbarrier_wait(full_q, static_cast<uint32_t>(q_uses & 1));
-      ++q_uses;
+      q_use = q_uses++;
+      const uint32_t sQ_wg = sQ_wg0 + q_off(q_use);
+      mbarrier_wait(full_q(q_buf(q_use)), q_parity(q_use));
       float s[kSTiles][4];
       uint32_t pa[Traits::kPvKSteps][4];  // P_{nb-1} as the A operand of the P V k-steps
       for (int nb = 0; nb < n_blocks; ++nb) {
@@ -288,7 +321,15 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
         // accumulators).
         pass_turn();
         release(empty_k((g0 + nb) % kStages));
-        if (nb == n_blocks - 1) release(empty_q);  // the item's last S: Q may be replaced
+        if constexpr (Traits::kStagedO) {
+          // The previous Q use's O store has long read its buffer: the producer may refill it.
+          if (kQStages == 2 && nb == 0 && q_use > 0 && store_thread()) {
+            bulk_wait_read<0>();
+            mbarrier_arrive(empty_q(q_buf(q_use - 1)));
+          }
+        } else if (nb == n_blocks - 1) {
+          release(empty_q(q_buf(q_use)));  // the item's last S: Q may be replaced
+        }
 
         if (mask.template fwd_tile_needs_mask<kBlockN>(n0, mask.template crosses<kBlockM, kBlockN>(m0, n0)))
           mask.mask_scores(s, n0 + 2 * t, row0);
@@ -323,10 +364,34 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
       const Elem* v = static_cast<const Elem*>(p.v) + w.batch * p.v_batch_stride + w.head_kv * p.v_head_stride;
       add_nonfinite_v<Elem, kOTiles>(o, v, p.v_row_stride, v_nonfinite_from, n_end, row0, mask, head_dim, lane);
     }
-    Elem* out = static_cast<Elem*>(p.out) + w.batch * p.o_batch_stride + w.head * p.o_head_stride;
     float* lse = p.lse + (w.batch * p.heads_q + w.head) * p.seqlen_q;
-    write_fwd_rows<Elem>(o, softmax, mask, row0, t, out, p.o_row_stride, lse, head_dim);
+    if (Traits::kStagedO && q_use >= 0) {
+      // O / l into this warpgroup's rows of the item's Q buffer, once all its warps are past their S
+      // GEMMs (the rows' last readers), then one TMA store per 64-column block.
+      constexpr uint32_t kBlockBytes = static_cast<uint32_t>(kBlockM * kSw128RowBytes);
+      const uint32_t tile = sQ_wg0 + q_off(q_use);
+      named_barrier_sync(Traits::kEpilogueBarrier0 + cw, 128);
+      stage_fwd_rows_sw128<Elem>(o, softmax, mask, row0, t, tile, kBlockBytes, warp * 16 + g_row, lse);
+      fence_proxy_async_smem();
+      named_barrier_sync(Traits::kEpilogueBarrier0 + cw, 128);
+      if (store_thread()) {
+#pragma unroll
+        for (int cb = 0; cb < Traits::kColBlocks; ++cb)
+          tma_store_4d(&maps.o, tile + cb * kBlockBytes, cb * kSw128BlockCols, m0 + cw * Traits::kWgRows, w.head,
+                       static_cast<int>(w.batch));
+        bulk_commit_group();
+        if constexpr (kQStages == 1) {
+          bulk_wait_read<0>();
+          mbarrier_arrive(empty_q(0));
+        }
+      }
+    } else {
+      Elem* out = static_cast<Elem*>(p.out) + w.batch * p.o_batch_stride + w.head * p.o_head_stride;
+      write_fwd_rows<Elem>(o, softmax, mask, row0, t, out, p.o_row_stride, lse, head_dim);
+    }
   }
+  // The last O stores: complete before the block's shared memory goes.
+  if (Traits::kStagedO && store_thread()) bulk_wait<0>();
   // The last warpgroup's last pass has no taker: warpgroup 0 takes it, so that no arrival is left pending
   // on a barrier at exit.
   if (turns_started && cw == 0) take_turn();
