@@ -9,7 +9,9 @@
 //   --set race: a smaller set for racecheck (every specialised head dim and one padded, short seqlens
 //   that still span several key tiles).
 // --no-poison: outputs are not NaN-filled before the kernels run (debug.poisonOutputs), so under
-//   initcheck an element that a kernel did not write is an uninitialised read when it is copied back.
+//   initcheck an element that a kernel did not write is an uninitialised read when it is copied back
+//   (for kernels that write with ordinary stores: initcheck does not record TMA stores, so the Hopper
+//   forward's out is reported too; scripts/gpu-sanitize.sh keeps the poison).
 // --list: prints the cases and exits.
 // Each forward case runs kernel 'flash' and kernel 'naive' on the same inputs and checks loosely that
 // they agree (proof that the kernel ran and wrote its rows; the accuracy rule is in
@@ -46,7 +48,10 @@ const FULL = [
   [2, 1100, 1100, 8, 2, 80, false, 'bfloat16'], // padded head dim 80: the warp-specialized d96 kernel, 144 items
   [1, 4100, 4097, 2, 1, 128, true, 'bfloat16'], // causal from 4k: the warp-specialized kernel on Hopper
   [3, 1100, 1100, 8, 2, 64, false, 'float16'], // Hopper: the warp-specialized d64 kernel (three consumers), 144 items
-  [1, 4100, 4097, 2, 1, 64, true, 'bfloat16'], // causal d64 from 4k: the warp-specialized kernel on Hopper
+  [1, 8200, 8193, 1, 1, 64, true, 'bfloat16'], // causal d64 from 8k: the warp-specialized kernel on Hopper
+  [1, 8200, 8193, 1, 1, 80, true, 'float16'], // causal padded head dim 80 from 8k: the warp-specialized d96 kernel
+  [1, 4100, 4097, 1, 1, 160, true, 'bfloat16'], // causal padded head dim 160 from 4k: the warp-specialized d192 kernel
+  [1, 2100, 2049, 2, 1, 256, true, 'float16'], // causal d256 from 2k: the warp-specialized kernel on Hopper
 ];
 
 const RACE = [

@@ -95,15 +95,15 @@ describeEachDevice('kernel choice', (device) => {
 
   if (device === 'cuda' && HOPPER) {
     // The example of lib/attention.ts KernelPlan: non-causal, the warp-specialized forward (a
-    // producer and two consumer warpgroups, 176-key tiles); causal, the forward of two warpgroups; the
-    // Hopper backward's 128-key tile of two warpgroups (flash_configs.h).
+    // producer and two consumer warpgroups, 128-key tiles below 4096 keys); causal, the forward of two
+    // warpgroups; the Hopper backward's 128-key tile of two warpgroups (flash_configs.h).
     test('bfloat16, head dim 128 on Hopper: the plans are the wgmma rows of the tables', () => {
       const [q, k, v, dout] = make('bfloat16', 128);
       const f = flashAttention(q, k, v);
       const c = flashAttention(q, k, v, { causal: true });
       const g = flashAttentionBackward(dout, q, k, v, f.out, f.lse);
       try {
-        expect(f.plan).toEqual({ family: 'sm90-wgmma', headDim: 128, blockM: 128, blockN: 176, warps: 12, stages: 2 });
+        expect(f.plan).toEqual({ family: 'sm90-wgmma', headDim: 128, blockM: 128, blockN: 128, warps: 12, stages: 2 });
         expect(c.plan).toEqual({ family: 'sm90-wgmma', headDim: 128, blockM: 128, blockN: 128, warps: 8, stages: 3 });
         expect(g.plan).toEqual({ family: 'sm90-wgmma', headDim: 128, blockM: 64, blockN: 128, warps: 8, stages: 2 });
       } finally {
@@ -111,11 +111,14 @@ describeEachDevice('kernel choice', (device) => {
       }
     });
 
-    // Causal head dims 64 and 128 from 4096 queries and keys on: the warp-specialized kernel (128-key
-    // tiles, query tiles longest first over all heads; at 64 three consumer warpgroups, 192-row
-    // tiles); below, the two-warpgroup kernel.
+    // Causal calls from a length per head dim on (flash_configs.h fwd_sm90_ws_causal_min_seqlen): the
+    // warp-specialized kernel (query tiles longest first over all heads; at 64 three consumer
+    // warpgroups, 192-row tiles), from 8192 at 64 and 96, 4096 at 128 and 192, 2048 at 256; below,
+    // the two-warpgroup kernel.
     test.each([
-      [128, 4095, 128, 128, 8, 3], [128, 4096, 128, 128, 12, 2], [64, 4095, 128, 64, 8, 3], [64, 4096, 192, 128, 16, 3],
+      [128, 4095, 128, 128, 8, 3], [128, 4096, 128, 128, 12, 2], [64, 8191, 128, 64, 8, 3], [64, 8192, 192, 128, 16, 3],
+      [96, 8191, 128, 128, 8, 3], [96, 8192, 128, 128, 12, 2], [192, 4095, 128, 64, 8, 3], [192, 4096, 128, 96, 12, 2],
+      [256, 2047, 128, 32, 8, 3], [256, 2048, 128, 80, 12, 2],
     ])('bfloat16, causal head dim %d at seqlen %d on Hopper: %d x %d tiles of %d warps', (headDim, seqlen, blockM, blockN, warps, stages) => {
       const [q, k, v, dout] = make('bfloat16', headDim, seqlen);
       const c = flashAttention(q, k, v, { causal: true });
@@ -125,6 +128,19 @@ describeEachDevice('kernel choice', (device) => {
         for (const t of [q, k, v, dout, c.out, c.lse]) t.dispose();
       }
     });
+
+    // Head dims 97-128 without a causal mask from 4096 keys: 176-key tiles (flash_configs.h
+    // kFwdSm90WsLongConfigs); below, 128-key tiles.
+    test.each([[128, 4095, 128], [128, 4096, 176], [112, 4096, 176]])(
+      'bfloat16, head dim %d at seqlen %d on Hopper: the non-causal forward takes %d-key tiles', (headDim, seqlen, blockN) => {
+        const [q, k, v, dout] = make('bfloat16', headDim, seqlen);
+        const f = flashAttention(q, k, v);
+        try {
+          expect(f.plan).toEqual({ family: 'sm90-wgmma', headDim: 128, blockM: 128, blockN, warps: 12, stages: 2 });
+        } finally {
+          for (const t of [q, k, v, dout, f.out, f.lse]) t.dispose();
+        }
+      });
 
     // Head dims 33-64 without a causal mask: the warp-specialized forward of three consumer warpgroups
     // (192 query rows, 128-key tiles, 3 stages); head dims up to 32 the two-warpgroup d32 row.

@@ -49,22 +49,57 @@ inline constexpr FlashConfig kFwdSm90Configs[] = {
 inline constexpr FlashConfig kFwdSm90WsConfigs[] = {
     {64, 192, 128, 16, 3, 1, false},
     {96, 128, 128, 12, 2, 1, false},
-    {128, 128, 176, 12, 2, 1, false},
+    {128, 128, 128, 12, 2, 1, false},
     {192, 128, 112, 12, 2, 1, false},
     {256, 128, 80, 12, 2, 1, false},
 };
-// The same kernel for causal calls with at least kFwdSm90WsCausalMinSeqlen queries and keys (its blocks
-// take the query tiles longest first over all heads); shorter causal calls run kFwdSm90Configs, one
-// block per query tile, which the hardware balances better there. H100, bf16, d128 causal, TFLOP/s at
-// seqlen 512 / 1k / 2k / 4k / 8k / 16k: ws n128 s2 169 / 234 / 311 / 485 / 567 / 609, two warpgroups
-// n128 s3 200 / 297 / 383 / 447 / 499 / 551 (test/native/flash_fwd_check.cu, same run). Causal n176
-// spills 220 bytes. d64 causal (three consumers, n128 s3, queued; 2026-11-27): 170 / 231 / 326 / 367 /
-// 433 at 512-8k, two warpgroups n64 s3 b2 197 / 270 / 331 / 364 / 395.
+// Non-causal calls with at least kFwdSm90WsLongMinSeqlen keys: longer K/V tiles. At d128 176 keys leave
+// room for one Q buffer only (the 128-key row keeps two: the next item's Q lands while one runs, and O
+// is stored through the idle one). H100, bf16, queued, TFLOP/s at 512 / 1k / 2k / 4k / 8k / 16k,
+// 2026-11-27, O stored through TMA (two runs): n128 470 / 530 / 554 / 559 / 570 / 582 and 480 / 529 /
+// 558 / 545 / 591 / 592; n176 396 / 509 / 522 / 542 / 573 / 586 and (O from registers) 424 / 529 / 552 /
+// 565 / 595 / 611 (test/native/flash_fwd_check.cu).
+inline constexpr FlashConfig kFwdSm90WsLongConfigs[] = {
+    {128, 128, 176, 12, 2, 1, false},
+};
+inline constexpr int64_t kFwdSm90WsLongMinSeqlen = 4096;
+// The same kernel for causal calls with at least fwd_sm90_ws_causal_min_seqlen queries and keys (its
+// blocks take the query tiles longest first over all heads); shorter causal calls run kFwdSm90Configs,
+// one block per query tile, which the hardware balances better there. H100, bf16, B*S = 16k, H*D =
+// 2048, queued back to back (test/native/flash_fwd_check.cu), both kernels storing O through TMA,
+// TFLOP/s at seqlen 512 / 1k / 2k / 4k / 8k / 16k, 2026-11-27, two runs (a / b):
+//   d64  ws n128 s3 c3: a 179 / 229 / 313 / 340 / 399 / 427, b 171 / 226 / 309 / 331 / 392 / 421;
+//        two warpgroups n64 s3 b2: a 208 / 280 / 317 / 357 / 357 / 377, b 210 / 264 / 318 / 354 / 363 / 373
+//   d96  ws n128 s2: a 187 / 237 / 295 / 361 / 411 / 448, b 186 / 235 / 294 / 365 / 407 / 443;
+//        two warpgroups n128 s3: a 184 / 271 / 316 / 378 / 387 / 421, b 174 / 266 / 324 / 355 / 393 / 419
+//   d128 ws n128 s2: 202 / 261 / 329 / 441 / 461 / 517; two warpgroups n128 s3: 225 / 317 / 378 / 435 /
+//        463 / 513 (another run; causal n176 spills 220 bytes)
+//   d192 ws n96 s2: a 166 / 233 / 380 / 479 / 545 / 582, b 166 / 235 / 376 / 450 / 526 / 580 (n112: 447-473
+//        at 4k); two warpgroups n64 s3: a 221 / 321 / 382 / 436 / 472 / 524, b 227 / 322 / 377 / 438 / 462 / 515
+//   d256 ws n80 s2: a 155 / 228 / 357 / 488 / 554 / 596, b 153 / 226 / 366 / 478 / 526 / 593 (n64: 357-374
+//        at 2k, 460 at 4k); two warpgroups n32 s3: a 198 / 275 / 329 / 367 / 391 / 434, b 188 / 278 / 323 /
+//        374 / 384 / 430
+// ptxas spills in the causal d192 n96 (32 bytes) and d256 n80 (612) consumers; they win regardless.
 inline constexpr FlashConfig kFwdSm90WsCausalConfigs[] = {
     {64, 192, 128, 16, 3, 1, false},
+    {96, 128, 128, 12, 2, 1, false},
     {128, 128, 128, 12, 2, 1, false},
+    {192, 128, 96, 12, 2, 1, false},
+    {256, 128, 80, 12, 2, 1, false},
 };
-inline constexpr int64_t kFwdSm90WsCausalMinSeqlen = 4096;
+// The shortest sequence (queries and keys) from which a causal call at compiled head dim head_dim runs
+// its row of kFwdSm90WsCausalConfigs (the crossovers measured above).
+constexpr int64_t fwd_sm90_ws_causal_min_seqlen(int head_dim) {
+  switch (head_dim) {
+    case 64:
+    case 96:
+      return 8192;
+    case 256:
+      return 2048;
+    default:
+      return 4096;
+  }
+}
 // Forward, mma.sync on TF32 and 3xTF32 (flash_fwd_fp32.cu): 4 warps of 16 query rows, one K and one
 // V tile (K of the next tile loads during P V).
 inline constexpr FlashConfig kFwdFp32Tf32Configs[] = {
@@ -158,13 +193,21 @@ constexpr FlashConfig fwd_sm90_config(int head_dim, bool causal) {
 }
 // Whether a causal call at compiled head dim head_dim runs the warp-specialized kernel's causal row.
 constexpr bool fwd_sm90_ws_causal(int head_dim, int64_t seqlen_q, int64_t seqlen_k) {
-  return config_for(kFwdSm90WsCausalConfigs, head_dim).head_dim != 0 && seqlen_q >= kFwdSm90WsCausalMinSeqlen &&
-         seqlen_k >= kFwdSm90WsCausalMinSeqlen;
+  const int64_t min_seqlen = fwd_sm90_ws_causal_min_seqlen(head_dim);
+  return config_for(kFwdSm90WsCausalConfigs, head_dim).head_dim != 0 && seqlen_q >= min_seqlen &&
+         seqlen_k >= min_seqlen;
+}
+// Whether a non-causal call at compiled head dim head_dim runs the row of kFwdSm90WsLongConfigs.
+constexpr bool fwd_sm90_ws_long(int head_dim, int64_t seqlen_k) {
+  return config_for(kFwdSm90WsLongConfigs, head_dim).head_dim != 0 && seqlen_k >= kFwdSm90WsLongMinSeqlen;
 }
 // The Hopper forward's row for call p at compiled head dim head_dim (what the launcher runs).
 constexpr FlashConfig fwd_sm90_config(int head_dim, const AttentionFwdParams& p) {
-  return p.causal && fwd_sm90_ws_causal(head_dim, p.seqlen_q, p.seqlen_k) ? config_for(kFwdSm90WsCausalConfigs, head_dim)
-                                                                           : fwd_sm90_config(head_dim, p.causal);
+  if (p.causal)
+    return fwd_sm90_ws_causal(head_dim, p.seqlen_q, p.seqlen_k) ? config_for(kFwdSm90WsCausalConfigs, head_dim)
+                                                                : fwd_sm90_config(head_dim, true);
+  return fwd_sm90_ws_long(head_dim, p.seqlen_k) ? config_for(kFwdSm90WsLongConfigs, head_dim)
+                                                : fwd_sm90_config(head_dim, false);
 }
 constexpr FlashConfig fwd_fp32_config(Fp32Precision precision, int head_dim) {
   return precision == Fp32Precision::kHighest ? config_for(kFwdFp32HighestConfigs, head_dim)

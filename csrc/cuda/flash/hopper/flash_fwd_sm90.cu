@@ -24,14 +24,16 @@
 // Without the intra-warpgroup overlap and with cp.async loads d128 ran at 344 / 370 | 287 / 342.
 // The warp-specialized kernel (flash_fwd_sm90_ws_kernel.cuh; H100, bf16, same shapes, median of 20,
 // TFLOP/s at 512 / 1k / 2k / 8k, each beside the n128 w2 s3 row in the same run):
-//   d128 non-causal, ws n176 s2: 420 / 531 / 598 / 661   <- shipped (kFwdSm90WsConfigs)
+//   d128 non-causal, ws n176 s2: 420 / 531 / 598 / 661   <- from 4k keys (kFwdSm90WsLongConfigs; below, n128 s2
+//                    with two Q buffers and O stored through TMA: flash_configs.h)
 //                    ws n128 s2: 425 / 523 / 585 / 633;  ws n128 s3: 394 / 512 / 579 / 635
 //                 n128 w2 s3 b1: 341 / 432 / 490 / 553
 //   d128 causal,     ws n128 s2, 32 MiB L2 sections: 200 / 279 / 362 / 459 (ws n176 s2: 149 / 241 / 324 / 455)
 //                 n128 w2 s3 b1: 201 / 296 / 382 / 500   <- shipped below 4k: the persistent kernel's
 //     static walk loses the balance of the hardware's block scheduler on short sequences.
 //     At 512 / 1k / 2k / 4k / 8k / 16k (another run): ws n128 s2 walking all heads longest first
-//     169 / 234 / 311 / 485 / 567 / 609   <- shipped from 4k (kFwdSm90WsCausalConfigs)
+//     169 / 234 / 311 / 485 / 567 / 609   <- from 4k (kFwdSm90WsCausalConfigs; the causal crossovers of
+//     every head dim, with O stored through TMA, are in flash_configs.h)
 //                 n128 w2 s3 b1: 200 / 297 / 383 / 447 / 499 / 551
 //   d64 non-causal,  ws n192 s2: 301 / 352 / 410 / 449;  ws n128 s2: 320 / 374 / 398 / 417
 //                 n64 w2 s3 b2: 317 / 372 / 402 / 428
@@ -45,28 +47,40 @@
 //     consumers one softmax hides behind the other warpgroup's GEMMs at best; with three the tensor
 //     cores have two other warpgroups' GEMMs to run during each softmax.
 //   d64 causal,      ws n128 s3 c3: 170 / 231 / 326 / 367 / 433 at 512-8k;  n64 w2 s3 b2: 197 / 270 / 331 /
-//     364 / 395   <- the ws kernel from 4k (kFwdSm90WsCausalConfigs), as at d128
+//     364 / 395
 //   d96 non-causal (queued, 2026-11-27, at 512 / 1k / 2k / 4k / 8k / 16k):
 //                    ws n128 s2: 383 / 462 / 507 / 501 / 491 / 508   <- shipped (kFwdSm90WsConfigs)
 //                    ws n176 s2: 380 / 454 / 505 / 481 / 506 / 519;  ws n192 s2: 361 / 427 / 494 / 524 / 516 / 515
 //                 n128 w2 s3 b1: 291 / 373 / 425 / 444 / 445 / 460
 //   d96 causal,      ws n128 s2: 166 / 227 / 280 / 375 / 425 / 459;  n128 w2 s3 b1: 171 / 256 / 329 / 388 / 408 /
-//     428 <- shipped (the ws kernel would win from 8k only)
+//     428
 //   d192 non-causal, ws n112 s2: 416 / 530 / 629 / 713   <- shipped (kFwdSm90WsConfigs)
 //                    ws n96 s2:  395 / 541 / 616 / 695
 //                 n64 w2 s3 b1: 325 / 433 / 507 / 573
-//   d192 causal,     ws n96 s2:  190 / 298 / 428 / 574;  n64 w2 s3 b1: 206 / 301 / 383 / 498 <- shipped
-//     (the ws kernel wins from 2k on; the planner's row does not depend on the sequence length yet)
+//   d192 causal,     ws n96 s2:  190 / 298 / 428 / 574;  n64 w2 s3 b1: 206 / 301 / 383 / 498
 //   d256 non-causal, ws n80 s2:  396 / 543 / 630 / 711   <- shipped (kFwdSm90WsConfigs)
 //                    ws n64 s2:  418 / 529 / 605 / 662
 //                 n32 w2 s3 b1: 295 / 365 / 408 / 451
-//   d256 causal,     ws n80 s2:  145 / 237 / 319 / 412 (spills 468 bytes); n32 w2 s3 b1: 185 / 257 / 313 / 396 <- shipped
+//   d256 causal,     ws n80 s2:  145 / 237 / 319 / 412 (spills 468 bytes); n32 w2 s3 b1: 185 / 257 / 313 / 396
+// The epilogue stores O through TMA (each warpgroup stages its rows in its part of the Q tile; the
+// warp-specialized kernel keeps two Q buffers where they fit and frees one only once its store has
+// read it). Against every thread storing its fragments from registers, queued, H100, bf16,
+// 2026-11-27, TFLOP/s at 512 / 1k / 2k (from 4k the difference is within the run-to-run spread):
+//   ws d128 n128 s2 non-causal: 470 / 530 / 554 (registers: one Q buffer 378 / 470 / 521, two 386 / 505 / 531)
+//   ws d128 n176 s2 non-causal: 396 / 509 / 522 (registers 369 / 483 / 514)
+//   ws d64 n128 s3 c3 non-causal: 350 / 380 / 417 (registers: one Q buffer 275 / 363 / 417, two 300 / 362 / 417)
+//   ws d96 n128 s2 non-causal: 401 / 389 / 439 (registers: one Q buffer 309 / 402 / 422)
+//   ws d192 n112 s2 non-causal: 420 / 540 / 593 (registers 333 / 503 / 549); d256 n80: 443 / 568 / 586 (343 /
+//     473 / 604)
+//   n128 w2 s3 d128 causal: 225 / 317 / 378 (registers 197 / 284 / 344); n64 w2 s3 d192 causal: 221 / 321 /
+//     382 (201 / 291 / 358)
 // ptxas -v (CUDA 13.0, sm_90a; fp16 = bf16; non-causal / causal registers), 0 spills, shared memory
 // Q + 3 stages of K and V + barriers:
 //   d32 90, d64 106/109 (2 blocks per SM: launch bound 128; 65 KiB smem each), d96 189/175, d128 186/195 (224 KiB smem),
 //   d192 170/213, d256 182/215. Warp-specialized (setmaxnreg: producer 40, consumers 232): no spills
-//   at d128 n176, d192 n112 and d256 n80 non-causal; causal d128 n176 spills 220 bytes, d192 n112 412,
-//   d256 n80 468 (d192 n96 none).
+//   at d128 n176, d192 n112 and d256 n80 non-causal; causal d128 n176 spills 244 bytes, d192 n112 532,
+//   d256 n80 612, d192 n96 32 (O stored through TMA; with fragments stored from registers 220, 412, 468
+//   and none).
 #include "cuda/flash/hopper/flash_fwd_sm90.h"
 
 #include <cuda_bf16.h>
@@ -81,10 +95,20 @@ namespace fa::cuda {
 namespace {
 
 // Per head dim, the row of flash::kFwdSm90Configs or, for the non-causal calls of the head dims it
-// has, of flash::kFwdSm90WsConfigs; causal calls from flash::kFwdSm90WsCausalMinSeqlen on, the row of
-// flash::kFwdSm90WsCausalConfigs (flash_configs.h fwd_sm90_config).
+// has, of flash::kFwdSm90WsConfigs (from flash::kFwdSm90WsLongMinSeqlen keys, of
+// flash::kFwdSm90WsLongConfigs where it has one); causal calls from
+// flash::fwd_sm90_ws_causal_min_seqlen on, the row of flash::kFwdSm90WsCausalConfigs (flash_configs.h
+// fwd_sm90_config).
 template <typename Elem, int kHeadDim, bool kIsCausal>
 cudaError_t launch(const AttentionFwdParams& p, cudaStream_t stream) {
+  if constexpr (!kIsCausal && flash::config_for(flash::kFwdSm90WsLongConfigs, kHeadDim).head_dim == kHeadDim) {
+    if (flash::fwd_sm90_ws_long(kHeadDim, p.seqlen_k)) {
+      constexpr flash::FlashConfig kL = flash::config_for(flash::kFwdSm90WsLongConfigs, kHeadDim);
+      using Traits = flash::sm90::FlashFwdSm90WsTraits<kHeadDim, kL.block_n, kL.stages, Elem, kL.warps / 4 - 1>;
+      static_assert(flash::row_matches<Traits>(kL), "the row reports the traits' tile");
+      return launch_flash_fwd_sm90_ws<Traits, false>(p, stream);
+    }
+  }
   if constexpr (kIsCausal && flash::config_for(flash::kFwdSm90WsCausalConfigs, kHeadDim).head_dim == kHeadDim) {
     if (flash::fwd_sm90_ws_causal(kHeadDim, p.seqlen_q, p.seqlen_k)) {
       constexpr flash::FlashConfig kW = flash::config_for(flash::kFwdSm90WsCausalConfigs, kHeadDim);
