@@ -6,9 +6,9 @@
  * - wall: milliseconds per step of a loop that synchronises only at its end (what train.js does
  *   between log points);
  * - host: the milliseconds JS spends queuing zeroGrad, forward, backward and the optimizer update;
- * - device: the device time of each of those four, measured by CUDA events while the stream holds a
- *   backlog of work (fills of a 1 GiB tensor) ahead of them, so that host launch gaps do not count:
- *   the step's time when the host is not the bottleneck;
+ * - device: the milliseconds each of those four takes on the device, between CUDA events recorded
+ *   while the stream holds a backlog of work (fills of a 1 GiB tensor) ahead of them, so that host
+ *   launch gaps do not count: what a step costs when the host is not the bottleneck;
  * - calls: every native call a step makes, by name, with its count and host microseconds.
  * `--plain` only runs the warm-up and the steps, for an external profiler (ncu).
  * If wall is close to host, the step is bound by the host; if close to device, by the kernels.
@@ -108,8 +108,8 @@ export async function main(argv: readonly string[]): Promise<void> {
   await synchronize(o.device);
   const wallMs = (performance.now() - t0) / o.steps;
 
-  // The device time of zeroGrad, forward, backward and the update: CUDA events behind a backlog of
-  // 1 GiB fills on the stream (CUDA), or their executor time (CPU).
+  // Device milliseconds of zeroGrad, forward, backward and the update: between CUDA events behind a
+  // backlog of 1 GiB fills on the stream (CUDA), or in the executor (CPU).
   const device = Object.fromEntries(STEP_CALLS.map((s) => [s, [] as number[]])) as Record<StepCall, number[]>;
   const ballast = o.device === 'cuda' ? Tensor.empty([256 * 1024 * 1024], { dtype: 'float32', device: o.device }) : null;
   for (let i = 0; i < o.steps; i += 1) {
