@@ -67,6 +67,31 @@ __device__ __forceinline__ void issue_s_then_pv(float (&s)[Traits::kSTiles][4], 
   fence_operands(s);
 }
 
+// The epilogue of both Hopper forward kernels, per warpgroup: O / l of its 64 query rows (from m0_wg)
+// staged in its rows of a Q tile at `tile` (column blocks Traits::kBlockM rows apart; this thread's
+// rows are tile rows tile_row and tile_row + 8, its columns 2 t of each fragment tile; epilogue.cuh
+// stage_fwd_rows_sw128) once all its warps are past their S GEMMs, the rows' last readers (named
+// barrier `barrier`), then one TMA store per 64-column block from the warpgroup's first thread,
+// committed as a bulk group. Returns true on that thread: it must see the store read the tile
+// (bulk_wait_read) before the tile is written again or the block exits.
+template <typename Traits, typename Mask>
+__device__ __forceinline__ bool store_fwd_rows_tma(const float (&o)[Traits::kOTiles][4], const OnlineSoftmax& softmax,
+                                                   const Mask& mask, int row0, int t, int tile_row, uint32_t tile,
+                                                   int barrier, const CUtensorMap* map, int m0_wg, int head,
+                                                   int batch, float* lse) {
+  constexpr uint32_t kBlockBytes = static_cast<uint32_t>(Traits::kBlockM * kSw128RowBytes);
+  named_barrier_sync(barrier, 128);
+  stage_fwd_rows_sw128<typename Traits::Elem>(o, softmax, mask, row0, t, tile, kBlockBytes, tile_row, lse);
+  fence_proxy_async_smem();
+  named_barrier_sync(barrier, 128);
+  if (threadIdx.x % 128 != 0) return false;
+#pragma unroll
+  for (int cb = 0; cb < Traits::kColBlocks; ++cb)
+    tma_store_4d(map, tile + cb * kBlockBytes, cb * kSw128BlockCols, m0_wg, head, batch);
+  bulk_commit_group();
+  return true;
+}
+
 template <typename Traits, bool kIsCausal>
 __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSm) flash_fwd_sm90_kernel(const __grid_constant__ AttentionFwdParams p,
                                                                             const __grid_constant__ FwdTensorMaps maps) {
@@ -190,21 +215,10 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSm) fl
 
   // Epilogue: O / l and lse (epilogue.cuh). Rows that see no key: O = 0, lse = +inf.
   if constexpr (Traits::kStagedO) {
-    // Through the warpgroup's rows of sQ, once all its warps are past their S GEMMs (the rows' last
-    // readers); the block's shared memory must outlive the store's reads.
-    constexpr uint32_t kBlockBytes = static_cast<uint32_t>(kBlockM * kSw128RowBytes);
-    named_barrier_sync(Traits::kEpilogueBarrier0 + wg, 128);
-    stage_fwd_rows_sw128<Elem>(o, softmax, mask, row0, t, sQ_wg, kBlockBytes, warp * 16 + g, lse);
-    fence_proxy_async_smem();
-    named_barrier_sync(Traits::kEpilogueBarrier0 + wg, 128);
-    if (threadIdx.x % 128 == 0) {
-#pragma unroll
-      for (int cb = 0; cb < Traits::kColBlocks; ++cb)
-        tma_store_4d(&maps.o, sQ_wg + cb * kBlockBytes, cb * kSw128BlockCols, m0 + wg * Traits::kWgRows, head,
-                     static_cast<int>(batch));
-      bulk_commit_group();
+    // Through the warpgroup's rows of sQ; the block's shared memory must outlive the store's reads.
+    if (store_fwd_rows_tma<Traits>(o, softmax, mask, row0, t, warp * 16 + g, sQ_wg, Traits::kEpilogueBarrier0 + wg, &maps.o,
+                                   m0 + wg * Traits::kWgRows, head, static_cast<int>(batch), lse))
       bulk_wait_read<0>();
-    }
   } else {
     write_fwd_rows<Elem>(o, softmax, mask, row0, t, out, p.o_row_stride, lse, head_dim);
   }

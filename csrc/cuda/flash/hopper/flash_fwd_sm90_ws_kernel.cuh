@@ -366,24 +366,14 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
     }
     float* lse = p.lse + (w.batch * p.heads_q + w.head) * p.seqlen_q;
     if (Traits::kStagedO && q_use >= 0) {
-      // O / l into this warpgroup's rows of the item's Q buffer, once all its warps are past their S
-      // GEMMs (the rows' last readers), then one TMA store per 64-column block.
-      constexpr uint32_t kBlockBytes = static_cast<uint32_t>(kBlockM * kSw128RowBytes);
-      const uint32_t tile = sQ_wg0 + q_off(q_use);
-      named_barrier_sync(Traits::kEpilogueBarrier0 + cw, 128);
-      stage_fwd_rows_sw128<Elem>(o, softmax, mask, row0, t, tile, kBlockBytes, warp * 16 + g_row, lse);
-      fence_proxy_async_smem();
-      named_barrier_sync(Traits::kEpilogueBarrier0 + cw, 128);
-      if (store_thread()) {
-#pragma unroll
-        for (int cb = 0; cb < Traits::kColBlocks; ++cb)
-          tma_store_4d(&maps.o, tile + cb * kBlockBytes, cb * kSw128BlockCols, m0 + cw * Traits::kWgRows, w.head,
-                       static_cast<int>(w.batch));
-        bulk_commit_group();
-        if constexpr (kQStages == 1) {
-          bulk_wait_read<0>();
-          mbarrier_arrive(empty_q(0));
-        }
+      // Through this warpgroup's rows of the item's Q buffer (flash_fwd_sm90_kernel.cuh); with one
+      // buffer it is released as soon as the store has read it.
+      if (store_fwd_rows_tma<Traits>(o, softmax, mask, row0, t, warp * 16 + g_row, sQ_wg0 + q_off(q_use),
+                                     Traits::kEpilogueBarrier0 + cw, &maps.o, m0 + cw * Traits::kWgRows, w.head,
+                                     static_cast<int>(w.batch), lse) &&
+          kQStages == 1) {
+        bulk_wait_read<0>();
+        mbarrier_arrive(empty_q(0));
       }
     } else {
       Elem* out = static_cast<Elem*>(p.out) + w.batch * p.o_batch_stride + w.head * p.o_head_stride;
