@@ -94,6 +94,15 @@
 namespace fa::cuda {
 namespace {
 
+// The warp-specialized kernel of a row of flash_configs.h (its tile, warps and stages).
+template <typename Elem, int kHeadDim, bool kIsCausal, int kBlockM, int kBlockN, int kWarps, int kStages>
+cudaError_t launch_ws_row(const AttentionFwdParams& p, cudaStream_t stream) {
+  using Traits = flash::sm90::FlashFwdSm90WsTraits<kHeadDim, kBlockN, kStages, Elem, kWarps / 4 - 1>;
+  static_assert(flash::row_matches<Traits>(flash::FlashConfig{kHeadDim, kBlockM, kBlockN, kWarps, kStages, 1, false}),
+                "the row reports the traits' tile");
+  return launch_flash_fwd_sm90_ws<Traits, kIsCausal>(p, stream);
+}
+
 // Per head dim, the row of flash::kFwdSm90Configs or, for the non-causal calls of the head dims it
 // has, of flash::kFwdSm90WsConfigs (from flash::kFwdSm90WsLongMinSeqlen keys, of
 // flash::kFwdSm90WsLongConfigs where it has one); causal calls from
@@ -102,27 +111,19 @@ namespace {
 template <typename Elem, int kHeadDim, bool kIsCausal>
 cudaError_t launch(const AttentionFwdParams& p, cudaStream_t stream) {
   if constexpr (!kIsCausal && flash::config_for(flash::kFwdSm90WsLongConfigs, kHeadDim).head_dim == kHeadDim) {
-    if (flash::fwd_sm90_ws_long(kHeadDim, p.seqlen_k)) {
-      constexpr flash::FlashConfig kL = flash::config_for(flash::kFwdSm90WsLongConfigs, kHeadDim);
-      using Traits = flash::sm90::FlashFwdSm90WsTraits<kHeadDim, kL.block_n, kL.stages, Elem, kL.warps / 4 - 1>;
-      static_assert(flash::row_matches<Traits>(kL), "the row reports the traits' tile");
-      return launch_flash_fwd_sm90_ws<Traits, false>(p, stream);
-    }
+    constexpr flash::FlashConfig kL = flash::config_for(flash::kFwdSm90WsLongConfigs, kHeadDim);
+    if (flash::fwd_sm90_ws_long(kHeadDim, p.seqlen_k))
+      return launch_ws_row<Elem, kHeadDim, false, kL.block_m, kL.block_n, kL.warps, kL.stages>(p, stream);
   }
   if constexpr (kIsCausal && flash::config_for(flash::kFwdSm90WsCausalConfigs, kHeadDim).head_dim == kHeadDim) {
-    if (flash::fwd_sm90_ws_causal(kHeadDim, p.seqlen_q, p.seqlen_k)) {
-      constexpr flash::FlashConfig kW = flash::config_for(flash::kFwdSm90WsCausalConfigs, kHeadDim);
-      using Traits = flash::sm90::FlashFwdSm90WsTraits<kHeadDim, kW.block_n, kW.stages, Elem, kW.warps / 4 - 1>;
-      static_assert(flash::row_matches<Traits>(kW), "the row reports the traits' tile");
-      return launch_flash_fwd_sm90_ws<Traits, true>(p, stream);
-    }
+    constexpr flash::FlashConfig kW = flash::config_for(flash::kFwdSm90WsCausalConfigs, kHeadDim);
+    if (flash::fwd_sm90_ws_causal(kHeadDim, p.seqlen_q, p.seqlen_k))
+      return launch_ws_row<Elem, kHeadDim, true, kW.block_m, kW.block_n, kW.warps, kW.stages>(p, stream);
   }
   constexpr flash::FlashConfig kC = flash::fwd_sm90_config(kHeadDim, kIsCausal);
   static_assert(kC.head_dim == kHeadDim && kC.warps % 4 == 0, "every compiled head dim has a row of warpgroups");
   if constexpr (flash::fwd_sm90_warp_specialized(kHeadDim, kIsCausal)) {
-    using Traits = flash::sm90::FlashFwdSm90WsTraits<kHeadDim, kC.block_n, kC.stages, Elem, kC.warps / 4 - 1>;
-    static_assert(flash::row_matches<Traits>(kC), "the row reports the traits' tile");
-    return launch_flash_fwd_sm90_ws<Traits, kIsCausal>(p, stream);
+    return launch_ws_row<Elem, kHeadDim, kIsCausal, kC.block_m, kC.block_n, kC.warps, kC.stages>(p, stream);
   } else {
     using Traits =
         flash::sm90::FlashFwdSm90Traits<kHeadDim, kC.block_n, kC.warps / 4, kC.stages, Elem, kC.blocks_per_sm>;
