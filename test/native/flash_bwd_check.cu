@@ -54,7 +54,7 @@
 // multiply the P = dS = 0 of hidden pairs by the poisoned operand (0 * NaN = NaN: bug B2,
 // bwd_nonfinite.cuh), so the poison sits next to the hidden pairs of tiles that cross the diagonal (see
 // main). A failing case prints its first violations (element, expected class, value, clean value).
-// Then (unless --no-bench) bf16 timing on the FA2 grid (B*S = 16k, H*D = 2048, S 512 / 1k / 2k / 4k / 8k,
+// Then (unless --no-bench) bf16 timing on the FA2 grid (B*S = 16k, H*D = 2048, S 512 / 1k / 2k / 4k / 8k / 16k,
 // D 64 / 128, causal and not): median of 20 cudaEvent-timed single calls after warm-up, and the median
 // of 5 rounds of 20 calls queued back to back (check_timing.h); TFLOP/s = 2.5 * 4 B H S^2 D / t (halved when causal), FA2's count for
 // the backward. The naive backward (N^2 workspace) is timed at S 512 and 1k only.
@@ -866,7 +866,7 @@ int main(int argc, char** argv) {
     std::printf("\n");
   }
   if (run_bench)
-    for (int64_t seqlen : {512, 1024, 2048, 4096, 8192})
+    for (int64_t seqlen : {512, 1024, 2048, 4096, 8192, 16384})
       for (int64_t d : {64, 96, 128, 192, 256}) {
         if (!listed("FLASH_BWD_CHECK_BENCH_SEQLENS", std::to_string(seqlen)) ||
             !listed("FLASH_BWD_CHECK_BENCH_DIMS", std::to_string(d)))

@@ -117,14 +117,8 @@ cudaError_t launch(const AttentionBwdParams& p, const flash::FlashBwdWorkspace& 
 
 // The preprocess: D = rowsum(dO o O) into d.
 cudaError_t launch_dot_do_o(const AttentionBwdParams& p, float* d, cudaStream_t stream) {
-  const int64_t rows = p.batch * p.heads_q * p.seqlen_q;
-  constexpr int kRowsPerBlock = flash::kAuxThreads / kWarpSize;
-  if (p.dtype == DType::kFloat16) {
-    flash::flash_bwd_dot_do_o_kernel<__half><<<grid_size(rows, kRowsPerBlock), flash::kAuxThreads, 0, stream>>>(p, d);
-  } else {
-    flash::flash_bwd_dot_do_o_kernel<__nv_bfloat16><<<grid_size(rows, kRowsPerBlock), flash::kAuxThreads, 0, stream>>>(p, d);
-  }
-  return cudaGetLastError();
+  return p.dtype == DType::kFloat16 ? flash::launch_flash_bwd_dot_do_o<__half>(p, d, stream)
+                                    : flash::launch_flash_bwd_dot_do_o<__nv_bfloat16>(p, d, stream);
 }
 
 // The two-kernel backward after its workspace (D) exists: preprocess, dK/dV kernel, dQ kernel.

@@ -46,31 +46,55 @@ __device__ __forceinline__ void store_vec_from_float(Elem* dst, const float (&x)
   }
 }
 
-// D[b, h, i] = sum_c dO[b, i, h, c] * O[b, i, h, c] over c < head_dim. One warp per row (b, h, i); lane l
-// takes the 8 columns [8 l, 8 l + 8) (head_dim <= 256 = 32 lanes x 8; 16-byte aligned for every Elem as
-// the launchers require).
+// Lanes per row of the preprocess: head_dim / kAuxVec rounded up to a power of two (1-32), so that a
+// warp takes 32 / that many rows at once. On 64 MiB each of O and dO (B*S = 16k, H*D = 2048; H100,
+// bf16, Nsight Compute, 2026-11-27) one row per warp, the lanes past head_dim / 8 idle, ran 120 us at
+// d64 and 63 us at d128; four rows per warp at d64 run 49 us.
+__host__ __device__ constexpr int dot_do_o_lanes_per_row(int64_t head_dim) {
+  int lanes = 1;
+  while (lanes < kWarpSize && lanes * kAuxVec < head_dim) lanes *= 2;
+  return lanes;
+}
+
+// D[b, h, i] = sum_c dO[b, i, h, c] * O[b, i, h, c] over c < head_dim. A group of `lanes` lanes per row
+// (b, h, i) (dot_do_o_lanes_per_row); lane l of a group takes the 8 columns [8 l, 8 l + 8) (head_dim <=
+// 256 = 32 lanes x 8; 16-byte aligned for every Elem as the launchers require), and the group sums by a
+// butterfly of its own.
 template <typename Elem>
 __global__ void __launch_bounds__(kAuxThreads) flash_bwd_dot_do_o_kernel(const AttentionBwdParams p, float* d_out) {
   const int64_t rows = p.batch * p.heads_q * p.seqlen_q;
+  const int lanes = dot_do_o_lanes_per_row(p.head_dim), rows_per_warp = kWarpSize / lanes;
   const int lane = static_cast<int>(threadIdx.x) % kWarpSize;
   const int64_t warps_per_grid = static_cast<int64_t>(gridDim.x) * (kAuxThreads / kWarpSize);
-  for (int64_t r = blockIdx.x * (kAuxThreads / kWarpSize) + threadIdx.x / kWarpSize; r < rows; r += warps_per_grid) {
-    const int64_t i = r % p.seqlen_q, bh = r / p.seqlen_q;
-    const int64_t h = bh % p.heads_q, b = bh / p.heads_q;
-    const int64_t off = b * p.o_batch_stride + i * p.o_row_stride + h * p.o_head_stride;
-    const int64_t do_off = b * p.do_batch_stride + i * p.do_row_stride + h * p.do_head_stride;
+  const int64_t warp = blockIdx.x * static_cast<int64_t>(kAuxThreads / kWarpSize) + threadIdx.x / kWarpSize;
+  // r0 is the same in every lane of the warp, so that all of them reach the shuffles.
+  for (int64_t r0 = warp * rows_per_warp; r0 < rows; r0 += warps_per_grid * rows_per_warp) {
+    const int64_t r = r0 + lane / lanes;
+    const int col = (lane % lanes) * kAuxVec;
     float acc = 0.0f;
-    const int col = lane * kAuxVec;
-    if (col < p.head_dim) {
+    if (r < rows && col < p.head_dim) {
+      const int64_t i = r % p.seqlen_q, bh = r / p.seqlen_q;
+      const int64_t h = bh % p.heads_q, b = bh / p.heads_q;
+      const int64_t off = b * p.o_batch_stride + i * p.o_row_stride + h * p.o_head_stride;
+      const int64_t do_off = b * p.do_batch_stride + i * p.do_row_stride + h * p.do_head_stride;
       float o[kAuxVec], g[kAuxVec];
       load_vec_as_float(static_cast<const Elem*>(p.out) + off + col, o);
       load_vec_as_float(static_cast<const Elem*>(p.dout) + do_off + col, g);
 #pragma unroll
       for (int e = 0; e < kAuxVec; ++e) acc += o[e] * g[e];
     }
-    acc = warp_sum(acc);
-    if (lane == 0) d_out[r] = acc;  // r = (b * heads_q + h) * seqlen_q + i: the [B, Hq, Sq] layout
+    for (int offset = lanes / 2; offset > 0; offset /= 2) acc += __shfl_xor_sync(0xffffffffu, acc, offset);
+    if (r < rows && lane % lanes == 0) d_out[r] = acc;  // r = (b * heads_q + h) * seqlen_q + i: [B, Hq, Sq]
   }
+}
+
+// Launches the preprocess on `stream`: D of every row into d ([B, Hq, Sq] floats).
+template <typename Elem>
+inline cudaError_t launch_flash_bwd_dot_do_o(const AttentionBwdParams& p, float* d, cudaStream_t stream) {
+  const int64_t rows = p.batch * p.heads_q * p.seqlen_q;
+  const int rows_per_block = kAuxThreads / dot_do_o_lanes_per_row(p.head_dim);
+  flash_bwd_dot_do_o_kernel<Elem><<<grid_size(rows, rows_per_block), kAuxThreads, 0, stream>>>(p, d);
+  return cudaGetLastError();
 }
 
 // dq[b, i, h, c] = scale * sum over the slices s, in order, of accum[s][b, h, i, c] for c < head_dim;

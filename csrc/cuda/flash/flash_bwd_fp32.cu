@@ -118,10 +118,7 @@ cudaError_t launch(const AttentionBwdParams& p, const flash::FlashBwdWorkspace& 
 
 // Everything after the workspace exists and its accumulator is zeroed: preprocess, main kernel, conversion.
 cudaError_t run(const AttentionBwdParams& p, const flash::FlashBwdWorkspace& ws, cudaStream_t stream) {
-  const int64_t rows = p.batch * p.heads_q * p.seqlen_q;
-  constexpr int kRowsPerBlock = flash::kAuxThreads / kWarpSize;
-  flash::flash_bwd_dot_do_o_kernel<float><<<grid_size(rows, kRowsPerBlock), flash::kAuxThreads, 0, stream>>>(p, ws.d);
-  FA_CUDA_TRY(cudaGetLastError());
+  FA_CUDA_TRY(flash::launch_flash_bwd_dot_do_o<float>(p, ws.d, stream));
   return FA_HEADDIM_SWITCH(p.head_dim, kHeadDim, [&] {
     return FA_BOOL_SWITCH(p.causal, kIsCausal, [&] {
       if (p.fp32_precision == Fp32Precision::kHighest)
