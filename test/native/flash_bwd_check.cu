@@ -73,6 +73,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <limits>
+#include <memory>
 #include <random>
 #include <string>
 #include <vector>
@@ -709,29 +710,26 @@ int run_containment_cases(const ContainmentShape& s, int64_t d, DType t, const c
   return failed;
 }
 
-// The bench's inputs for one (seqlen, head dim): B * S = kBenchTokens, H * D = kBenchWidth, bf16, drawn
-// once and shared by every path and both masks (drawing 4 x 33M values on the host per bench call took
-// seconds each, most of the bench's time: runs under a 100 s limit were cut off).
+// The bench's inputs, bf16, drawn once and shared by every cell: every cell has B * S = kBenchTokens
+// and H * D = kBenchWidth, so the same buffers hold each cell's q, k, v, dout and gradients (drawing 4 x
+// 33M values on the host took seconds, per (seqlen, head dim) most of the bench's time: a run of the
+// bench over 512-16k and two head dims took 75 s, H100 host, 2026-11-27). lse holds B * H * S floats
+// for head dims down to 16.
 struct BenchInputs {
-  Case c;
-  int64_t n;
-  Dev q, k, v, dout, out, lse, dq, dk, dv;
-  BenchInputs(int64_t seqlen, int64_t d, std::mt19937_64& rng)
-      : c{kBenchTokens / seqlen, seqlen, seqlen, kBenchWidth / d, kBenchWidth / d, d, false, DType::kBFloat16},
-        n(c.batch * c.sq * c.hq * c.d),
-        q(n * 2), k(n * 2), v(n * 2), dout(n * 2), out(n * 2), lse(c.batch * c.hq * c.sq * 4),
-        dq(n * 2), dk(n * 2), dv(n * 2) {
-    upload(q, c.dtype, random_values(n, c.dtype, kQkMaxMag, rng));
-    upload(k, c.dtype, random_values(n, c.dtype, kQkMaxMag, rng));
-    upload(v, c.dtype, random_values(n, c.dtype, kVMaxMag, rng));
-    upload(dout, c.dtype, random_values(n, c.dtype, kDoutMaxMag, rng));
+  static constexpr int64_t kElems = kBenchTokens * kBenchWidth;
+  Dev q{kElems * 2}, k{kElems * 2}, v{kElems * 2}, dout{kElems * 2}, out{kElems * 2},
+      lse{kBenchTokens * (kBenchWidth / 16) * 4}, dq{kElems * 2}, dk{kElems * 2}, dv{kElems * 2};
+  explicit BenchInputs(std::mt19937_64& rng) {
+    upload(q, DType::kBFloat16, random_values(kElems, DType::kBFloat16, kQkMaxMag, rng));
+    upload(k, DType::kBFloat16, random_values(kElems, DType::kBFloat16, kQkMaxMag, rng));
+    upload(v, DType::kBFloat16, random_values(kElems, DType::kBFloat16, kVMaxMag, rng));
+    upload(dout, DType::kBFloat16, random_values(kElems, DType::kBFloat16, kDoutMaxMag, rng));
   }
 };
 
-void bench(BenchInputs& in, bool causal, const char* name, BwdFn bwd) {
+void bench(BenchInputs& in, int64_t seqlen, int64_t d, bool causal, const char* name, BwdFn bwd) {
   if (!listed("FLASH_BWD_CHECK_BENCH", name)) return;
-  Case c = in.c;
-  c.causal = causal;
+  const Case c{kBenchTokens / seqlen, seqlen, seqlen, kBenchWidth / d, kBenchWidth / d, d, causal, DType::kBFloat16};
   cudaStream_t stream;
   CHECK_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamDefault));
   const auto pfwd = make_params(c, in.q, in.k, in.v, in.out, in.lse);
@@ -865,17 +863,19 @@ int main(int argc, char** argv) {
     if (skipped_cases > 0) std::printf(" (%d cases of paths not in FLASH_BWD_CHECK_PATHS skipped)", skipped_cases);
     std::printf("\n");
   }
+  std::unique_ptr<BenchInputs> in;
   if (run_bench)
     for (int64_t seqlen : {512, 1024, 2048, 4096, 8192, 16384})
       for (int64_t d : {64, 96, 128, 192, 256}) {
         if (!listed("FLASH_BWD_CHECK_BENCH_SEQLENS", std::to_string(seqlen)) ||
             !listed("FLASH_BWD_CHECK_BENCH_DIMS", std::to_string(d)))
           continue;
-        BenchInputs in(seqlen, d, rng);
+        if (!in) in = std::make_unique<BenchInputs>(rng);
         for (bool causal : {false, true}) {
-          for (const Path& path : paths) bench(in, causal, path.name, path.fn);
-          if (prop.major == 9) bench(in, causal, "two-kernel", flash_bwd_two_kernel);
-          if (seqlen <= kNaiveBenchMaxSeqlen) bench(in, causal, "naive-bwd", fa::cuda::naive_attention_bwd);
+          for (const Path& path : paths) bench(*in, seqlen, d, causal, path.name, path.fn);
+          if (prop.major == 9) bench(*in, seqlen, d, causal, "two-kernel", flash_bwd_two_kernel);
+          if (seqlen <= kNaiveBenchMaxSeqlen)
+            bench(*in, seqlen, d, causal, "naive-bwd", fa::cuda::naive_attention_bwd);
         }
       }
   return failed ? 1 : 0;
