@@ -4,10 +4,12 @@
 // row and bounded by the sequence and head_dim:
 //   forward    O / l and lse                      write_fwd_rows
 //              O / l into a swizzled shared tile   stage_fwd_rows_sw128 (a TMA store writes it out)
+//   any        acc * scale into the same tile      stage_rows_sw128 (the warp-specialized backward's
+//                                                  dK / dV)
 //   dQ kernel  dQ * softmax_scale                  store_fragment_row
 // Each thread stores two adjacent columns per fragment tile: one 32-bit store of two 16-bit values, or
 // one float2.
-// The backward's dK / dV stores stay in the three main kernels' own loops. The mma.sync ones run at
+// The backward's dK / dV stores stay in the other main kernels' own loops. The mma.sync ones run at
 // the 255-register cap, and every shared form of that loop (row pointers hoisted, addresses
 // per store, the params by value or by reference) moved ptxas's spills in their main loops both ways
 // (sm_90a, -Xptxas -v): +4 to +44 bytes in eight fp16 / bf16 kernels (d96, d192, d256), -24 to -96
@@ -66,31 +68,46 @@ __device__ __forceinline__ void write_fwd_rows(const float (&o)[kOTiles][4], con
   }
 }
 
+// Row h (0 or 1) of a warp's m16n8-layout accumulator (this thread's columns 2 t of each fragment
+// tile) times `scale`, rounded to Elem, as row r of a shared tile of 64-column blocks with the
+// 128-byte swizzle: block cb at tile + cb * block_bytes (each 1024-aligned), row r at r * 128 bytes,
+// its 16-byte chunk c at (c ^ (r % 8)) * 16, the layout TMA reads a box of 64 columns from. In a warp
+// the 8 rows' chunks differ (c ^ g): the 32-bit stores of one fragment tile fall in 32 different banks.
+template <typename Elem, int kTiles>
+__device__ __forceinline__ void stage_row_sw128(const float (&acc)[kTiles][4], int h, float scale, int t,
+                                                uint32_t tile, uint32_t block_bytes, int r) {
+  constexpr int kChunksPerBlock = 8;  // 16-byte chunks of a 128-byte row: n8 fragment tiles
+  const uint32_t row_addr = tile + static_cast<uint32_t>(r * 128 + 4 * t);
+#pragma unroll
+  for (int j = 0; j < kTiles; ++j) {
+    const uint32_t chunk = static_cast<uint32_t>((j % kChunksPerBlock) ^ (r % 8));
+    st_shared_b32(row_addr + static_cast<uint32_t>(j / kChunksPerBlock) * block_bytes + chunk * 16,
+                  pack2<Elem>(acc[j][2 * h] * scale, acc[j][2 * h + 1] * scale));
+  }
+}
+
+// A warp's 16 accumulator rows times `scale` as rows tile_row .. tile_row + 15 of such a tile (this
+// thread's: tile_row and tile_row + 8). Every row and column of the tile is written; a TMA store clips
+// what lies past the tensor.
+template <typename Elem, int kTiles>
+__device__ __forceinline__ void stage_rows_sw128(const float (&acc)[kTiles][4], float scale, int t, uint32_t tile,
+                                                 uint32_t block_bytes, int tile_row) {
+#pragma unroll
+  for (int h = 0; h < 2; ++h) stage_row_sw128<Elem>(acc, h, scale, t, tile, block_bytes, tile_row + 8 * h);
+}
+
 // write_fwd_rows with O / l staged in shared memory for a TMA store (Hopper): the warp's 16 rows are
-// rows tile_row .. tile_row + 15 (this thread's: tile_row and tile_row + 8) of a tile of 64-column
-// blocks with the 128-byte swizzle, block cb at tile + cb * block_bytes (each 1024-aligned), row r at
-// r * 128 bytes, its 16-byte chunk c at (c ^ (r % 8)) * 16: the layout TMA reads a box of 64 columns
-// from. Every row and column of the tile is written (the store clips what lies past seqlen_q and
-// head_dim); lse as in write_fwd_rows. In a warp the 8 rows' chunks differ (c ^ g): the 32-bit stores of
-// one fragment tile fall in 32 different banks.
+// rows tile_row .. tile_row + 15 of the tile (stage_row_sw128); lse as in write_fwd_rows.
 template <typename Elem, int kOTiles, typename Mask>
 __device__ __forceinline__ void stage_fwd_rows_sw128(const float (&o)[kOTiles][4], const OnlineSoftmax& softmax,
                                                      const Mask& mask, int row0, int t, uint32_t tile,
                                                      uint32_t block_bytes, int tile_row, float* lse) {
-  constexpr int kChunksPerBlock = 8;  // 16-byte chunks of a 128-byte row: n8 fragment tiles
   const bool sees_key[2] = {mask.row_sees_key(row0), mask.row_sees_key(row0 + 8)};
   float inv_l[2], row_lse[2];
   softmax.finish(sees_key, inv_l, row_lse);
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
-    const int r = tile_row + 8 * h;
-    const uint32_t row_addr = tile + static_cast<uint32_t>(r * 128 + 4 * t);
-#pragma unroll
-    for (int j = 0; j < kOTiles; ++j) {
-      const uint32_t chunk = static_cast<uint32_t>((j % kChunksPerBlock) ^ (r % 8));
-      st_shared_b32(row_addr + static_cast<uint32_t>(j / kChunksPerBlock) * block_bytes + chunk * 16,
-                    pack2<Elem>(o[j][2 * h] * inv_l[h], o[j][2 * h + 1] * inv_l[h]));
-    }
+    stage_row_sw128<Elem>(o, h, inv_l[h], t, tile, block_bytes, tile_row + 8 * h);
     if (t == 0 && row0 + 8 * h < mask.seqlen_q) lse[row0 + 8 * h] = row_lse[h];
   }
 }

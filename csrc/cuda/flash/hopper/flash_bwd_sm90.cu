@@ -138,6 +138,11 @@ cudaError_t launch_ws(const AttentionBwdParams& p, const flash::FlashBwdWorkspac
   FA_CUDA_TRY(make_bwd_maps(&maps, p, Traits::kBlockM, Traits::kBlockN));
   FA_CUDA_TRY(make_accum_map(&maps.dq_accum, ws.dq_accum, kHeadDim, ws.dq_rows, p.heads_q, p.batch, ws.splits,
                              ws.split_stride, Traits::kBlockM));
+  const CUtensorMapDataType type = map_type(p);
+  FA_CUDA_TRY(make_map(&maps.dk, type, p.dk, p.head_dim, p.seqlen_k, p.heads_kv, p.batch, p.dk_row_stride,
+                       p.dk_head_stride, p.dk_batch_stride, Traits::kWgKeys));
+  FA_CUDA_TRY(make_map(&maps.dv, type, p.dv, p.head_dim, p.seqlen_k, p.heads_kv, p.batch, p.dv_row_stride,
+                       p.dv_head_stride, p.dv_batch_stride, Traits::kWgKeys));
   const int64_t n_tiles = ceil_div<int64_t>(p.seqlen_k, Traits::kBlockN);
   const int64_t blocks = n_tiles * p.heads_kv * p.batch;
   // Deterministic without a causal mask, where the K/V tiles of a KV head fit on half of the SMs (one

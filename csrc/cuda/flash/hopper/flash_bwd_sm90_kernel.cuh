@@ -51,9 +51,10 @@ namespace fa::cuda::flash::sm90 {
 
 // The tensor maps of one backward call: (head_dim, seqlen, heads, batch) views of q and dout (boxes of
 // 64 columns x kBlockM rows) and of k and v (64 x kBlockN); for the single kernel, the fp32 dQ
-// accumulator (tensor_map.h make_accum_map: boxes of 32 columns x kBlockM rows).
+// accumulator (tensor_map.h make_accum_map: boxes of 32 columns x kBlockM rows); for the
+// warp-specialized kernel, dk and dv (64 columns x a consumer's 64 keys), which it stores through TMA.
 struct BwdTensorMaps {
-  CUtensorMap q, dout, k, v, dq_accum;
+  CUtensorMap q, dout, k, v, dq_accum, dk, dv;
 };
 
 // The dK / dV epilogue of the kernels whose warpgroups hold 64 keys of dK and dV (kKvTiles 8-column
