@@ -354,7 +354,9 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
           __syncwarp();
         }
       }
-      if (lane == 0) bulk_wait<0>();  // the reductions have written the accumulator
+      // No wait for the last reductions to complete: each piece's were waited on until they had read
+      // it, and their writes are visible to the conversion kernel after this grid (the block's exit
+      // no longer waits for the L2's reduction latency).
     } else {
       if (Traits::kIsCausal && iters > 0 && warp >= 2) {
         // Warps 2 and 3, causal: the K tile's rows holding NaN / ±Inf (kKRowFlags) and, if there are
