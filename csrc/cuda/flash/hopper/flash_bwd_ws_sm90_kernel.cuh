@@ -21,7 +21,7 @@
 // step behind (no barrier holds them in lockstep). Then the stage is released and the dQ piece staged
 // for the writer. The producer runs a stage ahead. At the end each consumer stages its dK / dV in a
 // Q / dO stage (free once the last two steps are released) and one of its threads stores them with
-// TMA.
+// TMA, except in the d64 not-causal kernel that is not rotated (kDkDvTma, measured there).
 // Causal: per query head the steps start at the first query tile that sees a key of the tile
 // (mask.cuh first_query_tile), and the tiles that cross the diagonal mask P^T and dS^T per element.
 // Without a causal mask the only hidden pairs are the tails (keys >= seqlen_k, rows >= seqlen_q),
@@ -687,34 +687,44 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
     stage_dq(dq, iters - 1);
   }
 
-  // Epilogue: dK * scale and dV of this consumer's 64 keys (zeros when no query saw the tile) through
-  // TMA, staged in stage cw's Q (dK) and dO (dV) tiles, which hold a 64-row tile of head-dim columns
-  // each. Both stages are free once every consumer thread has released its last two uses: no load
-  // follows them. The store clips the keys past seqlen_k and the columns past head_dim.
-  if (iters > 0) {
-    const int last = iters - 1;
-    mbarrier_wait(empty_q(last % kStages), static_cast<uint32_t>((last / kStages) & 1));
-    if (iters > 1) mbarrier_wait(empty_q((last - 1) % kStages), static_cast<uint32_t>(((last - 1) / kStages) & 1));
-  }
-  static_assert(kStages >= Traits::kConsumers, "a Q / dO stage per consumer for its dK / dV");
-  static_assert(Traits::kQTileBytes == static_cast<size_t>(Traits::kColBlocks) * Traits::kWgKeys * kSw128RowBytes,
-                "a stage's Q tile holds a consumer's dK");
-  constexpr uint32_t kBlockBytes = static_cast<uint32_t>(Traits::kWgKeys * kSw128RowBytes);
-  const uint32_t sdK_wg = sQ + static_cast<uint32_t>(cw * Traits::kQTileBytes);
-  const uint32_t sdV_wg = sdO + static_cast<uint32_t>(cw * Traits::kQTileBytes);
-  stage_rows_sw128<Elem>(dk, p.softmax_scale, t, sdK_wg, kBlockBytes, warp * 16 + g);  // epilogue.cuh
-  stage_rows_sw128<Elem>(dv, 1.0f, t, sdV_wg, kBlockBytes, warp * 16 + g);
-  fence_proxy_async_smem();
-  named_barrier_sync(Traits::kEpilogueBarrier0 + cw, 128);
-  if (threadIdx.x % 128 == 0) {
-    const int key0 = n0 + cw * Traits::kWgKeys, b = static_cast<int>(batch);
-#pragma unroll
-    for (int cb = 0; cb < Traits::kColBlocks; ++cb) {
-      tma_store_4d(&maps.dk, sdK_wg + cb * kBlockBytes, cb * kSw128BlockCols, key0, head_kv, b);
-      tma_store_4d(&maps.dv, sdV_wg + cb * kBlockBytes, cb * kSw128BlockCols, key0, head_kv, b);
+  // Epilogue: dK * scale and dV of this consumer's 64 keys (zeros when no query saw the tile).
+  // Through TMA (kDkDvTma), staged in stage cw's Q (dK) and dO (dV) tiles, which hold a 64-row tile of
+  // head-dim columns each. Both stages are free once every consumer thread has released its last two
+  // uses: no load follows them. The store clips the keys past seqlen_k and the columns past head_dim.
+  // H100, bf16, B * S = 16k, the native check's back-to-back times against register stores: d128
+  // 0.88-0.93x at 512-1k, 0.93-0.97x at 2k, 0.97-0.99x at 8k; d64 causal 0.93 / 0.95 / 0.97-0.99 / 0.98;
+  // d64 not causal, rotated 0.96 at 512 to 1.00 at 8k. The d64 not-causal kernel that is not rotated
+  // took 0.92x at 512 but 1.03x at 2k and 1.05x at 8k: the same instructions in its main loop, scheduled
+  // differently (Nsight Compute at 8k: instruction count -0.1%, cycles +11%), so it stores from registers.
+  constexpr bool kDkDvTma = !(kHeadDim == 64 && !Traits::kIsCausal && !kRotated);
+  if constexpr (!kDkDvTma) {
+    store_dk_dv<Elem>(p, dk, dv, batch, head_kv, n0 + key_row0, t, seqlen_k, head_dim);  // flash_bwd_sm90_kernel.cuh
+  } else {
+    if (iters > 0) {
+      const int last = iters - 1;
+      mbarrier_wait(empty_q(last % kStages), static_cast<uint32_t>((last / kStages) & 1));
+      if (iters > 1) mbarrier_wait(empty_q((last - 1) % kStages), static_cast<uint32_t>(((last - 1) / kStages) & 1));
     }
-    bulk_commit_group();
-    bulk_wait_read<0>();  // the tiles stay until the stores have read them
+    static_assert(kStages >= Traits::kConsumers, "a Q / dO stage per consumer for its dK / dV");
+    static_assert(Traits::kQTileBytes == static_cast<size_t>(Traits::kColBlocks) * Traits::kWgKeys * kSw128RowBytes,
+                  "a stage's Q tile holds a consumer's dK");
+    constexpr uint32_t kBlockBytes = static_cast<uint32_t>(Traits::kWgKeys * kSw128RowBytes);
+    const uint32_t sdK_wg = sQ + static_cast<uint32_t>(cw * Traits::kQTileBytes);
+    const uint32_t sdV_wg = sdO + static_cast<uint32_t>(cw * Traits::kQTileBytes);
+    stage_rows_sw128<Elem>(dk, p.softmax_scale, t, sdK_wg, kBlockBytes, warp * 16 + g);  // epilogue.cuh
+    stage_rows_sw128<Elem>(dv, 1.0f, t, sdV_wg, kBlockBytes, warp * 16 + g);
+    fence_proxy_async_smem();
+    named_barrier_sync(Traits::kEpilogueBarrier0 + cw, 128);
+    if (threadIdx.x % 128 == 0) {
+      const int key0 = n0 + cw * Traits::kWgKeys, b = static_cast<int>(batch);
+#pragma unroll
+      for (int cb = 0; cb < Traits::kColBlocks; ++cb) {
+        tma_store_4d(&maps.dk, sdK_wg + cb * kBlockBytes, cb * kSw128BlockCols, key0, head_kv, b);
+        tma_store_4d(&maps.dv, sdV_wg + cb * kBlockBytes, cb * kSw128BlockCols, key0, head_kv, b);
+      }
+      bulk_commit_group();
+      bulk_wait_read<0>();  // the tiles stay until the stores have read them
+    }
   }
 #else
   __trap();  // only the sm_90a build has this kernel
