@@ -151,12 +151,13 @@ export interface AttentionBackwardOptions extends AttentionOptions {
    *   zero-padded); elsewhere a RangeError says why.
    * - `'auto'` (default): `'two-kernel'` where it exists (float16 and bfloat16 on Hopper), else
    *   `'single-kernel'`; on Hopper `'single-kernel'` also where it is faster, where the single kernel
-   *   is a warp-specialized one: head dims 65–128 from 1024 queries and keys, causal or not,
+   *   is a warp-specialized one: head dims 65–128 from 512 queries and keys, causal or not,
    *   deterministic or not; head dims 33–64 when not deterministic, from 1024 without a causal mask
-   *   and from 4096 causal. On an H100 (bf16, 16k tokens per batch, 2026-11-26/27) the
-   *   warp-specialized kernel ran 1.15 / 1.23 / 1.32× the two kernels' throughput at head dim 128,
-   *   seqlen 1k / 2k / 8k (1.03 / 1.09 / 1.16× causal), and 1.04 / 1.13 / 1.20× at head dim 64 (1.04×
-   *   causal at 4k); the two need no float32 dq accumulator and are deterministic.
+   *   and from 4096 causal. On an H100 (bf16, 16k tokens per batch, 2026-11-27) the
+   *   warp-specialized kernel took 0.86 / 0.82 / 0.79 / 0.78× the two kernels' time at head dim 128,
+   *   seqlen 512 / 1k / 2k / 4k (0.94 / 0.89 / 0.84 / 0.85× causal), and 0.99 / 0.88 / 0.87× at head
+   *   dim 64 from 1k (0.96× causal at 4k); the two need no float32 dq accumulator and are
+   *   deterministic.
    *
    * The result's `algorithm` says which ran. The naive kernel and the CPU backend have one structure
    * each: they accept `'auto'` and `'single-kernel'`.

@@ -140,21 +140,30 @@ inline constexpr FlashConfig kBwdSm90Configs[] = {
 //   2026-11-27, deterministic (a turn per dQ column half, descending when causal), 512 / 1k / 2k: not
 //     causal 0.695 / 1.032 / 1.70 against the two kernels' 0.664 / 1.078 / 1.89; causal 0.572 / 0.733 /
 //     1.066 against 0.545 / 0.752 / 1.186.
+//   2026-11-27, dK / dV through TMA, 512 / 1k / 2k / 4k, two runs: not causal 0.566 / 0.863-0.865 /
+//     1.467-1.481 / 2.72 against 0.654-0.659 / 1.049-1.058 / 1.868-1.889 / 3.48-3.50; causal 0.504-0.508 /
+//     0.665-0.668 / 1.004-1.009 / 1.74-1.80 against 0.534-0.535 / 0.745 / 1.20-1.22 / 2.04-2.08;
+//     deterministic at 512 0.628-0.635, causal 0.531 (the bench's FA2 grid: 0.555 against 0.655 ms).
 inline constexpr FlashConfig kBwdWsSm90Configs[] = {{64, 64, 128, 12, 2, 0, false}, {128, 64, 128, 12, 2, 0, false}};
-inline constexpr int64_t kBwdWsMinSeqlen = 1024;
+inline constexpr int64_t kBwdWsD128MinSeqlen = 512;
 // Head dim 64 (dQ split by keys), queued ms at 512 / 1k / 2k / 8k (H100, bf16, 2026-11-27): not causal
 // 0.866 / 1.242 / 2.026 / 6.908 against the two kernels' 0.793 / 1.286 / 2.284 / 8.301; causal 0.752 /
 // 0.976 / 1.441 / 4.101 against 0.658 / 0.889 / 1.424 / 4.450; another run at 1k / 2k / 4k: causal 0.969 /
 // 1.439 / 2.309 against 0.912 / 1.428 / 2.412. Deterministic (rotated walks) 1.26-1.34x its atomic
-// time, slower than the two kernels (its one chain of two links a K/V tile). 'auto' takes it without a
-// causal mask from kBwdWsMinSeqlen, causal from kBwdWsD64CausalMinSeqlen, never with deterministic.
+// time, slower than the two kernels (its one chain of two links a K/V tile). With dK / dV through TMA
+// where it has them (causal), 512 / 1k / 2k / 4k, two runs: not causal 0.798 / 1.183-1.192 / 1.968-1.978
+// / 3.71-3.75 against 0.739-0.750 / 1.199-1.229 / 2.235-2.251 / 4.25-4.26; causal 0.638 / 0.873-0.880 /
+// 1.350-1.355 / 2.245-2.252 against 0.598 / 0.837-0.853 / 1.345-1.359 / 2.345-2.353. 'auto' takes it
+// without a causal mask from kBwdWsD64MinSeqlen, causal from kBwdWsD64CausalMinSeqlen, never with
+// deterministic.
+inline constexpr int64_t kBwdWsD64MinSeqlen = 1024;
 inline constexpr int64_t kBwdWsD64CausalMinSeqlen = 4096;
 // The shortest sequence (queries and keys) from which 'auto' takes the warp-specialized kernel of a
 // head dim with a row over the two kernels, or 0 where it never does.
 constexpr int64_t bwd_ws_min_seqlen(int head_dim, bool causal, bool deterministic) {
-  if (head_dim != 64) return kBwdWsMinSeqlen;
+  if (head_dim != 64) return kBwdWsD128MinSeqlen;
   if (deterministic) return 0;
-  return causal ? kBwdWsD64CausalMinSeqlen : kBwdWsMinSeqlen;
+  return causal ? kBwdWsD64CausalMinSeqlen : kBwdWsD64MinSeqlen;
 }
 // Its deterministic mode: turn counters per query tile (one per consumer warpgroup's dQ columns).
 inline constexpr int kBwdWsDqTurnsPerTile = 2;
