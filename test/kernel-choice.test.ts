@@ -7,7 +7,7 @@
  * - CUDA (the suites run on sm_80 or newer, with the shared memory of an A100 or H100): 'auto' runs
  *   the FlashAttention-2 forward and backward for float16, bfloat16 and float32 (TF32) at every head
  *   dim (deterministic or not). The backward's algorithm 'auto' resolves to 'two-kernel' on Hopper
- *   for float16 / bfloat16 (every head dim; 'single-kernel' at head dims 65-128 from 1024 queries and
+ *   for float16 / bfloat16 (every head dim; 'single-kernel' at head dims 65-128 from 512 queries and
  *   keys, causal or not, deterministic or not, and at 33-64 when not deterministic from 1024 without a
  *   causal mask and from 4096 causal, where it is the warp-specialized kernel), else to
  *   'single-kernel'; an explicit 'two-kernel' where it does not exist is refused with the reason
