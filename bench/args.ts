@@ -76,6 +76,7 @@ Implementation and timing:
   --kernel auto|flash|naive  flashAttention's kernel option for our rows; default: auto
   --repeats N                timed runs per cell, median reported; default 20 on cuda (at least 20), 3 on cpu
   --warmup N                 untimed runs first; default 5 on cuda, 1 on cpu
+  --warmup-ms N              then untimed runs until N ms have passed since the first; default 100 on cuda, 0 on cpu
   --compare T[,T...]         naive: our S-materialising CUDA kernel (shows the memory wall; OOM is reported);
                              torch: PyTorch SDPA in python3, same cells, same timing (CUDA events)
   --torch-backends B[,B...]  flash|cudnn|efficient|math; default: flash,cudnn,efficient
@@ -120,7 +121,7 @@ const SWITCHES = new Set(['--json', '--csv', '--markdown', '--quiet', '--help', 
 const FLAG_SETTINGS: Readonly<Record<string, keyof GridSettings>> = {
   '--device': 'device', '--dtype': 'dtype', '--seqlen': 'seqlens', '--seqlen-k': 'seqlenK', '--batch': 'batch', '--heads': 'heads',
   '--kv-heads': 'kvHeads', '--head-dim': 'headDims', '--causal': 'causal', '--pass': 'passes', '--kernel': 'kernel',
-  '--repeats': 'repeats', '--warmup': 'warmup', '--compare': 'compare', '--torch-backends': 'torchBackends', '--variants': 'variants',
+  '--repeats': 'repeats', '--warmup': 'warmup', '--warmup-ms': 'warmupMs', '--compare': 'compare', '--torch-backends': 'torchBackends', '--variants': 'variants',
 };
 
 /** Settings whose lists are sets (their order does not change the cells measured). */
@@ -300,6 +301,7 @@ export function parseArgs(argv: readonly string[], defaultDevice: Device = 'cpu'
       }
       case '--repeats': flags.repeats = oneInt(flag, value()); break;
       case '--warmup': flags.warmup = nonNegativeInt(flag, value()); break;
+      case '--warmup-ms': flags.warmupMs = nonNegativeInt(flag, value()); break;
       case '--compare': flags.compare = enumList<CompareTarget>(flag, value(), COMPARE); break;
       case '--torch-backends': flags.torchBackends = enumList<TorchBackend>(flag, value(), TORCH_BACKEND_NAMES); break;
       case '--variants': flags.variants = enumList<BwdVariant>(flag, value(), BWD_VARIANTS); break;
@@ -343,6 +345,7 @@ function resolveSettings(p: Preset | null, flags: Partial<GridSettings>, default
   // A preset made for the other device keeps its problem but takes this device's timing defaults.
   if (flags.repeats === undefined && p && p.device !== device) settings.repeats = deviceDefaults(device).repeats;
   if (flags.warmup === undefined && p && p.device !== device) settings.warmup = deviceDefaults(device).warmup;
+  if (flags.warmupMs === undefined && p && p.device !== device) settings.warmupMs = deviceDefaults(device).warmupMs;
   return settings;
 }
 

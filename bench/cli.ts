@@ -193,7 +193,7 @@ export async function main(argv: string[], io: CliIO = { stdout: process.stdout,
     if (s.device === 'cuda') await emptyCache('cuda');
     const result = await runTorchBaselines(cells, {
       // PyTorch runs on CUDA even beside a CPU run of ours: at least 20 repeats there.
-      backends: s.torchBackends, warmup: s.warmup, repeats: Math.max(s.repeats, MIN_CUDA_REPEATS),
+      backends: s.torchBackends, warmup: s.warmup, warmupMs: s.warmupMs, repeats: Math.max(s.repeats, MIN_CUDA_REPEATS),
       python: o.python ?? undefined,
       onProgress: (d, t) => {
         tp.total(t);

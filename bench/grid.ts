@@ -42,6 +42,11 @@ export interface GridSettings {
   repeats: number;
   /** Untimed runs per cell before the timed ones. */
   warmup: number;
+  /**
+   * Then more untimed runs until this many milliseconds have passed since the warm-up began (0:
+   * none). With five runs alone, short cells read up to 1.9x their time in some runs (H100, 2026-11-27).
+   */
+  warmupMs: number;
   compare: CompareTarget[];
   torchBackends: TorchBackend[];
   /** Extra backward variants reported beside ours (--variants, or a preset's). */

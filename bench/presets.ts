@@ -24,12 +24,12 @@ export interface Preset {
 const FA2_GRID: GridSettings = {
   device: 'cuda', dtype: 'bfloat16', seqlens: [...FA2_SEQLENS], seqlenK: null, batch: null, tokens: 16384,
   heads: null, hidden: 2048, kvHeads: null, headDims: [64, 128], causal: [false, true], passes: ['fwd', 'bwd', 'fwdbwd'],
-  kernel: 'auto', repeats: 20, warmup: 5, compare: [], torchBackends: ['flash', 'cudnn', 'efficient'], variants: [],
+  kernel: 'auto', repeats: 20, warmup: 5, warmupMs: 100, compare: [], torchBackends: ['flash', 'cudnn', 'efficient'], variants: [],
 };
 
 const CPU_SMALL: GridSettings = {
   ...FA2_GRID, device: 'cpu', dtype: 'float32', seqlens: [256, 512, 1024, 2048], batch: 1, heads: 8, headDims: [64],
-  repeats: 3, warmup: 1,
+  repeats: 3, warmup: 1, warmupMs: 0,
 };
 
 /**

@@ -179,7 +179,7 @@ export function headerLines(r: BenchReport): string[] {
   const algorithms = algorithmsRan(r.rows);
   lines.push(
     `${s.dtype} · our kernel ${s.kernel === 'auto' ? `auto -> ${s.kernelResolved}` : s.kernelResolved}` +
-      `${algorithms !== null ? ` (backward auto -> ${algorithms})` : ''} · median of ${s.repeats} after ${s.warmup} warm-up ` +
+      `${algorithms !== null ? ` (backward auto -> ${algorithms})` : ''} · median of ${s.repeats} after ${s.warmup} warm-up${s.warmupMs > 0 ? ` (at least ${s.warmupMs} ms)` : ''} ` +
       `(${s.timing}) · TFLOP/s by FA2's count · ${presetText(s.preset, s.presetOverrides)}`,
   );
   return lines;
@@ -455,7 +455,7 @@ export function formatCsv(r: BenchReport): string {
     ['platform', e.platform], ['cpu', e.cpu], ['cpu_backend_threads', e.cpuBackendThreads],
     ['torch', e.torch?.torch ?? null], ['torch_cuda', e.torch?.cuda ?? null],
     ['torch_cudnn', e.torch?.cudnn ?? null], ['torch_device', e.torch?.device ?? null], ['torch_unavailable', e.torchUnavailable],
-    ['preset', presetText(s.preset, s.presetOverrides).replace(/^preset /, '')], ['kernel', `${s.kernel} -> ${s.kernelResolved}`], ['repeats', s.repeats], ['warmup', s.warmup],
+    ['preset', presetText(s.preset, s.presetOverrides).replace(/^preset /, '')], ['kernel', `${s.kernel} -> ${s.kernelResolved}`], ['repeats', s.repeats], ['warmup', s.warmup], ['warmup_ms', s.warmupMs],
     ['timing', s.timing], ['peak_tflops', s.peakTflops ?? null],
   ];
   const lines = comments.filter(([, v]) => v != null).map(([k, v]) => `# ${k}: ${String(v).replace(/[\r\n]+/g, ' ')}`);

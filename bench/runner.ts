@@ -4,7 +4,8 @@
  *
  * Method, the same for every implementation: inputs random in [-1, 1) (never zeros), made once per
  * shape; one untimed run that measures peak memory above what was live before it (the inputs, and
- * for the backward the forward's out and lse); `warmup` more untimed runs; then `repeats` runs timed by
+ * for the backward the forward's out and lse); `warmup` more untimed runs, and more until `warmupMs`
+ * have passed (in doubling batches, as bench/torch_sdpa.py); then `repeats` runs timed by
  * {@link timeRepeatsOnDevice}: on CUDA queued back to back, each between its own pair of CUDA events,
  * as bench/torch_sdpa.py times SDPA (so neither side counts host work that overlaps the GPU's); on
  * the CPU, host time until each run finished. Median, min and max are reported.
@@ -160,6 +161,20 @@ function randomTensor(shape: number[], dtype: DType, device: Device, seed: numbe
     data[i] = (x >>> 0) / 2147483648 - 1;
   }
   return Tensor.fromFloat32Array(data, shape, { dtype, device });
+}
+
+/**
+ * `count` untimed runs of `run`, then batches of them (1, 2, 4, ... runs, synchronised after each)
+ * until `ms` milliseconds have passed since the first; returns once the device is idle.
+ */
+async function warmUp(device: Device, run: () => void, count: number, ms: number): Promise<void> {
+  const start = performance.now();
+  for (let i = 0; i < count; i++) run();
+  await synchronize(device);
+  for (let batch = 1; performance.now() - start < ms; batch *= 2) {
+    for (let i = 0; i < batch; i++) run();
+    await synchronize(device);
+  }
 }
 
 function median(xs: number[]): number {
@@ -346,8 +361,7 @@ export async function runOurs(cells: readonly BenchCell[], s: GridSettings, peak
             runOnce();
             await synchronize(device);
             const peakBytes = Math.max(0, peakBytesSinceReset(device) - before);
-            for (let i = 0; i < s.warmup; i++) runOnce();
-            await synchronize(device);
+            await warmUp(device, runOnce, s.warmup, s.warmupMs);
             const times = await timeRepeatsOnDevice(device, runOnce, s.repeats);
             const ms = { median: median(times), min: Math.min(...times), max: Math.max(...times) };
             push({ ...measuredRow(cell, impl, device, ran, ms, peakBytes, peak, ranAlgorithm), plan: ranPlan });

@@ -79,6 +79,8 @@ export interface TorchOptions {
   backends: TorchBackend[];
   /** Untimed runs per cell and backend. */
   warmup: number;
+  /** Then untimed runs until this many milliseconds have passed since the first (default 0). */
+  warmupMs?: number;
   /** Timed runs per cell and backend (the caller's default is 20 or more). */
   repeats: number;
   /** Python interpreter; default: env FLASH_ATTN_BENCH_PYTHON, else `python3` on PATH. */
@@ -210,7 +212,7 @@ export async function runTorchBaselines(cells: TorchCell[], opts: TorchOptions):
   const envPython = process.env.FLASH_ATTN_BENCH_PYTHON;
   const python = opts.python ?? (envPython !== undefined && envPython !== '' ? envPython : 'python3');
   const request = JSON.stringify({
-    cells, backends: opts.backends, warmup: opts.warmup, repeats: opts.repeats, seed: opts.seed ?? 0,
+    cells, backends: opts.backends, warmup: opts.warmup, warmupMs: opts.warmupMs ?? 0, repeats: opts.repeats, seed: opts.seed ?? 0,
     allowMaterializedMask: opts.allowMaterializedMask ?? false,
   });
 

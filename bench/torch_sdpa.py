@@ -9,7 +9,8 @@ Request:
               "headsKV": int, "headDim": int, "causal": bool,
               "dtype": "float32" | "float16" | "bfloat16", "pass": "fwd" | "bwd" | "fwdbwd"}],
    "backends": ["flash", "cudnn", "efficient", "math"],   # any non-empty subset, in this order of rows
-   "warmup": int >= 0, "repeats": int >= 1, "seed": int (optional, default 0),
+   "warmup": int >= 0, "warmupMs": int >= 0 (optional, default 0), "repeats": int >= 1,
+   "seed": int (optional, default 0),
    "allowMaterializedMask": bool (optional, default false; see "Causal alignment")}
 
 Answer (exit 0):
@@ -39,7 +40,8 @@ dispatch (torch/nn/attention/bias.py) honours the sdpa_kernel selection and uses
   If the dispatch cannot be predicted (private helpers moved), the cell runs and "mask" is
   "lower_right".
 
-Timing: `warmup` untimed runs, then `repeats` runs each bracketed by CUDA events
+Timing: `warmup` untimed runs, then more in batches of 1, 2, 4, ... (synchronised after each) until
+`warmupMs` milliseconds have passed since the first, then `repeats` runs each bracketed by CUDA events
 (torch.cuda.Event(enable_timing=True)); median, min and max in milliseconds.
   fwd:    out = sdpa(q, k, v) on inputs without requires_grad (inference forward).
   bwd:    the forward is run once per input set with requires_grad inputs; each repeat times
@@ -61,6 +63,7 @@ import re
 import statistics
 import subprocess
 import sys
+import time
 import warnings
 
 BACKENDS = ("flash", "cudnn", "efficient", "math")
@@ -146,6 +149,7 @@ def parse_request(text):
         raise RequestError("allowMaterializedMask must be true or false")
     return {
         "cells": out_cells, "backends": list(backends), "warmup": _int(req, "warmup", "request", 0),
+        "warmupMs": _int(req, "warmupMs", "request", 0) if "warmupMs" in req else 0,
         "repeats": _int(req, "repeats", "request", 1), "seed": seed, "allowMaterializedMask": allow,
     }
 
@@ -320,8 +324,16 @@ class Runner:
                     if reasons and "No available kernel" in msg:
                         msg = one_line("%s (%s)" % (msg, "; ".join(reasons)), 400)
                     return error_row(cell, backend, msg, mask)
+            start = time.perf_counter()
             for i in range(self.req["warmup"]):
                 once(sets[i % nsets])
+            torch.cuda.synchronize()
+            batch = 1
+            while (time.perf_counter() - start) * 1000.0 < self.req["warmupMs"]:
+                for i in range(batch):
+                    once(sets[i % nsets])
+                torch.cuda.synchronize()
+                batch *= 2
             reps = self.req["repeats"]
             starts = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
             ends = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]

@@ -56,23 +56,23 @@ describe('flags', () => {
     expect(c.settings).toMatchObject({
       device: 'cuda', dtype: 'bfloat16', seqlens: [512, 1024, 2048, 4096, 8192, 16384], headDims: [64, 128],
       causal: [false, true], passes: ['fwd', 'bwd', 'fwdbwd'], batch: null, tokens: 16384, heads: null, hidden: 2048,
-      kernel: 'auto', repeats: 20, warmup: 5, compare: [],
+      kernel: 'auto', repeats: 20, warmup: 5, warmupMs: 100, compare: [],
     });
     expect(c.deviceChosen).toBe(false);
     expect(c.output).toEqual({ json: false, csv: false, markdown: false, chart: null, quiet: false, python: null });
-    expect(settings([], 'cpu')).toMatchObject({ device: 'cpu', dtype: 'float32', batch: 1, heads: 8, headDims: [64], repeats: 3, warmup: 1 });
+    expect(settings([], 'cpu')).toMatchObject({ device: 'cpu', dtype: 'float32', batch: 1, heads: 8, headDims: [64], repeats: 3, warmup: 1, warmupMs: 0 });
   });
 
   test('every flag at once', () => {
     const c = run([
       '--device', 'cuda', '--seqlen', '1024,4k', '--seqlen-k', '2048', '--batch', '3', '--heads', '16', '--kv-heads', '4',
       '--head-dim', '128,64', '--dtype', 'fp16', '--causal', 'true', '--pass', 'fwd,bwd', '--kernel', 'naive',
-      '--repeats', '25', '--warmup', '0', '--compare', 'torch,naive', '--torch-backends', 'flash,math', '--json',
+      '--repeats', '25', '--warmup', '0', '--warmup-ms', '40', '--compare', 'torch,naive', '--torch-backends', 'flash,math', '--json',
       '--chart', 'out.svg', '--quiet', '--python', '/opt/py/bin/python3',
     ], 'cpu');
     expect(c.settings).toMatchObject({
       device: 'cuda', seqlens: [1024, 4096], seqlenK: 2048, batch: 3, heads: 16, kvHeads: 4, headDims: [128, 64],
-      dtype: 'float16', causal: [true], passes: ['fwd', 'bwd'], kernel: 'naive', repeats: 25, warmup: 0,
+      dtype: 'float16', causal: [true], passes: ['fwd', 'bwd'], kernel: 'naive', repeats: 25, warmup: 0, warmupMs: 40,
       compare: ['torch', 'naive'], torchBackends: ['flash', 'math'],
     });
     expect(c.output).toEqual({ json: true, csv: false, markdown: false, chart: 'out.svg', quiet: true, python: '/opt/py/bin/python3' });
@@ -105,7 +105,7 @@ describe('flags', () => {
     expect(parseArgs(['--seqlen', '64', '-h'])).toEqual({ kind: 'help' });
     expect(parseArgs(['--list-presets'])).toEqual({ kind: 'list-presets' });
     for (const flag of ['--seqlen', '--seqlen-k', '--batch', '--heads', '--kv-heads', '--head-dim', '--dtype', '--causal', '--pass',
-      '--device', '--kernel', '--repeats', '--warmup', '--json', '--csv', '--markdown', '--chart', '--quiet', '--compare',
+      '--device', '--kernel', '--repeats', '--warmup', '--warmup-ms', '--json', '--csv', '--markdown', '--chart', '--quiet', '--compare',
       '--torch-backends', '--variants', '--python', '--preset', '--list-presets', '--help', '--version']) {
       expect(HELP).toContain(flag);
     }
@@ -170,6 +170,8 @@ describe('flags', () => {
     [['--repeats', '5'], '--repeats: expected at least 20 on cuda (the median of fewer runs is noise) but received 5', 'cuda'],
     [['--warmup', '-1'], '--warmup: expected an integer >= 0 but received "-1"'],
     [['--warmup', 'two'], '--warmup: expected an integer >= 0 but received "two"'],
+    [['--warmup-ms', '-5'], '--warmup-ms: expected an integer >= 0 but received "-5"'],
+    [['--warmup-ms', '0.5'], '--warmup-ms: expected an integer >= 0 but received "0.5"'],
     [['--compare', 'torch,jax'], '--compare: expected naive or torch (comma-separated) but received "torch,jax"'],
     [['--torch-backends', 'sdpa'], '--torch-backends: expected flash, cudnn, efficient or math (comma-separated) but received "sdpa"'],
     [['--variants', 'atomic'], '--variants: expected single-kernel, deterministic or two-kernel (comma-separated) but received "atomic"'],
@@ -287,7 +289,7 @@ describe('presets', () => {
   test('flags override the preset; a CUDA preset on the CPU takes the CPU\'s timing defaults', () => {
     const s = settings(['--seqlen', '4096', '--preset', 'fp32-memory-wall', '--compare', 'torch']);
     expect(s).toMatchObject({ seqlens: [4096], dtype: 'float32', batch: 4, compare: ['torch'] });
-    expect(settings(['--preset', 'fp32-memory-wall', '--device', 'cpu'])).toMatchObject({ device: 'cpu', repeats: 3, warmup: 1, seqlens: [8192] });
+    expect(settings(['--preset', 'fp32-memory-wall', '--device', 'cpu'])).toMatchObject({ device: 'cpu', repeats: 3, warmup: 1, warmupMs: 0, seqlens: [8192] });
   });
 
   test('--list-presets describes every preset', () => {

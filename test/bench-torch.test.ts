@@ -67,7 +67,7 @@ describe('runTorchBaselines with a fake python', () => {
     // What the script received: its own path, and the request as the contract spells it.
     const seen = JSON.parse(fs.readFileSync(record, 'utf8')) as { argv: string[]; request: unknown };
     expect(seen.argv).toEqual([script]);
-    expect(seen.request).toEqual({ cells, backends: ['flash', 'cudnn'], warmup: 2, repeats: 20, seed: 7, allowMaterializedMask: false });
+    expect(seen.request).toEqual({ cells, backends: ['flash', 'cudnn'], warmup: 2, warmupMs: 0, repeats: 20, seed: 7, allowMaterializedMask: false });
   });
 
   test('takes the interpreter from FLASH_ATTN_BENCH_PYTHON when opts.python is not given', async () => {
@@ -214,6 +214,9 @@ describe('bench/torch_sdpa.py with this machine\'s python3', () => {
     const g = run([], JSON.stringify({ cells, backends: ['flash'], warmup: 1, repeats: 0 }));
     expect(g.status).toBe(2);
     expect(JSON.parse(String(g.stdout)).error).toMatch(/repeats must be an integer >= 1/);
+    const w = run([], JSON.stringify({ cells, backends: ['flash'], warmup: 1, warmupMs: -1, repeats: 3 }));
+    expect(w.status).toBe(2);
+    expect(JSON.parse(String(w.stdout)).error).toMatch(/warmupMs must be an integer >= 0 \(got -1\)/);
   });
 
   test('"No available kernel" gets the informative part of PyTorch\'s warnings', () => {
