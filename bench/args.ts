@@ -76,7 +76,7 @@ Implementation and timing:
   --kernel auto|flash|naive  flashAttention's kernel option for our rows; default: auto
   --repeats N                timed runs per cell, median reported; default 20 on cuda (at least 20), 3 on cpu
   --warmup N                 untimed runs first; default 5 on cuda, 1 on cpu
-  --warmup-ms N              then untimed runs until N ms have passed since the first; default 100 on cuda, 0 on cpu
+  --warmup-ms N              then untimed runs until N ms have passed since the first (sustained clocks); default 0
   --compare T[,T...]         naive: our S-materialising CUDA kernel (shows the memory wall; OOM is reported);
                              torch: PyTorch SDPA in python3, same cells, same timing (CUDA events)
   --torch-backends B[,B...]  flash|cudnn|efficient|math; default: flash,cudnn,efficient

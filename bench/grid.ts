@@ -44,7 +44,8 @@ export interface GridSettings {
   warmup: number;
   /**
    * Then more untimed runs until this many milliseconds have passed since the warm-up began (0:
-   * none). With five runs alone, short cells read up to 1.9x their time in some runs (H100, 2026-11-27).
+   * none): the GPU's sustained clocks rather than its burst ones (H100, d128 forward, 2026-11-27:
+   * ours 0.87-0.95x its TFLOP/s after 100 ms, cuDNN 0.85-0.92x, SDPA flash 0.94-1.0x).
    */
   warmupMs: number;
   compare: CompareTarget[];

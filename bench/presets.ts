@@ -24,7 +24,7 @@ export interface Preset {
 const FA2_GRID: GridSettings = {
   device: 'cuda', dtype: 'bfloat16', seqlens: [...FA2_SEQLENS], seqlenK: null, batch: null, tokens: 16384,
   heads: null, hidden: 2048, kvHeads: null, headDims: [64, 128], causal: [false, true], passes: ['fwd', 'bwd', 'fwdbwd'],
-  kernel: 'auto', repeats: 20, warmup: 5, warmupMs: 100, compare: [], torchBackends: ['flash', 'cudnn', 'efficient'], variants: [],
+  kernel: 'auto', repeats: 20, warmup: 5, warmupMs: 0, compare: [], torchBackends: ['flash', 'cudnn', 'efficient'], variants: [],
 };
 
 const CPU_SMALL: GridSettings = {

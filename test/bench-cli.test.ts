@@ -56,7 +56,7 @@ describe('flags', () => {
     expect(c.settings).toMatchObject({
       device: 'cuda', dtype: 'bfloat16', seqlens: [512, 1024, 2048, 4096, 8192, 16384], headDims: [64, 128],
       causal: [false, true], passes: ['fwd', 'bwd', 'fwdbwd'], batch: null, tokens: 16384, heads: null, hidden: 2048,
-      kernel: 'auto', repeats: 20, warmup: 5, warmupMs: 100, compare: [],
+      kernel: 'auto', repeats: 20, warmup: 5, warmupMs: 0, compare: [],
     });
     expect(c.deviceChosen).toBe(false);
     expect(c.output).toEqual({ json: false, csv: false, markdown: false, chart: null, quiet: false, python: null });
