@@ -429,11 +429,13 @@ describeCuda('FlashAttention-2 backward, fp16 and bf16', () => {
     // deterministic: true adds dq's terms in a fixed order: 50 runs bit-identical. On Hopper the single
     // kernel is the warp-specialized one at these head dims (96 padded to 128): one fp32 accumulator,
     // the K/V tiles adding to each query tile in turn (causal: descending from its diagonal tile;
-    // otherwise in the order their rotated walks reach it). Elsewhere the mma.sync kernel keeps one
+    // otherwise in the order their rotated walks reach it; at head dim 64 both consumers' pieces summed
+    // in shared memory first). Elsewhere the mma.sync kernel keeps one
     // accumulator slice per block of a KV head, summed in order; one KV head (B * Hkv = 1) gives the
     // most slices (flash_bwd_check's 'sm80-mma-det' path runs them on Hopper too).
     test.each([
       c([1, 1023, 1023, 2, 1, 64], 'float16', true),
+      c([1, 1100, 1300, 2, 1, 64], 'bfloat16'),
       c([1, 1025, 777, 2, 1, 128], 'bfloat16'),
       c([2, 150, 300, 4, 2, 96], 'float16', true),
     ])("deterministic: true, kernel 'flash', single-kernel and auto algorithm: 50 runs give bit-identical dq, dk, dv within the rule ($name)", async (t) => {

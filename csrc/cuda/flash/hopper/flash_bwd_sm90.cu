@@ -157,7 +157,16 @@ cudaError_t launch_ws(const AttentionBwdParams& p, const flash::FlashBwdWorkspac
     kernel<<<static_cast<unsigned>(blocks), Traits::kNThreads, Traits::kSmemBytes, stream>>>(p, maps, ws);
     return cudaGetLastError();
   };
-  if constexpr (!kIsCausal) {
+  // Head dim 64, deterministic: the consumers sum their dQ pieces (kDqSum), a step one link of each
+  // query tile's chain (measured in the kernel's header).
+  if constexpr (Traits::kDqSplitKeys) {
+    if (p.deterministic) {
+      if constexpr (!kIsCausal) {
+        if (rotated) return launch(flash::sm90::flash_bwd_ws_sm90_kernel<Traits, true, true>);
+      }
+      return launch(flash::sm90::flash_bwd_ws_sm90_kernel<Traits, false, true>);
+    }
+  } else if constexpr (!kIsCausal) {
     if (rotated) return launch(flash::sm90::flash_bwd_ws_sm90_kernel<Traits, true>);
   }
   return launch(flash::sm90::flash_bwd_ws_sm90_kernel<Traits, false>);

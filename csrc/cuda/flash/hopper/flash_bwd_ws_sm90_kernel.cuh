@@ -1,8 +1,8 @@
 // FlashAttention-2 backward, Hopper warp-specialized single kernel (sm_90a): FA3's layout for head dims
 // 64 and 128, causal or not; deterministic mode by ordered dQ reductions. At head dim 64 each consumer
 // computes dQ over its own 64 keys and all 64 columns from its own dS^T (kDqSplitKeys): no dS^T
-// exchange, and both pieces of a step add to the same accumulator columns (deterministic: one turn
-// counter a query tile, consumer 0 then 1 of each K/V tile).
+// exchange, and both pieces of a step add to the same accumulator columns (deterministic: kDqSum, the
+// pieces summed in shared memory and one turn counter a query tile).
 //
 // One thread block per (K/V tile of kBlockN = 128 keys, KV head, batch), as flash_bwd_sm90_kernel.cuh;
 // the loop runs over the query heads of the KV head's group and their 64-row query tiles.
@@ -12,7 +12,7 @@
 // completing the stage's full barrier. Its warp 1 writes dQ: per step and consumer warpgroup, once
 // the warpgroup has staged its dQ piece, one bulk reduction per 32-column block into the fp32
 // accumulator, then it frees the staging piece (deterministic mode: warp 1 consumer 0's pieces and
-// warp 3 consumer 1's, each column half taking its own turns).
+// warp 3 consumer 1's, each column half taking its own turns; kDqSum: warp 1 the summed piece).
 // Warpgroups 1 and 2 are the consumers: warpgroup 1 + w owns keys [64 w, 64 w + 64) of the tile, its
 // dK and dV in registers. Per step: S^T and dP^T (committed separately), P^T while dP^T runs, dV
 // issued, dS^T, dK issued, dS^T into shared memory (double-buffered; full / empty mbarriers of both
@@ -48,6 +48,14 @@
 // 0.928-0.936 / 1.54-1.58 / 5.24-5.25). Causal (queued, 512 / 1k / 2k / 8k): 0.553-0.566 / 0.725-0.734 /
 // 1.078 / 3.21-3.27 ms against the two kernels' 0.547-0.552 / 0.750-0.759 / 1.18 / 3.75-3.77;
 // deterministic with descending turns 1.04-1.11x the atomic time (ascending: 1.35-1.92x).
+// Head dim 64, deterministic (H100, bf16, queued, 512 / 1k / 2k / 4k / 8k / 16k, two runs of two rounds,
+// 2026-11-27): kDqSum takes 0.85-0.89x the time of both pieces reduced in turn (two links a K/V tile in
+// each query tile's chain) without a causal mask and 0.89-0.94x causal: 1.00 / 1.05-1.07 / 1.09-1.10 /
+// 1.09-1.15 / 1.12-1.14 / 1.10-1.12x the atomic kernel's time (before: 1.16-1.31x), causal 1.03-1.06 /
+// 1.02-1.05 / 1.04-1.08 / 1.07-1.10 / 1.09-1.10 / 1.13-1.14x (1.14-1.22x). Summed in the atomic kernel
+// too it cost 3-6% from 4k (the consumers then wait on each other every step; 3-5% faster at 512):
+// kDqSum is deterministic mode's alone, and the other instantiations compile to the PTX they had
+// without it. Summed by the writer warp instead (24 registers, 16 KB a step): 1.2-1.5x the time.
 #pragma once
 #include <cuda_runtime.h>
 
@@ -123,7 +131,7 @@ struct FlashBwdWsSm90Traits {
   static constexpr int kKRowFlags = 2 * kStages;            // [kBlockN / 32]: K rows holding NaN / ±Inf
   static constexpr int kKFlag = kKRowFlags + kBlockN / 32;  // whether sK0 holds the zeroed copy
   static constexpr size_t kFlagBytes = kIsCausal ? 4 * static_cast<size_t>(kKFlag + 2) : 0;
-  static constexpr size_t kBarrierBytes = 8 * (1 + 3 * kStages + 2 * kConsumers + 4 + 1);
+  static constexpr size_t kBarrierBytes = 8 * (1 + 3 * kStages + 2 * kConsumers + 4 + 1 + 2);
   static constexpr size_t kSmemBytes = 2 * kKvTileBytes + 2 * kStages * kQTileBytes + 2 * kDsBytes + kDqStageBytes +
                                        kK0Bytes + kFloatBytes + kFlagBytes + kBarrierBytes + 1024;
   static constexpr int kScanBarrier = 1;   // named barrier of the producer's warps 2 and 3 (the K scan)
@@ -143,7 +151,9 @@ struct FlashBwdWsSm90Traits {
 };
 
 // kRotated (deterministic, not causal): the blocks walk the query tiles rotated (tile_scheduler.cuh).
-template <typename Traits, bool kRotated = false>
+// kDqSum (kDqSplitKeys, deterministic; the launcher's choice): the consumers sum their dQ pieces in
+// shared memory, one reduction a step (see stage_dq).
+template <typename Traits, bool kRotated = false, bool kDqSum = false>
 __global__ void __launch_bounds__(Traits::kNThreads, 1)
     flash_bwd_ws_sm90_kernel(const __grid_constant__ AttentionBwdParams p, const __grid_constant__ BwdTensorMaps maps,
                              const FlashBwdWorkspace ws) {
@@ -182,6 +192,10 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
     return full_kv + 8u * static_cast<uint32_t>(1 + 2 * kStages + 2 * Traits::kConsumers + 4 + st);
   };
   const uint32_t k_scanned = full_kv + 8u * static_cast<uint32_t>(1 + 3 * kStages + 2 * Traits::kConsumers + 4);
+  // kDqSum: dQ buffer b holds consumer 1's piece (consumer 0 then adds its own onto it).
+  const auto staged_dq = [&](int b) {
+    return full_kv + 8u * static_cast<uint32_t>(1 + 3 * kStages + 2 * Traits::kConsumers + 5 + b);
+  };
   const auto smem_ptr = [&](uint32_t addr) { return smem_raw + (addr - smem_u32(smem_raw)); };
   float* sLse2 = reinterpret_cast<float*>(smem_ptr(float_base));
   float* sD = sLse2 + kStages * kBlockM;
@@ -214,6 +228,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
   const int iters = m_count * group;
   // Rotated: each query head's walk starts at the block's rotated_start and wraps around.
   static_assert(!(kRotated && Traits::kIsCausal), "the causal walks are not rotated");
+  static_assert(!kDqSum || Traits::kDqSplitKeys, "the consumers sum their pieces where they share columns");
   const int m_start = kRotated ? rotated_start(n_tile, n_blocks, m_count) : 0;
   // Step it's query head, query tile and first row, and whether the tile crosses the causal diagonal.
   const auto step_head = [&](int it) { return head_kv * group + it / m_count; };
@@ -234,8 +249,10 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
     }
 #pragma unroll
     for (int c = 0; c < Traits::kConsumers; ++c) {
+      // kDqSum: c is the buffer, full once consumer 0 has added its piece.
       mbarrier_init(full_dq(c), 128);  // every thread of consumer c, after its fence
       mbarrier_init(empty_dq(c), 1);   // the writer, once its reductions have read the piece
+      if constexpr (kDqSum) mbarrier_init(staged_dq(c), 128);  // every thread of consumer 1
     }
 #pragma unroll
     for (int b = 0; b < 2; ++b) {
@@ -268,6 +285,13 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
       bulk_commit_group();
       bulk_wait_read<0>();
       mbarrier_arrive(empty_dq(c));
+    };
+    // This K/V tile's turn at step it's query tile (deterministic): rotated, the blocks' order of arrival
+    // there; else its index, or descending its distance from the query tile's last K/V tile.
+    const auto dq_turn_position = [&](int it) {
+      if constexpr (kRotated) return rotated_turn(n_tile, n_blocks, step_m_block(it) - m_begin, m_count);
+      const int last = mask.template query_tile_keys<kBlockM, kBlockN>(step_m0(it)).tiles - 1;
+      return descending ? last - n_tile : n_tile;
     };
     if (warp == 0) {
       // Loads. Stage st's use u = it / kStages: its empty barrier's previous phase (parity of use u - 1;
@@ -340,6 +364,26 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
         }
         mbarrier_arrive(full_q(st));
       }
+    } else if (warp == 1 && kDqSum) {
+      // dQ writer, kDqSum: per step the buffer both consumers have added to (step it's: it % 2),
+      // one bulk reduction per 32-column block, and the buffer is free again once they have read it.
+      // Deterministic: this K/V tile's turn at the query tile (one chain a query tile, one link a K/V
+      // tile), held until the reductions are complete; the other buffer lets the consumers run a step on
+      // while it waits.
+      for (int it = 0; it < iters; ++it) {
+        const int head = step_head(it), m0 = step_m0(it), b = it % 2;
+        mbarrier_wait(full_dq(b), static_cast<uint32_t>((it / 2) & 1));
+        if (lane == 0) {
+          int* const turn = ws.dq_turns + ((batch * p.heads_q + head) * m_blocks + step_m_block(it)) * Traits::kConsumers;
+          if (p.deterministic) ordered_turn_wait(turn, dq_turn_position(it));
+          add_dq_piece(b, m0, head);
+          if (p.deterministic) {
+            bulk_wait<0>();
+            ordered_turn_pass(turn);
+          }
+        }
+        __syncwarp();
+      }
     } else if (warp == 1 && !p.deterministic) {
       // dQ writer: per step, each consumer's piece once staged (its full barrier, parity of use it),
       // added by bulk reductions; the piece is free again once they have read it.
@@ -388,7 +432,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
         }
         mbarrier_arrive(k_scanned);
       }
-      if (p.deterministic && warp % 2 == 1) {
+      if (!kDqSum && p.deterministic && warp % 2 == 1) {
         // Deterministic: a dQ writer per consumer (warp 1: consumer 0's columns, warp 3: consumer 1's),
         // each column half a chain of its own. The K/V tiles of the KV head add to a query tile's half
         // in tile order, descending when causal (tma.cuh ordered turns; the block of the tile before in
@@ -396,25 +440,18 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
         // each reduction completed before the turn passes on. One
         // writer and one turn a step for both halves held the turn from consumer 0's piece to the
         // completion of consumer 1's: 1.13-1.26x the atomic time at d128 without a causal mask (H100).
+        // kDqSplitKeys without kDqSum: both pieces add to the same columns, consumer 0's then 1's, two
+        // links a K/V tile in one chain (1.16-1.29x the atomic time).
         const int c = warp / 2;
         for (int it = 0; it < iters; ++it) {
           const int head = step_head(it), m0 = step_m0(it);
           mbarrier_wait(full_dq(c), static_cast<uint32_t>(it & 1));
           if (lane == 0) {
-            // This tile's turn at the query tile: rotated, the blocks' order of arrival there; else its
-            // index, or descending its distance from the query tile's last K/V tile.
-            int pos;
-            if constexpr (kRotated) {
-              pos = rotated_turn(n_tile, n_blocks, step_m_block(it) - m_begin, m_count);
-            } else {
-              const int last = mask.template query_tile_keys<kBlockM, kBlockN>(m0).tiles - 1;
-              pos = descending ? last - n_tile : n_tile;
-            }
-            // The counter of this query tile's column half (kDqSplitKeys: one counter, both consumers
-            // in turn on the same columns, consumer 0 first).
-            int* const turn = ws.dq_turns + (((batch * p.heads_q + head) * m_blocks + step_m_block(it)) *
-                                                 Traits::kConsumers +
-                                             (Traits::kDqSplitKeys ? 0 : c));
+            const int pos = dq_turn_position(it);
+            // The counter of this query tile's column half (kDqSplitKeys: one counter).
+            int* const turn = ws.dq_turns + ((batch * p.heads_q + head) * m_blocks + step_m_block(it)) *
+                                                Traits::kConsumers +
+                              (Traits::kDqSplitKeys ? 0 : c);
             ordered_turn_wait(turn, Traits::kDqSplitKeys ? Traits::kConsumers * pos + c : pos);
             add_dq_piece(c, m0, head);
             bulk_wait<0>();
@@ -537,8 +574,18 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
       }
     }
     if constexpr (!Traits::kDqSplitKeys) mbarrier_arrive(empty_ds(k % 2));
-    mbarrier_wait(empty_dq(cw), static_cast<uint32_t>((k & 1) ^ 1));
-    uint32_t row_base = sdq_piece(cw) + static_cast<uint32_t>((warp * 16 + g) * kSw128RowBytes + (t % 2) * 8);
+    // kDqSum: step k's buffer k % 2 (use k / 2); consumer 1 stores its piece there once the writer
+    // has read the buffer's previous use, and consumer 0 adds its own onto it (the same fragment
+    // layout: each thread reads back the elements it adds to), so that the writer reduces one piece a
+    // step (a K/V tile one link of a query tile's deterministic chain, not two).
+    const bool add_onto = kDqSum && cw == 0;
+    const int dq_buf = kDqSum ? k % 2 : cw;
+    const uint32_t dq_use = kDqSum ? static_cast<uint32_t>(k / 2) : static_cast<uint32_t>(k);
+    if (add_onto)
+      mbarrier_wait(staged_dq(dq_buf), dq_use & 1u);
+    else
+      mbarrier_wait(empty_dq(dq_buf), (dq_use & 1u) ^ 1u);
+    uint32_t row_base = sdq_piece(dq_buf) + static_cast<uint32_t>((warp * 16 + g) * kSw128RowBytes + (t % 2) * 8);
     uint32_t swz = static_cast<uint32_t>(((t / 2) ^ g) * 16);
     asm volatile("" : "+r"(row_base), "+r"(swz));
 #pragma unroll
@@ -548,11 +595,16 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
         const uint32_t addr = row_base +
                               static_cast<uint32_t>((j / 4) * kBlockM * kSw128RowBytes + 8 * h * kSw128RowBytes) +
                               ((32u * (j % 4)) ^ swz);
-        asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(addr), "f"(dq[j][2 * h]), "f"(dq[j][2 * h + 1])
-                     : "memory");
+        float x = dq[j][2 * h], y = dq[j][2 * h + 1];
+        if (add_onto) {
+          float a, b;
+          asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];\n" : "=f"(a), "=f"(b) : "r"(addr) : "memory");
+          x += a, y += b;
+        }
+        asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(addr), "f"(x), "f"(y) : "memory");
       }
     fence_proxy_async_smem();
-    mbarrier_arrive(full_dq(cw));
+    mbarrier_arrive(kDqSum && cw == 1 ? staged_dq(dq_buf) : full_dq(dq_buf));
   };
 
   const float inv_scale_log2 = 1.0f / p.scale_log2;
