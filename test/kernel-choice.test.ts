@@ -8,8 +8,9 @@
  *   the FlashAttention-2 forward and backward for float16, bfloat16 and float32 (TF32) at every head
  *   dim (deterministic or not). The backward's algorithm 'auto' resolves to 'two-kernel' on Hopper
  *   for float16 / bfloat16 (every head dim; 'single-kernel' at head dims 65-128 from 512 queries and
- *   keys, causal or not, deterministic or not, and at 33-64 when not deterministic from 1024 without a
- *   causal mask and from 4096 causal, where it is the warp-specialized kernel), else to
+ *   keys, causal or not, deterministic or not, and at 33-64 from 1024 without a causal mask (2048
+ *   deterministic) and from 4096 causal (never deterministic), where it is the warp-specialized
+ *   kernel), else to
  *   'single-kernel'; an explicit 'two-kernel' where it does not exist is refused with the reason
  *   (float32 here; the head dims in test/flash-backward.test.ts). 'naive' runs on request. The forward's only refusal ("needs
  *   a GPU of compute capability 8.0 (sm_80) or newer") cannot be reached on the GPUs the suites run on.
@@ -157,9 +158,9 @@ describeEachDevice('kernel choice', (device) => {
 
     // The backward's 'auto': the warp-specialized single kernel (12 warps) at head dims 65-128 (d128)
     // from 512 queries and keys, causal or not, deterministic or not; at 33-64 (d64) from 1024 without
-    // a causal mask and from 4096 causal, not deterministic (flash_configs.h bwd_ws_min_seqlen); the two
-    // kernels below those lengths, at head dim 64 with deterministic, and at head dim 32. The plan names
-    // the kernel.
+    // a causal mask (2048 deterministic) and from 4096 causal, not deterministic (flash_configs.h
+    // bwd_ws_min_seqlen); the two kernels below those lengths, at head dim 64 causal with deterministic,
+    // and at head dim 32. The plan names the kernel.
     const ws = (headDim: number): KernelPlan => ({ family: 'sm90-wgmma', headDim, blockM: 64, blockN: 128, warps: 12, stages: 2 });
     const main = (headDim: number): KernelPlan => ({ family: 'sm90-wgmma', headDim, blockM: 64, blockN: 128, warps: 8, stages: 2 });
     test.each([
@@ -170,7 +171,8 @@ describeEachDevice('kernel choice', (device) => {
       [128, 511, false, true, 'two-kernel', main(128)], [128, 512, false, true, 'single-kernel', ws(128)],
       [64, 1024, false, false, 'single-kernel', ws(64)], [40, 1024, false, false, 'single-kernel', ws(64)],
       [64, 1023, false, false, 'two-kernel', main(64)], [64, 4096, true, false, 'single-kernel', ws(64)],
-      [64, 4095, true, false, 'two-kernel', main(64)], [64, 8192, false, true, 'two-kernel', main(64)],
+      [64, 4095, true, false, 'two-kernel', main(64)], [64, 8192, true, true, 'two-kernel', main(64)],
+      [64, 2048, false, true, 'single-kernel', ws(64)], [64, 2047, false, true, 'two-kernel', main(64)],
       [64, 512, false, false, 'two-kernel', main(64)], [96, 512, false, false, 'single-kernel', ws(128)],
       [80, 512, true, true, 'single-kernel', ws(128)], [96, 511, true, false, 'two-kernel', main(128)],
       [32, 8192, false, false, 'two-kernel', main(32)],

@@ -150,19 +150,26 @@ inline constexpr int64_t kBwdWsD128MinSeqlen = 512;
 // 0.866 / 1.242 / 2.026 / 6.908 against the two kernels' 0.793 / 1.286 / 2.284 / 8.301; causal 0.752 /
 // 0.976 / 1.441 / 4.101 against 0.658 / 0.889 / 1.424 / 4.450; another run at 1k / 2k / 4k: causal 0.969 /
 // 1.439 / 2.309 against 0.912 / 1.428 / 2.412. Deterministic (rotated walks) 1.26-1.34x its atomic
-// time, slower than the two kernels (its one chain of two links a K/V tile). With dK / dV through TMA
+// time with both consumers' dQ pieces reduced in turn (two links a K/V tile in one chain): slower than the
+// two kernels. With dK / dV through TMA
 // where it has them (causal), 512 / 1k / 2k / 4k, two runs: not causal 0.798 / 1.183-1.192 / 1.968-1.978
 // / 3.71-3.75 against 0.739-0.750 / 1.199-1.229 / 2.235-2.251 / 4.25-4.26; causal 0.638 / 0.873-0.880 /
 // 1.350-1.355 / 2.245-2.252 against 0.598 / 0.837-0.853 / 1.345-1.359 / 2.345-2.353. 'auto' takes it
-// without a causal mask from kBwdWsD64MinSeqlen, causal from kBwdWsD64CausalMinSeqlen, never with
-// deterministic.
+// without a causal mask from kBwdWsD64MinSeqlen, causal from kBwdWsD64CausalMinSeqlen.
 inline constexpr int64_t kBwdWsD64MinSeqlen = 1024;
 inline constexpr int64_t kBwdWsD64CausalMinSeqlen = 4096;
+// Deterministic (kDqSum: the consumers' dQ pieces summed in shared memory, one link a K/V tile), queued
+// ms at 1k / 2k / 4k / 8k / 16k (H100, bf16, 2026-11-27, four rounds in two runs): not causal
+// 1.255-1.263 / 2.187-2.200 / 4.156-4.194 / 8.188-8.202 / 15.44-15.52 against the two kernels'
+// 1.193-1.234 / 2.209-2.299 / 4.179-4.306 / 8.159-8.249 / 16.24-16.30; causal 2.41-2.45 / 4.49-4.50 /
+// 8.59-8.63 at 4k / 8k / 16k against 2.34-2.37 / 4.38-4.44 / 8.30-8.35: 'auto' takes it without a
+// causal mask from kBwdWsD64DeterministicMinSeqlen, never causal.
+inline constexpr int64_t kBwdWsD64DeterministicMinSeqlen = 2048;
 // The shortest sequence (queries and keys) from which 'auto' takes the warp-specialized kernel of a
 // head dim with a row over the two kernels, or 0 where it never does.
 constexpr int64_t bwd_ws_min_seqlen(int head_dim, bool causal, bool deterministic) {
   if (head_dim != 64) return kBwdWsD128MinSeqlen;
-  if (deterministic) return 0;
+  if (deterministic) return causal ? 0 : kBwdWsD64DeterministicMinSeqlen;
   return causal ? kBwdWsD64CausalMinSeqlen : kBwdWsD64MinSeqlen;
 }
 // Its deterministic mode: turn counters per query tile (one per consumer warpgroup's dQ columns).
