@@ -370,11 +370,6 @@ int main(int argc, char** argv) {
   const Variant all_variants[] = {
       {"d128n128w2s3", 128, sm90_variant<128, 128, 2, 3>},
       {"d128n128w2s3-d", 128, sm90_variant<128, 128, 2, 3, 1, false>},
-      // Short causal calls: two or three blocks an SM (ptxas, bf16 causal: 114-116 registers, no
-      // spills) so that one block's prologue and epilogue overlap another's loop; 64-key tiles (175).
-      {"d128n32w2s3b2", 128, sm90_variant<128, 32, 2, 3, 2>},
-      {"d128n32w1s3b3", 128, sm90_variant<128, 32, 1, 3, 3>},
-      {"d128n64w2s3", 128, sm90_variant<128, 64, 2, 3>},
       {"ws-d128n128s2", 128, sm90_ws_variant<128, 128, 2>},
       {"ws-d128n128s2-q1", 128, sm90_ws_variant<128, 128, 2, 2, 0, 1>},
       {"ws-d128n128s2-q2d", 128, sm90_ws_variant<128, 128, 2, 2, 0, 2, false>},
