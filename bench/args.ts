@@ -83,7 +83,8 @@ Implementation and timing:
   --variants V[,V...]        extra rows of our backward (bwd and fwdbwd cells; "ours" is algorithm 'auto'):
                              single-kernel: one kernel, dQ by atomic adds (algorithm: 'single-kernel');
                              deterministic: that kernel's deterministic mode (single-kernel, deterministic: true);
-                             two-kernel: a dK/dV kernel, then a dQ kernel (algorithm: 'two-kernel'; Hopper, fp16/bf16)
+                             two-kernel: a dK/dV kernel, then a dQ kernel (algorithm: 'two-kernel'; Hopper, fp16/bf16);
+                             auto-deterministic: 'auto' with deterministic: true (what asking for determinism gets)
   --python PATH              Python with PyTorch for --compare torch; default: $FLASH_ATTN_BENCH_PYTHON, else python3
   --preset NAME              a named run (see --list-presets); flags given beside it override it
 
@@ -102,7 +103,8 @@ on the CPU); TFLOP/s by FlashAttention-2's count (fwd 4·B·H·Sq·Sk·D, halved
 3.5×); % of the GPU's dense peak for the dtype (fp32 against the non-tensor-core fp32 peak); peak memory
 above the inputs during one run. Ratios (ours ÷ other, in TFLOP/s) above 1 mean ours is faster. Backward
 variant ratios are of times: single-kernel ÷ two-kernel above 1 means the two kernels are faster;
-deterministic ÷ single-kernel is what the single kernel's deterministic mode costs.
+deterministic ÷ single-kernel is what the single kernel's deterministic mode costs, deterministic ÷ auto
+what deterministic: true costs 'auto'.
 `;
 
 const DTYPE_ALIASES: Record<string, DType> = {
@@ -113,7 +115,7 @@ const DTYPE_ALIASES: Record<string, DType> = {
 const KERNELS: readonly AttentionKernel[] = ['auto', 'flash', 'naive'];
 const COMPARE: readonly CompareTarget[] = ['naive', 'torch'];
 const TORCH_BACKEND_NAMES: readonly TorchBackend[] = ['flash', 'cudnn', 'efficient', 'math'];
-const BWD_VARIANTS: readonly BwdVariant[] = ['single-kernel', 'deterministic', 'two-kernel'];
+const BWD_VARIANTS: readonly BwdVariant[] = ['single-kernel', 'deterministic', 'two-kernel', 'auto-deterministic'];
 /** Flags that take no value. */
 const SWITCHES = new Set(['--json', '--csv', '--markdown', '--quiet', '--help', '-h', '--version', '-v', '--list-presets']);
 

@@ -12,9 +12,10 @@ export type CompareTarget = 'naive' | 'torch';
 
 /**
  * Backward variants that a preset can ask for beside our default backward ("ours", algorithm
- * 'auto'): single-kernel (atomic dQ), the single kernel's deterministic mode, and two-kernel.
+ * 'auto'): single-kernel (atomic dQ), the single kernel's deterministic mode, two-kernel, and
+ * 'auto' with deterministic: true (what a user who asks for determinism gets).
  */
-export type BwdVariant = 'single-kernel' | 'deterministic' | 'two-kernel';
+export type BwdVariant = 'single-kernel' | 'deterministic' | 'two-kernel' | 'auto-deterministic';
 
 /** Everything that decides which cells run and how they are timed. */
 export interface GridSettings {

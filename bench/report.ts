@@ -282,10 +282,20 @@ function ratioImpls(rows: readonly BenchRow[]): Impl[] {
 const VARIANT_RATIO_TEXT: Readonly<Record<VariantRatio, { column: string; markdown: string; summary: string }>> = {
   'single-kernel/two-kernel': { column: 'single÷two-kernel', markdown: 'single ÷ two-kernel', summary: 'single-kernel ÷ two-kernel backward time' },
   'deterministic/single-kernel': { column: 'determ÷single', markdown: 'deterministic ÷ single', summary: 'deterministic ÷ atomic single-kernel backward time' },
+  'auto-deterministic/auto': { column: 'determ÷auto', markdown: 'deterministic ÷ auto', summary: "'auto' deterministic ÷ 'auto' backward time" },
 };
 
 /** The issue's bar for the single kernel's deterministic mode: at most this many times its atomic mode's time. */
 export const DETERMINISTIC_MAX_RATIO = 1.3;
+/** The bar for 'auto' with deterministic: true: at most this many times the time of 'auto' without it. */
+export const AUTO_DETERMINISTIC_MAX_RATIO = 1.1;
+
+/** Each variant ratio's bar: below `low`, or above `high`, a cell counts as past it. */
+const VARIANT_RATIO_BAR: Readonly<Record<VariantRatio, { low: number } | { high: number }>> = {
+  'single-kernel/two-kernel': { low: 1 },
+  'deterministic/single-kernel': { high: DETERMINISTIC_MAX_RATIO },
+  'auto-deterministic/auto': { high: AUTO_DETERMINISTIC_MAX_RATIO },
+};
 
 /** Variant ratios that some row of ours has, in {@link VARIANT_RATIOS} order. */
 function variantRatiosIn(rows: readonly BenchRow[]): VariantRatio[] {
@@ -344,12 +354,13 @@ export interface VariantRatioSummary {
   max: number;
   /**
    * Id of the worst cell: the lowest single-kernel ÷ two-kernel (where the two kernels gain least),
-   * the highest deterministic ÷ single-kernel.
+   * the highest deterministic ÷ single-kernel or deterministic ÷ auto.
    */
   worst: string;
   /**
    * Cells past the bar: single-kernel ÷ two-kernel below 1 (the two kernels slower), deterministic ÷
-   * single-kernel above {@link DETERMINISTIC_MAX_RATIO}.
+   * single-kernel above {@link DETERMINISTIC_MAX_RATIO}, deterministic ÷ auto above
+   * {@link AUTO_DETERMINISTIC_MAX_RATIO}.
    */
   beyond: number;
 }
@@ -362,7 +373,8 @@ export function variantRatioSummary(rows: readonly BenchRow[]): VariantRatioSumm
       .filter((r) => r.impl === 'ours' && typeof r.variantRatios[ratio] === 'number' && Number.isFinite(r.variantRatios[ratio]) && (r.variantRatios[ratio] as number) > 0)
       .map((r) => ({ id: r.id, ratio: r.variantRatios[ratio] as number }));
     if (pairs.length === 0) continue;
-    const lowIsBad = ratio === 'single-kernel/two-kernel';
+    const bar = VARIANT_RATIO_BAR[ratio];
+    const lowIsBad = 'low' in bar;
     const worst = pairs.reduce((a, b) => ((lowIsBad ? b.ratio < a.ratio : b.ratio > a.ratio) ? b : a));
     out.push({
       ratio,
@@ -371,7 +383,7 @@ export function variantRatioSummary(rows: readonly BenchRow[]): VariantRatioSumm
       min: Math.min(...pairs.map((x) => x.ratio)),
       max: Math.max(...pairs.map((x) => x.ratio)),
       worst: worst.id,
-      beyond: pairs.filter((x) => (lowIsBad ? x.ratio < 1 : x.ratio > DETERMINISTIC_MAX_RATIO)).length,
+      beyond: pairs.filter((x) => ('low' in bar ? x.ratio < bar.low : x.ratio > bar.high)).length,
     });
   }
   return out;
@@ -383,8 +395,9 @@ export function ratioSummaryLines(rows: readonly BenchRow[]): string[] {
     `ours vs ${s.impl.replace(/^torch-/, 'SDPA ')}: geometric mean ${s.geomean.toFixed(2)}x over ${s.cells} cells ` +
     `(range ${s.min.toFixed(2)}-${s.max.toFixed(2)}x, worst ${s.worst}); cells below ${SLOW_CELL_RATIO}x: ${s.slow}`);
   const variants = variantRatioSummary(rows).map((s) => {
-    const lowIsBad = s.ratio === 'single-kernel/two-kernel';
-    const bar = lowIsBad ? 'cells below 1.00x (two kernels slower)' : `cells above ${DETERMINISTIC_MAX_RATIO.toFixed(2)}x`;
+    const limit = VARIANT_RATIO_BAR[s.ratio];
+    const lowIsBad = 'low' in limit;
+    const bar = 'low' in limit ? `cells below ${limit.low.toFixed(2)}x (two kernels slower)` : `cells above ${limit.high.toFixed(2)}x`;
     return `${VARIANT_RATIO_TEXT[s.ratio].summary}: geometric mean ${s.geomean.toFixed(2)}x over ${s.cells} cells ` +
       `(range ${s.min.toFixed(2)}-${s.max.toFixed(2)}x, ${lowIsBad ? 'lowest' : 'highest'} ${s.worst}); ${bar}: ${s.beyond}`;
   });
@@ -435,7 +448,8 @@ export const CSV_COLUMNS = [
   'impl', 'id', 'device', 'kernel', 'algorithm', 'dtype', 'pass', 'causal', 'batch', 'seqlen_q', 'seqlen_k', 'heads_q', 'heads_kv',
   'head_dim', 'status', 'ms_median', 'ms_min', 'ms_max', 'tflops', 'pct_peak', 'peak_bytes',
   'ratio_naive', 'ratio_torch_flash', 'ratio_torch_cudnn', 'ratio_torch_efficient', 'ratio_torch_math',
-  'ratio_single_kernel_over_two_kernel', 'ratio_deterministic_over_single_kernel', 'mask', 'error', 'plan',
+  'ratio_single_kernel_over_two_kernel', 'ratio_deterministic_over_single_kernel', 'ratio_auto_deterministic_over_auto',
+  'mask', 'error', 'plan',
 ] as const;
 
 function csvField(v: string | number | boolean | null | undefined): string {
@@ -467,7 +481,7 @@ export function formatCsv(r: BenchReport): string {
       row.headsQ, row.headsKV, row.headDim, row.status, row.msMedian, row.msMin, row.msMax, row.tflops, row.pctPeak,
       row.peakBytes, row.ratios.naive, row.ratios['torch-flash'], row.ratios['torch-cudnn'], row.ratios['torch-efficient'],
       row.ratios['torch-math'], row.variantRatios['single-kernel/two-kernel'], row.variantRatios['deterministic/single-kernel'],
-      row.mask, row.error, row.plan,
+      row.variantRatios['auto-deterministic/auto'], row.mask, row.error, row.plan,
     ];
     lines.push(values.map(csvField).join(','));
   }
@@ -494,7 +508,8 @@ export function formatMarkdown(r: BenchReport): string {
   const out = headerLines(r).map((l) => `${l}  `);
   const variantRatios = variantRatiosIn(r.rows);
   const legend = variantRatios.length === 0 ? '' : ' Backward variants: time ÷ time (single ÷ two-kernel > 1: the two kernels are faster;' +
-    ' deterministic ÷ single: what the single kernel\'s deterministic mode costs).';
+    ' deterministic ÷ single: what the single kernel\'s deterministic mode costs; deterministic ÷ auto: what' +
+    ' deterministic: true costs \'auto\').';
   out.push('', `Cells: TFLOP/s (median ms, peak memory above the inputs). Ratios: our TFLOP/s ÷ theirs (> 1: ours is faster).${legend}`, '');
   const notes = new Footnotes();
   const present = implsIn(r.rows);

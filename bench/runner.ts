@@ -22,26 +22,28 @@ import type { TorchBackend, TorchResult } from './torch';
  * Who computed a row. 'ours' runs the backward with algorithm 'auto' (two kernels on Hopper for
  * fp16/bf16, else the single kernel); the ours-* variants (--variants) pin it:
  * 'ours-single-kernel' the single kernel with atomic dQ, 'ours-deterministic' the single kernel's
- * deterministic mode, 'ours-two-kernel' the two kernels.
+ * deterministic mode, 'ours-two-kernel' the two kernels, 'ours-auto-deterministic' 'auto' with
+ * deterministic: true.
  */
 export type Impl =
-  | 'ours' | 'ours-single-kernel' | 'ours-deterministic' | 'ours-two-kernel'
+  | 'ours' | 'ours-single-kernel' | 'ours-deterministic' | 'ours-two-kernel' | 'ours-auto-deterministic'
   | 'naive' | 'torch-flash' | 'torch-cudnn' | 'torch-efficient' | 'torch-math';
 
 /** Implementations in report order (also the chart's series order). */
 export const IMPLS: readonly Impl[] = [
-  'ours', 'ours-single-kernel', 'ours-deterministic', 'ours-two-kernel', 'naive', 'torch-flash', 'torch-cudnn', 'torch-efficient', 'torch-math',
+  'ours', 'ours-single-kernel', 'ours-deterministic', 'ours-two-kernel', 'ours-auto-deterministic', 'naive', 'torch-flash', 'torch-cudnn', 'torch-efficient', 'torch-math',
 ];
 
 /**
  * What each --variants entry runs: its rows' impl and the backward options beside our kernel and
- * mask. 'deterministic' pins the single kernel ('auto' with deterministic: true picks the two
- * kernels on Hopper, which are deterministic by construction).
+ * mask. 'deterministic' pins the single kernel ('auto' with deterministic: true may pick the two
+ * kernels on Hopper, which are deterministic by construction); 'auto-deterministic' is that choice.
  */
 export const BWD_VARIANT_RUNS: Readonly<Record<BwdVariant, { impl: Impl; options: { algorithm: BackwardAlgorithm; deterministic?: boolean } }>> = {
   'single-kernel': { impl: 'ours-single-kernel', options: { algorithm: 'single-kernel' } },
   deterministic: { impl: 'ours-deterministic', options: { algorithm: 'single-kernel', deterministic: true } },
   'two-kernel': { impl: 'ours-two-kernel', options: { algorithm: 'two-kernel' } },
+  'auto-deterministic': { impl: 'ours-auto-deterministic', options: { algorithm: 'auto', deterministic: true } },
 };
 
 /** Our backward variants: measured beside 'ours' and compared with each other, not with 'ours'. */
@@ -50,7 +52,7 @@ export const OUR_VARIANTS: readonly Impl[] = Object.values(BWD_VARIANT_RUNS).map
 /** Human names for tables and the chart legend. */
 export const IMPL_LABELS: Readonly<Record<Impl, string>> = {
   ours: 'ours', 'ours-single-kernel': 'ours (single-kernel bwd)', 'ours-deterministic': 'ours (single-kernel deterministic bwd)',
-  'ours-two-kernel': 'ours (two-kernel bwd)', naive: 'naive', 'torch-flash': 'torch flash',
+  'ours-two-kernel': 'ours (two-kernel bwd)', 'ours-auto-deterministic': 'ours (deterministic bwd)', naive: 'naive', 'torch-flash': 'torch flash',
   'torch-cudnn': 'torch cuDNN', 'torch-efficient': 'torch efficient', 'torch-math': 'torch math',
 };
 
@@ -58,17 +60,19 @@ export const IMPL_LABELS: Readonly<Record<Impl, string>> = {
  * Per-cell time ratios between our backward variants (on bwd and fwdbwd cells):
  * 'single-kernel/two-kernel' is the single kernel's (atomic dQ) time ÷ the two kernels' (above 1:
  * the two kernels are faster); 'deterministic/single-kernel' is the single kernel's deterministic
- * time ÷ its atomic time (what determinism costs).
+ * time ÷ its atomic time (what determinism costs); 'auto-deterministic/auto' is the time of 'auto'
+ * with deterministic: true ÷ that of "ours" (what asking for determinism costs a caller).
  */
-export type VariantRatio = 'single-kernel/two-kernel' | 'deterministic/single-kernel';
+export type VariantRatio = 'single-kernel/two-kernel' | 'deterministic/single-kernel' | 'auto-deterministic/auto';
 
-/** A backward structure a row measured: which of {@link VariantRatio}'s sides it can stand for. */
-type BwdRole = 'single-kernel' | 'deterministic' | 'two-kernel';
+/** A backward a row measured: which of {@link VariantRatio}'s sides it can stand for. */
+type BwdRole = 'single-kernel' | 'deterministic' | 'two-kernel' | 'auto-deterministic' | 'auto';
 
 /** Each variant ratio's numerator and denominator, in report order. */
 export const VARIANT_RATIOS: readonly { key: VariantRatio; over: BwdRole; under: BwdRole }[] = [
   { key: 'single-kernel/two-kernel', over: 'single-kernel', under: 'two-kernel' },
   { key: 'deterministic/single-kernel', over: 'deterministic', under: 'single-kernel' },
+  { key: 'auto-deterministic/auto', over: 'auto-deterministic', under: 'auto' },
 ];
 
 /**
@@ -410,12 +414,13 @@ export function torchImpl(b: TorchBackend): Impl {
 }
 
 /**
- * The row of a cell that stands for `role`: the variant pinned to it, else 'ours' when what 'ours'
- * ran is that structure ('auto' resolved; 'ours' is never deterministic).
+ * The row of a cell that stands for `role`: 'ours' itself for 'auto', else the variant pinned to it,
+ * else 'ours' when what 'ours' ran is that structure ('auto' resolved; 'ours' is never deterministic).
  */
 function roleRow(cellRows: readonly BenchRow[], role: BwdRole): BenchRow | undefined {
+  if (role === 'auto') return cellRows.find((r) => r.impl === 'ours');
   const pinned = cellRows.find((r) => r.impl === `ours-${role}`);
-  if (pinned || role === 'deterministic') return pinned;
+  if (pinned || role === 'deterministic' || role === 'auto-deterministic') return pinned;
   return cellRows.find((r) => r.impl === 'ours' && r.status === 'ok' && r.algorithm === role);
 }
 

@@ -14,7 +14,7 @@ import { BenchCell, buildCells, cellId, GridSettings, groupByInputs } from '../b
 import { findDevicePeak, peakTflops } from '../bench/peaks';
 import { deviceDefaults, listPresets, PRESETS, RENAMED_PRESETS } from '../bench/presets';
 import {
-  BenchReport, CSV_COLUMNS, DETERMINISTIC_MAX_RATIO, fmtBytes, formatCsv, formatMarkdown, formatText, headerLines, panelHeading,
+  AUTO_DETERMINISTIC_MAX_RATIO, BenchReport, CSV_COLUMNS, DETERMINISTIC_MAX_RATIO, fmtBytes, formatCsv, formatMarkdown, formatText, headerLines, panelHeading,
   panels, ratioSummary, ratioSummaryLines, variantRatioSummary,
 } from '../bench/report';
 import {
@@ -174,7 +174,7 @@ describe('flags', () => {
     [['--warmup-ms', '0.5'], '--warmup-ms: expected an integer >= 0 but received "0.5"'],
     [['--compare', 'torch,jax'], '--compare: expected naive or torch (comma-separated) but received "torch,jax"'],
     [['--torch-backends', 'sdpa'], '--torch-backends: expected flash, cudnn, efficient or math (comma-separated) but received "sdpa"'],
-    [['--variants', 'atomic'], '--variants: expected single-kernel, deterministic or two-kernel (comma-separated) but received "atomic"'],
+    [['--variants', 'atomic'], '--variants: expected single-kernel, deterministic, two-kernel or auto-deterministic (comma-separated) but received "atomic"'],
     [['--preset', 'nope'], '--preset: expected fa2-grid, cpu-small, fp32-memory-wall, long-seq-bf16 or bwd-variants but received "nope"'],
     [['--preset', 'seed-fp32'], '--preset: expected fa2-grid, cpu-small, fp32-memory-wall, long-seq-bf16 or bwd-variants but received "seed-fp32" (preset \'seed-fp32\' was renamed to \'fp32-memory-wall\')'],
     [['--preset', 'seed-bf16'], '--preset: expected fa2-grid, cpu-small, fp32-memory-wall, long-seq-bf16 or bwd-variants but received "seed-bf16" (preset \'seed-bf16\' was renamed to \'long-seq-bf16\')'],
@@ -271,6 +271,7 @@ describe('presets', () => {
     expect(HELP).toMatch(/^ +single-kernel: .*algorithm: 'single-kernel'/m);
     expect(HELP).toMatch(/^ +deterministic: .*single-kernel, deterministic: true/m);
     expect(HELP).toMatch(/^ +two-kernel: .*algorithm: 'two-kernel'/m);
+    expect(HELP).toMatch(/^ +auto-deterministic: 'auto' with deterministic: true/m);
   });
 
   test('each variant pins the backward: deterministic is the single kernel\'s deterministic mode', () => {
@@ -278,12 +279,16 @@ describe('presets', () => {
       'single-kernel': { impl: 'ours-single-kernel', options: { algorithm: 'single-kernel' } },
       deterministic: { impl: 'ours-deterministic', options: { algorithm: 'single-kernel', deterministic: true } },
       'two-kernel': { impl: 'ours-two-kernel', options: { algorithm: 'two-kernel' } },
+      'auto-deterministic': { impl: 'ours-auto-deterministic', options: { algorithm: 'auto', deterministic: true } },
     });
     expect(IMPL_LABELS['ours-single-kernel']).toBe('ours (single-kernel bwd)');
     expect(IMPL_LABELS['ours-deterministic']).toBe('ours (single-kernel deterministic bwd)');
+    expect(IMPL_LABELS['ours-auto-deterministic']).toBe('ours (deterministic bwd)');
     // One row per cell for ours, plus one per variant on the cells that run a backward.
     const s = settings(['--seqlen', '64', '--head-dim', '32', '--causal', 'false', '--variants', 'single-kernel,deterministic,two-kernel']);
     expect(oursWork(buildCells(s), s)).toBe(3 + 3 * 2);
+    const a = settings(['--seqlen', '64', '--head-dim', '32', '--causal', 'false', '--variants', 'auto-deterministic']);
+    expect(oursWork(buildCells(a), a)).toBe(3 + 1 * 2);
   });
 
   test('flags override the preset; a CUDA preset on the CPU takes the CPU\'s timing defaults', () => {
@@ -516,6 +521,35 @@ describe('reports', () => {
     const md = formatMarkdown({ ...report, rows });
     expect(md).toContain(`- ours vs SDPA flash: geometric mean 1.00x over 2 cells (range 0.80-1.25x, worst ${ours[0].id}); cells below 0.85x: 1`);
     expect(formatText(report)).toContain('ours vs SDPA cudnn: geometric mean 0.75x over 2 cells (range 0.75-0.75x');
+  });
+
+  test("auto-deterministic: 'auto' with deterministic: true ÷ ours, per cell, summarised against the 1.1 bar, in the CSV", () => {
+    const s = { ...deviceDefaults('cuda'), seqlens: [1024, 2048], headDims: [64], causal: [false], passes: ['bwd' as const], variants: [] };
+    const rows: BenchRow[] = [];
+    buildCells(s).forEach((c, i) => {
+      // ours ran the single kernel; 'auto' deterministic the two kernels, 1.05 then 1.25 times as long.
+      rows.push(measuredRow(c, 'ours', 'cuda', 'flash', { median: 2, min: 2, max: 2 }, 1 << 20, 989, 'single-kernel'));
+      const t = 2 * [1.05, 1.25][i];
+      rows.push(measuredRow(c, 'ours-auto-deterministic', 'cuda', 'flash', { median: t, min: t, max: t }, 1 << 20, 989, 'two-kernel'));
+    });
+    addRatios(rows);
+    const ours = rows.filter((r) => r.impl === 'ours');
+    expect(ours.map((r) => r.variantRatios['auto-deterministic/auto'])).toEqual([expect.closeTo(1.05, 12), expect.closeTo(1.25, 12)]);
+    // Neither the single kernel's deterministic mode nor the two kernels ran as pinned variants.
+    expect(Object.keys(ours[0].variantRatios)).toEqual(['auto-deterministic/auto']);
+    expect(Object.keys(ours[0].ratios)).toEqual([]);
+    expect(AUTO_DETERMINISTIC_MAX_RATIO).toBe(1.1);
+    const [det] = variantRatioSummary(rows);
+    expect(det).toMatchObject({ ratio: 'auto-deterministic/auto', cells: 2, worst: ours[1].id, beyond: 1 });
+    expect(ratioSummaryLines(rows)).toEqual([
+      `'auto' deterministic ÷ 'auto' backward time: geometric mean ${Math.sqrt(1.05 * 1.25).toFixed(2)}x over 2 cells ` +
+        `(range 1.05-1.25x, highest ${ours[1].id}); cells above 1.10x: 1`,
+    ]);
+    const report = { ...variantReport(), rows };
+    expect(formatMarkdown(report)).toContain('| torch efficient | ours (deterministic bwd) | ours/flash | ours/cuDNN | deterministic ÷ auto |');
+    const csv = formatCsv(report).trimEnd().split('\n').filter((l) => !l.startsWith('#'));
+    const oursLine = csv.find((l) => l.startsWith('ours,'))?.split(',') ?? [];
+    expect(Number(oursLine[CSV_COLUMNS.indexOf('ratio_auto_deterministic_over_auto')])).toBeCloseTo(1.05, 12);
   });
 
   test('backward variants: time ratios single-kernel ÷ two-kernel and deterministic ÷ single-kernel, per cell and summarised', () => {
@@ -851,7 +885,7 @@ describe('end to end on the CPU backend (child process)', () => {
   });
 
   test('--variants on the CPU: single-kernel and deterministic rows with deterministic ÷ single-kernel; two-kernel rows are errors', () => {
-    const r = cli([...tiny, '--seqlen', '64', '--pass', 'fwd,bwd', '--causal', 'false', '--variants', 'single-kernel,deterministic,two-kernel', '--json']);
+    const r = cli([...tiny, '--seqlen', '64', '--pass', 'fwd,bwd', '--causal', 'false', '--variants', 'single-kernel,deterministic,two-kernel,auto-deterministic', '--json']);
     expect(r.status).toBe(0); // a variant's error is not one of ours
     const report = JSON.parse(r.stdout) as BenchReport;
     expect(report.rows.map((x) => [x.impl, x.pass, x.status, x.algorithm])).toEqual([
@@ -860,10 +894,14 @@ describe('end to end on the CPU backend (child process)', () => {
       ['ours-single-kernel', 'bwd', 'ok', 'single-kernel'],
       ['ours-deterministic', 'bwd', 'ok', 'single-kernel'],
       ['ours-two-kernel', 'bwd', 'error', 'two-kernel'],
+      ['ours-auto-deterministic', 'bwd', 'ok', 'single-kernel'],
     ]);
     expect(report.rows[4].error).toMatch(/^Expected algorithm to be 'auto' or 'single-kernel' .*CPU backend/);
     const bwd = report.rows[1];
-    expect(bwd.variantRatios).toEqual({ 'single-kernel/two-kernel': null, 'deterministic/single-kernel': expect.any(Number) });
+    expect(bwd.variantRatios).toEqual({
+      'single-kernel/two-kernel': null, 'deterministic/single-kernel': expect.any(Number), 'auto-deterministic/auto': expect.any(Number),
+    });
+    expect(bwd.variantRatios['auto-deterministic/auto']).toBeCloseTo((report.rows[5].msMedian as number) / (bwd.msMedian as number), 9);
     expect(bwd.variantRatios['deterministic/single-kernel']).toBeCloseTo((report.rows[3].msMedian as number) / (report.rows[2].msMedian as number), 9);
     const text = formatText(report);
     expect(text).toContain('our kernel auto -> flash (backward auto -> single-kernel)');
