@@ -103,6 +103,13 @@ struct FlashBwdWsSm90Traits {
   // keys (each consumer needs both dS^T halves), at 64 by keys (kDqSplitKeys: each consumer its own
   // 64 keys, all 64 columns, its own dS^T; the two pieces add to the same accumulator columns).
   static constexpr bool kDqSplitKeys = kHeadDim == 64;
+  // Causal: the dQ terms of K's NaN / ±Inf elements (add_k_nonfinite_dq_terms, a rare path) called out
+  // of line at head dim 128, inlined at 64. H100, bf16, queued ms, two rounds each, against the build
+  // that inlined it everywhere (2026-11-27): d128 causal out of line 0.93-0.99x the time at 512-16k (4k
+  // 1.65-1.68 against 1.76, 8k 3.00-3.02 against 3.20-3.21, 16k 5.52-5.54 against 5.95-5.97),
+  // deterministic 0.95-0.99x; d64 causal out of line 1.03x at 8k and 1.06x at 16k although its spills
+  // fell from 24 / 60 bytes to 8 / 8, inlined 0.98-0.99x.
+  static constexpr bool kRareDqOutOfLine = kHeadDim == 128;
   static constexpr int kDqN = kDqSplitKeys ? kHeadDim : kHeadDim / kConsumers;  // dQ columns per consumer
   static constexpr int kMmaK = 16;
   static constexpr int kKSteps = kHeadDim / kMmaK;
@@ -149,6 +156,67 @@ struct FlashBwdWsSm90Traits {
                 "setmaxnreg: the consumers take only what the producer gives up");
   static_assert(kSmemBytes <= kSm90MaxSmemPerBlock, "shared memory exceeds the sm_90 per-block limit");
 };
+
+// The byte offset of dS^T element (key, query q) in a dS^T / P^T buffer: a key per 128-byte row, its 64
+// queries along it, 16-byte chunks swizzled with the key (the layout the dQ product reads).
+__device__ __forceinline__ uint32_t ds_t_offset(int key, int q) {
+  return static_cast<uint32_t>(key * kSw128RowBytes + (((q / 8) ^ (key % 8)) * 16) + (q % 8) * 2);
+}
+// The element (key, query q) of the dS^T / P^T buffer at sdS_b, as the tensor core read it.
+template <typename Elem>
+__device__ __forceinline__ float ds_t_read(uint32_t sdS_b, int key, int q) {
+  uint16_t bits;
+  asm volatile("ld.shared.u16 %0, [%1];\n" : "=h"(bits) : "r"(sdS_b + ds_t_offset(key, q)));
+  return to_float(elem_from_bits<Elem>(bits));
+}
+
+// Causal, a crossing step whose K tile holds NaN / ±Inf (sK0 held zeros there for the dQ product):
+// dQ_i[c] += dS_ij K_j[c] for those elements at the visible pairs (bwd_nonfinite.cuh, step 2), K from
+// global memory, dS^T from buffer sdS_b (the kernel's layout: a key per 128-byte row, its queries along
+// it), added to the fp32 accumulator by atomics. The keys are the bits set in words [w0, w1) of
+// key_flags, this thread's columns col0 + 8 (c / 2) + c % 2 and rows q0, q0 + 8 of the query tile at m0.
+// Inlined into the consumers' step loop, its loop state raises their register pressure on every step:
+// ptxas (sm_90a) spills 76 / 120 bytes (stores / loads) at d128 causal, 36 / 80 with it out of line
+// (16 / 16 without a causal mask); Nsight Compute (d128 causal 8k, H100) counted 22% more consumer
+// instructions a step than without a causal mask, in spill reloads and recomputed wgmma descriptors.
+template <typename Traits>
+__device__ __forceinline__ void add_k_nonfinite_dq_terms(const uint32_t* key_flags, int w0, int w1,
+                                                         const typename Traits::Elem* k_tile, int64_t k_row_stride,
+                                                         float* acc, uint32_t sdS_b, int col0, int head_dim, int q0,
+                                                         int m0, int n0, int seqlen_q, int seqlen_k) {
+  using Elem = typename Traits::Elem;
+  const AttentionMask<Traits::kIsCausal> mask(seqlen_q, seqlen_k);
+#pragma unroll 1
+  for (int w = w0; w < w1; ++w)
+#pragma unroll 1
+    for (uint32_t bits = key_flags[w]; bits != 0u; bits &= bits - 1u) {
+      const int j = 32 * w + __ffs(static_cast<int>(bits)) - 1;
+      const Elem* krow = k_tile + static_cast<int64_t>(j) * k_row_stride;
+#pragma unroll 1
+      for (int c = 0; c < 2 * Traits::kDqTiles; ++c) {  // column col0 + 8 (c / 2) + c % 2
+        const int off = 8 * (c / 2) + c % 2;
+        if (col0 + off >= head_dim) continue;
+        const float x = to_float(krow[col0 + off]);
+        if (isfinite(x)) continue;
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const int q = q0 + 8 * h;
+          if (mask.hidden(m0 + q, n0 + j)) continue;
+          atomicAdd(acc + 8 * h * Traits::kHeadDim + off, ds_t_read<Elem>(sdS_b, j, q) * x);
+        }
+      }
+    }
+}
+
+// The same, out of line (Traits::kRareDqOutOfLine).
+template <typename Traits>
+__device__ __noinline__ void add_k_nonfinite_dq_terms_call(const uint32_t* key_flags, int w0, int w1,
+                                                           const typename Traits::Elem* k_tile, int64_t k_row_stride,
+                                                           float* acc, uint32_t sdS_b, int col0, int head_dim, int q0,
+                                                           int m0, int n0, int seqlen_q, int seqlen_k) {
+  add_k_nonfinite_dq_terms<Traits>(key_flags, w0, w1, k_tile, k_row_stride, acc, sdS_b, col0, head_dim, q0, m0, n0,
+                                   seqlen_q, seqlen_k);
+}
 
 // kRotated (deterministic, not causal): the blocks walk the query tiles rotated (tile_scheduler.cuh).
 // kDqSum (kDqSplitKeys, deterministic; the launcher's choice): the consumers sum their dQ pieces in
@@ -489,26 +557,16 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
       return false;
     }
   };
-  // The dS^T element (key, query q) of buffer sdS_b as the tensor core read it (the layout of the
-  // stores below).
-  const auto ds_read = [&](uint32_t sdS_b, int key, int q) {
-    uint16_t bits;
-    const uint32_t addr =
-        sdS_b + static_cast<uint32_t>(key * kSw128RowBytes + (((q / 8) ^ (key % 8)) * 16) + (q % 8) * 2);
-    asm volatile("ld.shared.u16 %0, [%1];\n" : "=h"(bits) : "r"(addr));
-    return to_float(elem_from_bits<Elem>(bits));
-  };
   // This thread's elements of a (64 keys, 64 queries) tile packed as A operands (P^T, dS^T) into buffer
-  // sdS_b in the layout above: a key per 128-byte row, its queries along it.
+  // sdS_b in ds_t_offset's layout.
   const auto store_ds_t = [&](uint32_t sdS_b, const uint32_t (&a)[Traits::kQKSteps][4]) {
 #pragma unroll
     for (int j = 0; j < kSTiles; ++j)
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         const int key = key_row0 + 8 * h, q = 8 * j + 2 * t;
-        const uint32_t addr =
-            sdS_b + static_cast<uint32_t>(key * kSw128RowBytes + (((q / 8) ^ (key % 8)) * 16) + (q % 8) * 2);
-        asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(addr), "r"(a[j / 2][(j % 2) * 2 + h]) : "memory");
+        asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(sdS_b + ds_t_offset(key, q)), "r"(a[j / 2][(j % 2) * 2 + h])
+                     : "memory");
       }
   };
 
@@ -548,29 +606,17 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
         const int col0 = dq_col_box(cw) * kSw128F32Cols + 2 * t;
         float* const acc = ws.dq_accum +
                            ((batch * p.heads_q + step_head(k)) * ws.dq_rows + m0 + warp * 16 + g) * kHeadDim + col0;
-        const uint32_t sdS_b = sdS + static_cast<uint32_t>((k % 2) * Traits::kDsBytes);
         // The keys of this consumer's dQ product: all 128, kDqSplitKeys its own 64.
         constexpr int kDqKeyWords = (Traits::kDqSplitKeys ? Traits::kWgKeys : kBlockN) / 32;
         const int w0 = Traits::kDqSplitKeys ? cw * kDqKeyWords : 0;
-#pragma unroll 1
-        for (int w = w0; w < w0 + kDqKeyWords; ++w)
-#pragma unroll 1
-          for (uint32_t bits = sFlags[Traits::kKRowFlags + w]; bits != 0u; bits &= bits - 1u) {
-            const int j = 32 * w + __ffs(static_cast<int>(bits)) - 1;
-            const Elem* krow = k_tile + static_cast<int64_t>(j) * p.k_row_stride;
-#pragma unroll 1
-            for (int c = 0; c < 2 * Traits::kDqTiles; ++c) {  // column col0 + 8 (c / 2) + c % 2
-              const int off = 8 * (c / 2) + c % 2;
-              if (col0 + off >= head_dim) continue;
-              const float x = to_float(krow[col0 + off]);
-              if (isfinite(x)) continue;
-#pragma unroll
-              for (int h = 0; h < 2; ++h) {
-                const int q = warp * 16 + g + 8 * h;
-                if (!mask.hidden(m0 + q, n0 + j)) atomicAdd(acc + 8 * h * kHeadDim + off, ds_read(sdS_b, j, q) * x);
-              }
-            }
-          }
+        const uint32_t sdS_b = sdS + static_cast<uint32_t>((k % 2) * Traits::kDsBytes);
+        if constexpr (Traits::kRareDqOutOfLine)
+          add_k_nonfinite_dq_terms_call<Traits>(sFlags + Traits::kKRowFlags, w0, w0 + kDqKeyWords, k_tile,
+                                                p.k_row_stride, acc, sdS_b, col0, head_dim, warp * 16 + g, m0, n0,
+                                                seqlen_q, seqlen_k);
+        else
+          add_k_nonfinite_dq_terms<Traits>(sFlags + Traits::kKRowFlags, w0, w0 + kDqKeyWords, k_tile, p.k_row_stride,
+                                           acc, sdS_b, col0, head_dim, warp * 16 + g, m0, n0, seqlen_q, seqlen_k);
       }
     }
     if constexpr (!Traits::kDqSplitKeys) mbarrier_arrive(empty_ds(k % 2));
@@ -676,7 +722,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
         for (int i = 0; i < kBlockM; ++i) {
           if (((sFlags[Traits::kRowFlags + 2 * st + i / 32] >> (i % 32)) & 1u) == 0u) continue;
           const int row = m0 + i;
-          const float pij[2] = {ds_read(sdS_buf, key_row0, i), ds_read(sdS_buf, key_row0 + 8, i)};
+          const float pij[2] = {ds_t_read<Elem>(sdS_buf, key_row0, i), ds_t_read<Elem>(sdS_buf, key_row0 + 8, i)};
           add_nonfinite_terms(dv, dout + static_cast<int64_t>(row) * p.do_row_stride, pij, t, head_dim,
                               [&](int h) { return !mask.hidden(row, n0 + key_row0 + 8 * h); });  // bwd_nonfinite.cuh
         }
