@@ -110,6 +110,13 @@ struct FlashBwdWsSm90Traits {
   // deterministic 0.95-0.99x; d64 causal out of line 1.03x at 8k and 1.06x at 16k although its spills
   // fell from 24 / 60 bytes to 8 / 8, inlined 0.98-0.99x.
   static constexpr bool kRareDqOutOfLine = kHeadDim == 128;
+  // Causal: the dV terms of the flagged rows' dO elements (add_dv_nonfinite_rows, the rows' rare path)
+  // called out of line at head dim 64 (dV copied through local memory around the call), inlined at 128.
+  // H100, bf16, queued ms, three rounds each against the inlined build (2026-11-27): d64 causal
+  // 0.93-0.99x the time at 512-16k (8k 3.86-3.92 against 4.02-4.03, 16k 7.30-7.36 against 7.51-7.58;
+  // ptxas 8 / 8 bytes of spills against 24 / 60), deterministic 0.98-1.01x; at 128 the copy made the
+  // spills worse (84 / 136 bytes against 36 / 80).
+  static constexpr bool kRareDvOutOfLine = kHeadDim == 64;
   static constexpr int kDqN = kDqSplitKeys ? kHeadDim : kHeadDim / kConsumers;  // dQ columns per consumer
   static constexpr int kMmaK = 16;
   static constexpr int kKSteps = kHeadDim / kMmaK;
@@ -216,6 +223,37 @@ __device__ __noinline__ void add_k_nonfinite_dq_terms_call(const uint32_t* key_f
                                                            int m0, int n0, int seqlen_q, int seqlen_k) {
   add_k_nonfinite_dq_terms<Traits>(key_flags, w0, w1, k_tile, k_row_stride, acc, sdS_b, col0, head_dim, q0, m0, n0,
                                    seqlen_q, seqlen_k);
+}
+
+// Causal, a crossing step whose query rows the producer flagged (their dO zeroed for the products):
+// dV_j[c] += P_ij dO_i[c] for the flagged rows' NaN / ±Inf dO elements at the visible pairs
+// (bwd_nonfinite.cuh, step 2), dO from global memory (its head's rows from dout), P^T from buffer
+// sdS_buf (ds_t_offset's layout), this thread's keys key_row0 and key_row0 + 8 of the tile at n0. The
+// flags are bits i of row_flags[i / 32] for the rows m0 + i.
+template <typename Traits, typename Mask>
+__device__ __forceinline__ void add_dv_nonfinite_rows(float (&dv)[Traits::kKvTiles][4], const uint32_t* row_flags,
+                                                      const typename Traits::Elem* dout, int64_t do_row_stride,
+                                                      uint32_t sdS_buf, int key_row0, int t, int head_dim, int m0, int n0,
+                                                      const Mask& mask) {
+  using Elem = typename Traits::Elem;
+#pragma unroll 1
+  for (int i = 0; i < Traits::kBlockM; ++i) {
+    if (((row_flags[i / 32] >> (i % 32)) & 1u) == 0u) continue;
+    const int row = m0 + i;
+    const float pij[2] = {ds_t_read<Elem>(sdS_buf, key_row0, i), ds_t_read<Elem>(sdS_buf, key_row0 + 8, i)};
+    add_nonfinite_terms(dv, dout + static_cast<int64_t>(row) * do_row_stride, pij, t, head_dim,
+                        [&](int h) { return !mask.hidden(row, n0 + key_row0 + 8 * h); });  // bwd_nonfinite.cuh
+  }
+}
+
+// The same, out of line (Traits::kRareDvOutOfLine): dv in local memory, the mask rebuilt here.
+template <typename Traits>
+__device__ __noinline__ void add_dv_nonfinite_rows_call(float (&dv)[Traits::kKvTiles][4], const uint32_t* row_flags,
+                                                        const typename Traits::Elem* dout, int64_t do_row_stride,
+                                                        uint32_t sdS_buf, int key_row0, int t, int head_dim, int m0,
+                                                        int n0, int seqlen_q, int seqlen_k) {
+  const AttentionMask<Traits::kIsCausal> mask(seqlen_q, seqlen_k);
+  add_dv_nonfinite_rows<Traits>(dv, row_flags, dout, do_row_stride, sdS_buf, key_row0, t, head_dim, m0, n0, mask);
 }
 
 // kRotated (deterministic, not causal): the blocks walk the query tiles rotated (tile_scheduler.cuh).
@@ -718,13 +756,22 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
         named_barrier_sync(Traits::kRareBarrier0 + cw, 128);  // this consumer's P^T is in place
         const Elem* dout =
             static_cast<const Elem*>(p.dout) + batch * p.do_batch_stride + step_head(it) * p.do_head_stride;
-#pragma unroll 1
-        for (int i = 0; i < kBlockM; ++i) {
-          if (((sFlags[Traits::kRowFlags + 2 * st + i / 32] >> (i % 32)) & 1u) == 0u) continue;
-          const int row = m0 + i;
-          const float pij[2] = {ds_t_read<Elem>(sdS_buf, key_row0, i), ds_t_read<Elem>(sdS_buf, key_row0 + 8, i)};
-          add_nonfinite_terms(dv, dout + static_cast<int64_t>(row) * p.do_row_stride, pij, t, head_dim,
-                              [&](int h) { return !mask.hidden(row, n0 + key_row0 + 8 * h); });  // bwd_nonfinite.cuh
+        const uint32_t* const row_flags = sFlags + Traits::kRowFlags + 2 * st;
+        if constexpr (Traits::kRareDvOutOfLine) {
+          float dv_local[kKvTiles][4];
+#pragma unroll
+          for (int j = 0; j < kKvTiles; ++j)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) dv_local[j][e] = dv[j][e];
+          add_dv_nonfinite_rows_call<Traits>(dv_local, row_flags, dout, p.do_row_stride, sdS_buf, key_row0, t, head_dim,
+                                             m0, n0, seqlen_q, seqlen_k);
+#pragma unroll
+          for (int j = 0; j < kKvTiles; ++j)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) dv[j][e] = dv_local[j][e];
+        } else {
+          add_dv_nonfinite_rows<Traits>(dv, row_flags, dout, p.do_row_stride, sdS_buf, key_row0, t, head_dim, m0, n0,
+                                        mask);
         }
         named_barrier_sync(Traits::kRareBarrier0 + cw, 128);  // read before dS^T overwrites it
       }
