@@ -8,7 +8,9 @@
  * have passed (in doubling batches, as bench/torch_sdpa.py); then `repeats` runs timed by
  * {@link timeRepeatsOnDevice}: on CUDA queued back to back, each between its own pair of CUDA events,
  * as bench/torch_sdpa.py times SDPA (so neither side counts host work that overlaps the GPU's); on
- * the CPU, host time until each run finished. Median, min and max are reported.
+ * the CPU, host time until each run finished. Where a cell has more than one of our rows (backward
+ * variants, --compare naive), their timed runs take turns in {@link INTERLEAVE_ROUNDS} rounds.
+ * Median, min and max are reported.
  * @packageDocumentation
  */
 import { backends, flashAttention, flashAttentionBackward, memory, resetPeakMemory, synchronize, Tensor } from '../lib';
@@ -253,6 +255,25 @@ function naiveMeasuredSeparately(s: GridSettings): boolean {
   return s.compare.includes('naive') && s.device === 'cuda' && resolveKernel(s.device, s.kernel) !== 'naive';
 }
 
+/** Rounds in which the timed runs of a cell's implementations take turns (see {@link runOurs}). */
+export const INTERLEAVE_ROUNDS = 5;
+
+/** One implementation of a cell while {@link runOurs} times it. */
+interface TimedImpl {
+  impl: Impl;
+  resolved: string;
+  algorithm: BackwardAlgorithm | null;
+  /** What ran, its backward algorithm and plan, from the last run's results. */
+  ran: string;
+  ranAlgorithm: string | null;
+  ranPlan: string;
+  runOnce: () => void;
+  peakBytes: number;
+  times: number[];
+  /** Set when its preparation or a timed batch threw: the row reports it. */
+  error?: unknown;
+}
+
 /**
  * Runs our cells (and, with --compare naive on CUDA, the naive kernel on the same inputs).
  * `peak` is the device's dense peak TFLOP/s for the run's dtype, or null.
@@ -308,22 +329,26 @@ export async function runOurs(cells: readonly BenchCell[], s: GridSettings, peak
     const forwards = new Map<string, AttentionOutput>();
     try {
       for (const cell of group) {
+        // Each implementation of the cell: its memory run and warm-up, then the timed runs. With
+        // more than one (the backward variants), the timed runs go in INTERLEAVE_ROUNDS rounds that
+        // take turns, so that the GPU's clocks drifting under sustained load (an H100 read one
+        // kernel 7-14% slower when it was timed right after another of the cell than when timed
+        // first) weigh on every row alike.
+        const timed: TimedImpl[] = [];
         for (const { impl, kernel, deterministic, algorithm } of kernels) {
           if ((deterministic || algorithm) && cell.pass === 'fwd') continue;  // backward options
           const resolved = resolveKernel(device, kernel);
           // What really ran, from the results' `kernel` and `algorithm` fields ('auto' may pick per call).
-          let ran = resolved;
-          let ranAlgorithm: string | null = null;
-          let ranPlan = '';
+          const t: TimedImpl = { impl, resolved, algorithm: algorithm ?? null, ran: resolved, ranAlgorithm: null, ranPlan: '',
+                                 runOnce: () => undefined, peakBytes: 0, times: [] };
           const opts = { causal: cell.causal, kernel };
           const bwdOpts = { ...opts, deterministic: deterministic ?? false, algorithm: algorithm ?? 'auto' };
           try {
-            let runOnce: () => void;
             if (cell.pass === 'fwd') {
-              runOnce = () => {
+              t.runOnce = () => {
                 const r = flashAttention(q, k, v, opts);
-                ran = r.kernel;
-                ranPlan = describePlan(r.plan);
+                t.ran = r.kernel;
+                t.ranPlan = describePlan(r.plan);
                 r.out.dispose();
                 r.lse.dispose();
               };
@@ -335,22 +360,22 @@ export async function runOurs(cells: readonly BenchCell[], s: GridSettings, peak
                 forwards.set(key, fwd);
               }
               const f = fwd;
-              runOnce = () => {
+              t.runOnce = () => {
                 const g = flashAttentionBackward(dout, q, k, v, f.out, f.lse, bwdOpts);
-                ran = g.kernel;
-                ranAlgorithm = g.algorithm;
-                ranPlan = describePlan(g.plan);
+                t.ran = g.kernel;
+                t.ranAlgorithm = g.algorithm;
+                t.ranPlan = describePlan(g.plan);
                 g.dq.dispose();
                 g.dk.dispose();
                 g.dv.dispose();
               };
             } else {
-              runOnce = () => {
+              t.runOnce = () => {
                 const r = flashAttention(q, k, v, opts);
                 const g = flashAttentionBackward(dout, q, k, v, r.out, r.lse, bwdOpts);
-                ran = r.kernel === g.kernel ? r.kernel : `${r.kernel} fwd + ${g.kernel} bwd`;
-                ranAlgorithm = g.algorithm;
-                ranPlan = `fwd ${describePlan(r.plan)}; bwd ${describePlan(g.plan)}`;
+                t.ran = r.kernel === g.kernel ? r.kernel : `${r.kernel} fwd + ${g.kernel} bwd`;
+                t.ranAlgorithm = g.algorithm;
+                t.ranPlan = `fwd ${describePlan(r.plan)}; bwd ${describePlan(g.plan)}`;
                 r.out.dispose();
                 r.lse.dispose();
                 g.dq.dispose();
@@ -362,17 +387,38 @@ export async function runOurs(cells: readonly BenchCell[], s: GridSettings, peak
             await synchronize(device);
             const before = liveBytes(device);
             resetPeakMemory(device);
-            runOnce();
+            t.runOnce();
             await synchronize(device);
-            const peakBytes = Math.max(0, peakBytesSinceReset(device) - before);
-            await warmUp(device, runOnce, s.warmup, s.warmupMs);
-            const times = await timeRepeatsOnDevice(device, runOnce, s.repeats);
-            const ms = { median: median(times), min: Math.min(...times), max: Math.max(...times) };
-            push({ ...measuredRow(cell, impl, device, ran, ms, peakBytes, peak, ranAlgorithm), plan: ranPlan });
+            t.peakBytes = Math.max(0, peakBytesSinceReset(device) - before);
+            await warmUp(device, t.runOnce, s.warmup, s.warmupMs);
+            timed.push(t);
           } catch (err) {
+            t.error = err;
+            timed.push(t);
+          }
+        }
+        const live = () => timed.filter((t) => t.error === undefined);
+        const rounds = live().length > 1 ? Math.min(INTERLEAVE_ROUNDS, s.repeats) : 1;
+        for (let round = 0; round < rounds; round++) {
+          // Round r times repeats / rounds runs of each implementation (the first rounds one more).
+          const n = Math.floor(s.repeats / rounds) + (round < s.repeats % rounds ? 1 : 0);
+          for (const t of live()) {
+            try {
+              t.times.push(...(await timeRepeatsOnDevice(device, t.runOnce, n)));
+            } catch (err) {
+              t.error = err;
+            }
+          }
+        }
+        for (const t of timed) {
+          if (t.error === undefined) {
+            const ms = { median: median(t.times), min: Math.min(...t.times), max: Math.max(...t.times) };
+            push({ ...measuredRow(cell, t.impl, device, t.ran, ms, t.peakBytes, peak, t.ranAlgorithm), plan: t.ranPlan });
+          } else {
             await synchronize(device).catch(() => undefined);
-            const msg = messageOf(err);
-            push(emptyRow(cell, impl, device, resolved, isOutOfMemory(msg) ? 'oom' : 'error', msg, cell.pass === 'fwd' ? null : algorithm ?? null));
+            const msg = messageOf(t.error);
+            push(emptyRow(cell, t.impl, device, t.resolved, isOutOfMemory(msg) ? 'oom' : 'error', msg,
+              cell.pass === 'fwd' ? null : t.algorithm));
           }
         }
       }
