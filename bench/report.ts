@@ -374,8 +374,7 @@ export function variantRatioSummary(rows: readonly BenchRow[]): VariantRatioSumm
       .map((r) => ({ id: r.id, ratio: r.variantRatios[ratio] as number }));
     if (pairs.length === 0) continue;
     const bar = VARIANT_RATIO_BAR[ratio];
-    const lowIsBad = 'low' in bar;
-    const worst = pairs.reduce((a, b) => ((lowIsBad ? b.ratio < a.ratio : b.ratio > a.ratio) ? b : a));
+    const worst = pairs.reduce((a, b) => (('low' in bar ? b.ratio < a.ratio : b.ratio > a.ratio) ? b : a));
     out.push({
       ratio,
       cells: pairs.length,
@@ -396,10 +395,11 @@ export function ratioSummaryLines(rows: readonly BenchRow[]): string[] {
     `(range ${s.min.toFixed(2)}-${s.max.toFixed(2)}x, worst ${s.worst}); cells below ${SLOW_CELL_RATIO}x: ${s.slow}`);
   const variants = variantRatioSummary(rows).map((s) => {
     const limit = VARIANT_RATIO_BAR[s.ratio];
-    const lowIsBad = 'low' in limit;
-    const bar = 'low' in limit ? `cells below ${limit.low.toFixed(2)}x (two kernels slower)` : `cells above ${limit.high.toFixed(2)}x`;
+    const [extreme, bar] = 'low' in limit
+      ? ['lowest', `cells below ${limit.low.toFixed(2)}x (two kernels slower)`]
+      : ['highest', `cells above ${limit.high.toFixed(2)}x`];
     return `${VARIANT_RATIO_TEXT[s.ratio].summary}: geometric mean ${s.geomean.toFixed(2)}x over ${s.cells} cells ` +
-      `(range ${s.min.toFixed(2)}-${s.max.toFixed(2)}x, ${lowIsBad ? 'lowest' : 'highest'} ${s.worst}); ${bar}: ${s.beyond}`;
+      `(range ${s.min.toFixed(2)}-${s.max.toFixed(2)}x, ${extreme} ${s.worst}); ${bar}: ${s.beyond}`;
   });
   return [...impls, ...variants];
 }

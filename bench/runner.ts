@@ -331,9 +331,8 @@ export async function runOurs(cells: readonly BenchCell[], s: GridSettings, peak
       for (const cell of group) {
         // Each implementation of the cell: its memory run and warm-up, then the timed runs. With
         // more than one (the backward variants), the timed runs go in INTERLEAVE_ROUNDS rounds that
-        // take turns, so that the GPU's clocks drifting under sustained load (an H100 read one
-        // kernel 7-14% slower when it was timed right after another of the cell than when timed
-        // first) weigh on every row alike.
+        // take turns, so that the GPU's clocks drifting under sustained load (on an H100 the same
+        // kernel read 7-17% slower as a cell's later row than as its first) weigh on every row alike.
         const timed: TimedImpl[] = [];
         for (const { impl, kernel, deterministic, algorithm } of kernels) {
           if ((deterministic || algorithm) && cell.pass === 'fwd') continue;  // backward options

@@ -179,20 +179,19 @@ __device__ __forceinline__ float ds_t_read(uint32_t sdS_b, int key, int q) {
 
 // Causal, a crossing step whose K tile holds NaN / ±Inf (sK0 held zeros there for the dQ product):
 // dQ_i[c] += dS_ij K_j[c] for those elements at the visible pairs (bwd_nonfinite.cuh, step 2), K from
-// global memory, dS^T from buffer sdS_b (the kernel's layout: a key per 128-byte row, its queries along
-// it), added to the fp32 accumulator by atomics. The keys are the bits set in words [w0, w1) of
-// key_flags, this thread's columns col0 + 8 (c / 2) + c % 2 and rows q0, q0 + 8 of the query tile at m0.
+// global memory, dS^T from buffer sdS_b (ds_t_offset's layout), added to the fp32 accumulator by
+// atomics. The keys are the bits set in words [w0, w1) of key_flags, this thread's columns
+// col0 + 8 (c / 2) + c % 2 and rows q0, q0 + 8 of the query tile at m0.
 // Inlined into the consumers' step loop, its loop state raises their register pressure on every step:
 // ptxas (sm_90a) spills 76 / 120 bytes (stores / loads) at d128 causal, 36 / 80 with it out of line
 // (16 / 16 without a causal mask); Nsight Compute (d128 causal 8k, H100) counted 22% more consumer
 // instructions a step than without a causal mask, in spill reloads and recomputed wgmma descriptors.
-template <typename Traits>
+template <typename Traits, typename Mask>
 __device__ __forceinline__ void add_k_nonfinite_dq_terms(const uint32_t* key_flags, int w0, int w1,
                                                          const typename Traits::Elem* k_tile, int64_t k_row_stride,
                                                          float* acc, uint32_t sdS_b, int col0, int head_dim, int q0,
-                                                         int m0, int n0, int seqlen_q, int seqlen_k) {
+                                                         int m0, int n0, const Mask& mask) {
   using Elem = typename Traits::Elem;
-  const AttentionMask<Traits::kIsCausal> mask(seqlen_q, seqlen_k);
 #pragma unroll 1
   for (int w = w0; w < w1; ++w)
 #pragma unroll 1
@@ -215,14 +214,14 @@ __device__ __forceinline__ void add_k_nonfinite_dq_terms(const uint32_t* key_fla
     }
 }
 
-// The same, out of line (Traits::kRareDqOutOfLine).
+// The same, out of line (Traits::kRareDqOutOfLine): the mask rebuilt here.
 template <typename Traits>
 __device__ __noinline__ void add_k_nonfinite_dq_terms_call(const uint32_t* key_flags, int w0, int w1,
                                                            const typename Traits::Elem* k_tile, int64_t k_row_stride,
                                                            float* acc, uint32_t sdS_b, int col0, int head_dim, int q0,
                                                            int m0, int n0, int seqlen_q, int seqlen_k) {
-  add_k_nonfinite_dq_terms<Traits>(key_flags, w0, w1, k_tile, k_row_stride, acc, sdS_b, col0, head_dim, q0, m0, n0,
-                                   seqlen_q, seqlen_k);
+  const AttentionMask<Traits::kIsCausal> mask(seqlen_q, seqlen_k);
+  add_k_nonfinite_dq_terms<Traits>(key_flags, w0, w1, k_tile, k_row_stride, acc, sdS_b, col0, head_dim, q0, m0, n0, mask);
 }
 
 // Causal, a crossing step whose query rows the producer flagged (their dO zeroed for the products):
@@ -654,7 +653,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
                                                 seqlen_q, seqlen_k);
         else
           add_k_nonfinite_dq_terms<Traits>(sFlags + Traits::kKRowFlags, w0, w0 + kDqKeyWords, k_tile, p.k_row_stride,
-                                           acc, sdS_b, col0, head_dim, warp * 16 + g, m0, n0, seqlen_q, seqlen_k);
+                                           acc, sdS_b, col0, head_dim, warp * 16 + g, m0, n0, mask);
       }
     }
     if constexpr (!Traits::kDqSplitKeys) mbarrier_arrive(empty_ds(k % 2));
