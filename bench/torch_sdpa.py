@@ -40,9 +40,12 @@ dispatch (torch/nn/attention/bias.py) honours the sdpa_kernel selection and uses
   If the dispatch cannot be predicted (private helpers moved), the cell runs and "mask" is
   "lower_right".
 
-Timing: `warmup` untimed runs, then more in batches of 1, 2, 4, ... (synchronised after each) until
-`warmupMs` milliseconds have passed since the first, then `repeats` runs each bracketed by CUDA events
-(torch.cuda.Event(enable_timing=True)); median, min and max in milliseconds.
+Timing: per backend, `warmup` untimed runs, then more in batches of 1, 2, 4, ... (synchronised after
+each) until `warmupMs` milliseconds have passed since the first; then `repeats` runs each bracketed by
+CUDA events (torch.cuda.Event(enable_timing=True)); median, min and max in milliseconds. A cell's
+backends are all warmed up first and their timed runs then take turns in INTERLEAVE_ROUNDS rounds
+(repeats split by round_sizes), so that GPU clocks drifting under sustained load do not favour the
+backend timed first.
   fwd:    out = sdpa(q, k, v) on inputs without requires_grad (inference forward).
   bwd:    the forward is run once per input set with requires_grad inputs; each repeat times
           torch.autograd.grad(out, (q, k, v), dout, retain_graph=True).
@@ -71,6 +74,7 @@ DTYPES = {"float32": 4, "float16": 2, "bfloat16": 2}
 PASSES = ("fwd", "bwd", "fwdbwd")
 ROTATE_BELOW_BYTES = 256 * 1024 * 1024
 ROTATE_SETS = 3
+INTERLEAVE_ROUNDS = 5  # rounds in which a cell's backends take turns at their timed repeats
 EXIT_BAD_REQUEST = 2
 EXIT_UNAVAILABLE = 3
 
@@ -189,6 +193,12 @@ def kernel_reasons(messages):
     return out
 
 
+def round_sizes(repeats, rounds):
+    """Repeats per round when `repeats` are spread over `rounds` rounds: as even as can be, the first
+    rounds one more (bench/runner.ts splits our rows' repeats the same way)."""
+    return [repeats // rounds + (1 if r < repeats % rounds else 0) for r in range(rounds)]
+
+
 def error_row(cell, backend, message, mask):
     return {"id": cell["id"], "backend": backend, "msMedian": None, "msMin": None, "msMax": None,
             "peakBytes": None, "mask": mask, "error": message}
@@ -273,7 +283,9 @@ class Runner:
             log("torch_sdpa: cannot predict the lower-right causal dispatch (%s)" % one_line(e))
             return kwargs, "lower_right"
 
-    def run_cell(self, cell, backend):
+    def prepare(self, cell, backend):
+        """One backend of a cell made ready to time: its input sets, its peak memory over one
+        repeat, and its warm-up. Returns a Prepared, or an error row when the backend refuses."""
         torch = self.torch
         F = torch.nn.functional
         grad = cell["pass"] != "fwd"
@@ -300,7 +312,8 @@ class Runner:
             def once(s):
                 return torch.autograd.grad(fwd(s), (s["q"], s["k"], s["v"]), s["dout"])
 
-        with self.sdpa_kernel([self.sdp_backend[backend]]):
+        selected = lambda: self.sdpa_kernel([self.sdp_backend[backend]])  # noqa: E731
+        with selected():
             with warnings.catch_warnings(record=True) as caught:
                 warnings.simplefilter("always")
                 try:
@@ -334,54 +347,98 @@ class Runner:
                     once(sets[i % nsets])
                 torch.cuda.synchronize()
                 batch *= 2
-            reps = self.req["repeats"]
-            starts = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
-            ends = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
-            torch.cuda.synchronize()
-            for i in range(reps):
-                s = sets[i % nsets]
-                starts[i].record()
-                r = once(s)
-                ends[i].record()
-                del r
-            torch.cuda.synchronize()
-        times = [a.elapsed_time(b) for a, b in zip(starts, ends)]
-        return {"id": cell["id"], "backend": backend, "msMedian": statistics.median(times),
-                "msMin": min(times), "msMax": max(times), "peakBytes": int(peak), "mask": mask, "error": None}
+        return Prepared(torch, cell, backend, mask, int(peak), selected, once, sets)
 
     def run(self):
+        """Every cell x backend. A cell's backends are prepared (inputs, memory run, warm-up) one
+        after another, then their timed repeats take turns in INTERLEAVE_ROUNDS rounds, so that the
+        GPU's clocks drifting under sustained load weigh on every backend alike (bench/runner.ts
+        times our rows the same way)."""
         torch = self.torch
         cells, backends = self.req["cells"], self.req["backends"]
         total, done = len(cells) * len(backends), 0
         rows = []
         log("progress 0 %d" % total)
         for cell in cells:
+            results = {}  # backend -> its row, once known
+            timed = []
             for backend in backends:
                 torch.manual_seed(self.req["seed"])
                 try:
-                    row = self.run_cell(cell, backend)
+                    r = self.prepare(cell, backend)
+                    if isinstance(r, dict):
+                        results[backend] = r
+                    else:
+                        timed.append(r)
                 except torch.cuda.OutOfMemoryError:
-                    row = error_row(cell, backend, "out of memory", None)
+                    results[backend] = error_row(cell, backend, "out of memory", None)
                 except Exception as e:  # one cell must never end the run
-                    row = error_row(cell, backend, "%s: %s" % (type(e).__name__, one_line(e)), None)
-                rows.append(row)
+                    results[backend] = error_row(cell, backend, "%s: %s" % (type(e).__name__, one_line(e)), None)
+            reps = self.req["repeats"]
+            rounds = min(INTERLEAVE_ROUNDS, reps) if len(timed) > 1 else 1
+            for n in round_sizes(reps, rounds):
+                for t in timed:
+                    if t.backend in results:  # failed in an earlier round
+                        continue
+                    try:
+                        t.time(n)
+                    except torch.cuda.OutOfMemoryError:
+                        results[t.backend] = error_row(cell, t.backend, "out of memory", t.mask)
+                    except Exception as e:
+                        results[t.backend] = error_row(cell, t.backend, "%s: %s" % (type(e).__name__, one_line(e)),
+                                                       t.mask)
+            for t in timed:
+                if t.backend not in results:
+                    results[t.backend] = t.row()
+            del timed
+            for backend in backends:
+                rows.append(results[backend])
                 done += 1
                 log("progress %d %d" % (done, total))
-                # run_cell's locals (inputs, graphs) are gone now; hand their memory back. If the
-                # device itself failed (a sticky CUDA error), no later cell can run: say so in
-                # their rows and return what was measured.
-                try:
-                    torch.cuda.synchronize()
-                    torch.cuda.empty_cache()
-                except Exception as e:
-                    lost = "CUDA failed after %s/%s, no later cell could run: %s" % (
-                        cell["id"], backend, one_line(e))
-                    log("torch_sdpa: " + lost)
-                    done_keys = {(r["id"], r["backend"]) for r in rows}
-                    rows += [error_row(c, b, lost, None) for c in cells for b in backends
-                             if (c["id"], b) not in done_keys]
-                    return rows
+            # The cell's inputs (and graphs) are gone now; hand their memory back. If the device
+            # itself failed (a sticky CUDA error), no later cell can run: say so in their rows and
+            # return what was measured.
+            try:
+                torch.cuda.synchronize()
+                torch.cuda.empty_cache()
+            except Exception as e:
+                lost = "CUDA failed after %s, no later cell could run: %s" % (cell["id"], one_line(e))
+                log("torch_sdpa: " + lost)
+                done_keys = {(r["id"], r["backend"]) for r in rows}
+                rows += [error_row(c, b, lost, None) for c in cells for b in backends
+                         if (c["id"], b) not in done_keys]
+                return rows
         return rows
+
+
+class Prepared:
+    """One backend of a cell, ready to time (Runner.prepare): time(n) adds n repeats, each between
+    its own pair of CUDA events, rotating over the input sets; row() reports them."""
+
+    def __init__(self, torch, cell, backend, mask, peak, selected, once, sets):
+        self.torch, self.cell, self.backend, self.mask, self.peak = torch, cell, backend, mask, peak
+        self.selected, self.once, self.sets = selected, once, sets
+        self.times = []
+
+    def time(self, n):
+        torch = self.torch
+        starts = [torch.cuda.Event(enable_timing=True) for _ in range(n)]
+        ends = [torch.cuda.Event(enable_timing=True) for _ in range(n)]
+        with self.selected():
+            torch.cuda.synchronize()
+            for i in range(n):
+                s = self.sets[(len(self.times) + i) % len(self.sets)]
+                starts[i].record()
+                r = self.once(s)
+                ends[i].record()
+                del r
+            torch.cuda.synchronize()
+        self.times += [a.elapsed_time(b) for a, b in zip(starts, ends)]
+
+    def row(self):
+        return {"id": self.cell["id"], "backend": self.backend, "msMedian": statistics.median(self.times),
+                "msMin": min(self.times), "msMax": max(self.times), "peakBytes": self.peak, "mask": self.mask,
+                "error": None}
 
 
 def main(argv):

@@ -239,6 +239,53 @@ describe('bench/torch_sdpa.py with this machine\'s python3', () => {
     expect(JSON.parse(r.stdout)).toEqual(['Expected query, key and value to all be of dtype: {Half, BFloat16}. Got Query dtype: float']);
   });
 
+  test('a cell\'s backends take turns at their timed repeats, in 5 rounds', () => {
+    // Runner.run with its torch and Runner.prepare faked: records the order of the timed batches.
+    const probe = [
+      'import importlib.util, json, sys, types',
+      'sys.dont_write_bytecode = True',
+      'spec = importlib.util.spec_from_file_location("torch_sdpa", sys.argv[1])',
+      'm = importlib.util.module_from_spec(spec); spec.loader.exec_module(m)',
+      'class OOM(Exception): pass',
+      'cuda = types.SimpleNamespace(synchronize=lambda: None, empty_cache=lambda: None, OutOfMemoryError=OOM)',
+      'torch = types.SimpleNamespace(cuda=cuda, manual_seed=lambda s: None)',
+      'log = []',
+      'class Fake(m.Prepared):',
+      '    def time(self, n):',
+      '        log.append([self.cell["id"], self.backend, n])',
+      '        if self.backend == "efficient" and len(self.times) >= 3: raise RuntimeError("late failure")',
+      '        self.times += [float(len(self.times) + i + 1) for i in range(n)]',
+      'def prepare(self, cell, backend):',
+      '    if backend == "math": return m.error_row(cell, backend, "refused", "none")',
+      '    return Fake(torch, cell, backend, "none", 7, None, None, [])',
+      'r = object.__new__(m.Runner)',
+      'r.torch, r.req = torch, json.loads(sys.stdin.read())',
+      'r.prepare = types.MethodType(prepare, r)',
+      'rows = r.run()',
+      'print(json.dumps({"log": log, "rows": rows, "sizes": m.round_sizes(12, 5)}))',
+    ].join('\n');
+    const req = { cells: [{ id: 'a' }, { id: 'b' }], backends: ['flash', 'cudnn', 'efficient', 'math'], repeats: 12, seed: 0 };
+    const r = spawnSync('python3', ['-c', probe, script], { input: JSON.stringify(req), encoding: 'utf8' });
+    expect(r.stderr.split('\n').filter((l) => !l.startsWith('progress'))).toEqual(['']);
+    const out = JSON.parse(r.stdout) as { log: [string, string, number][]; rows: Record<string, unknown>[]; sizes: number[] };
+    expect(out.sizes).toEqual([3, 3, 2, 2, 2]);
+    // Round by round, flash then cuDNN then efficient; efficient fails in its second round and
+    // sits out the rest; math refused before timing.
+    const cellA = out.log.filter(([id]) => id === 'a').map(([, b, n]) => `${b}:${n}`);
+    expect(cellA).toEqual([
+      'flash:3', 'cudnn:3', 'efficient:3',
+      'flash:3', 'cudnn:3', 'efficient:3',
+      'flash:2', 'cudnn:2', 'flash:2', 'cudnn:2', 'flash:2', 'cudnn:2',
+    ]);
+    expect(out.log.filter(([id]) => id === 'b')).toHaveLength(12);
+    expect(out.rows.map((row) => [row.id, row.backend, row.error])).toEqual([
+      ['a', 'flash', null], ['a', 'cudnn', null], ['a', 'efficient', 'RuntimeError: late failure'], ['a', 'math', 'refused'],
+      ['b', 'flash', null], ['b', 'cudnn', null], ['b', 'efficient', 'RuntimeError: late failure'], ['b', 'math', 'refused'],
+    ]);
+    // The 12 repeats (1 .. 12 here) make one median / min / max.
+    expect(out.rows[0]).toMatchObject({ msMedian: 6.5, msMin: 1, msMax: 12, peakBytes: 7, mask: 'none' });
+  });
+
   test('--plan: 3 rotating input sets below 256 MiB of working set, 1 above', () => {
     const big: TorchCell = { ...cells[0], id: 'big', batch: 16, seqlenQ: 8192, seqlenK: 8192, headsQ: 16, headsKV: 16, headDim: 128 };
     const r = run(['--plan'], JSON.stringify({ cells: [...cells, big], backends: ['math'], warmup: 0, repeats: 1 }));
