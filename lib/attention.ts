@@ -62,7 +62,7 @@ export type KernelFamily = 'sm90-wgmma' | 'sm80-mma' | 'fp32-mma' | 'naive' | 'c
  * @example
  * const { plan } = flashAttention(q, k, v); // d128 bf16, 1024 keys, on an H100:
  * // { family: 'sm90-wgmma', headDim: 128, blockM: 128, blockN: 128, warps: 12, stages: 2 }
- * // (causal: { family: 'sm90-wgmma', headDim: 128, blockM: 128, blockN: 128, warps: 8, stages: 3 })
+ * // (the same causal; at head dim 64 below 2048 keys: { ..., headDim: 64, blockM: 128, blockN: 64, warps: 8, stages: 3 })
  */
 export interface KernelPlan {
   /** The kernel family. */
@@ -78,8 +78,8 @@ export interface KernelPlan {
    * producer warpgroup issuing the TMA loads and two (three at head dims 33–64: 192 query rows)
    * consumer warpgroups of 64 query rows, one persistent block per SM: non-causal at head dims
    * 33–256 (128-key tiles up to 128, at 97–128 176-key tiles from 4096 keys; 112 up to 192, 80
-   * above), and causal from a length per head dim (queries and keys: 8192 at 33–96, 4096 at 97–192,
-   * 2048 above; 128-key tiles up to 128, 96 up to 192, 80 above). In the backward, 12 is the
+   * above), and causal from a length per head dim (queries and keys: 2048 at 33–64, any at 65–128,
+   * 1024 above; 128-key tiles up to 128, 96 up to 192, 80 above). In the backward, 12 is the
    * warp-specialized single kernel (head dims 33–128).
    */
   warps: number | null;

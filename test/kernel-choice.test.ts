@@ -95,9 +95,9 @@ describeEachDevice('kernel choice', (device) => {
   });
 
   if (device === 'cuda' && HOPPER) {
-    // The example of lib/attention.ts KernelPlan: non-causal, the warp-specialized forward (a
-    // producer and two consumer warpgroups, 128-key tiles below 4096 keys); causal, the forward of two
-    // warpgroups; the Hopper backward's 128-key tile of two warpgroups (flash_configs.h).
+    // The example of lib/attention.ts KernelPlan: the warp-specialized forward (a producer and two
+    // consumer warpgroups, 128-key tiles below 4096 keys), causal or not; the Hopper backward's 128-key
+    // tile of two warpgroups (flash_configs.h).
     test('bfloat16, head dim 128 on Hopper: the plans are the wgmma rows of the tables', () => {
       const [q, k, v, dout] = make('bfloat16', 128);
       const f = flashAttention(q, k, v);
@@ -105,7 +105,7 @@ describeEachDevice('kernel choice', (device) => {
       const g = flashAttentionBackward(dout, q, k, v, f.out, f.lse);
       try {
         expect(f.plan).toEqual({ family: 'sm90-wgmma', headDim: 128, blockM: 128, blockN: 128, warps: 12, stages: 2 });
-        expect(c.plan).toEqual({ family: 'sm90-wgmma', headDim: 128, blockM: 128, blockN: 128, warps: 8, stages: 3 });
+        expect(c.plan).toEqual({ family: 'sm90-wgmma', headDim: 128, blockM: 128, blockN: 128, warps: 12, stages: 2 });
         expect(g.plan).toEqual({ family: 'sm90-wgmma', headDim: 128, blockM: 64, blockN: 128, warps: 8, stages: 2 });
       } finally {
         for (const t of [q, k, v, dout, f.out, f.lse, c.out, c.lse, g.dq, g.dk, g.dv]) t.dispose();
@@ -113,13 +113,13 @@ describeEachDevice('kernel choice', (device) => {
     });
 
     // Causal calls from a length per head dim on (flash_configs.h fwd_sm90_ws_causal_min_seqlen): the
-    // warp-specialized kernel (query tiles longest first over all heads; at 64 three consumer
-    // warpgroups, 192-row tiles), from 8192 at 64 and 96, 4096 at 128 and 192, 2048 at 256; below,
-    // the two-warpgroup kernel.
+    // warp-specialized kernel (query tiles handed out by a counter, heaviest first; at 64 three
+    // consumer warpgroups, 192-row tiles), from 2048 at 64, at any length at 96 and 128, from 1024 at
+    // 192 and 256; below, the two-warpgroup kernel (at 32 always).
     test.each([
-      [128, 4095, 128, 128, 8, 3], [128, 4096, 128, 128, 12, 2], [64, 8191, 128, 64, 8, 3], [64, 8192, 192, 128, 16, 3],
-      [96, 8191, 128, 128, 8, 3], [96, 8192, 128, 128, 12, 2], [192, 4095, 128, 64, 8, 3], [192, 4096, 128, 96, 12, 2],
-      [256, 2047, 128, 32, 8, 3], [256, 2048, 128, 80, 12, 2],
+      [128, 1, 128, 128, 12, 2], [128, 700, 128, 128, 12, 2], [64, 2047, 128, 64, 8, 3], [64, 2048, 192, 128, 16, 3],
+      [96, 1, 128, 128, 12, 2], [192, 1023, 128, 64, 8, 3], [192, 1024, 128, 96, 12, 2],
+      [256, 1023, 128, 32, 8, 3], [256, 1024, 128, 80, 12, 2], [32, 4096, 128, 64, 8, 3],
     ])('bfloat16, causal head dim %d at seqlen %d on Hopper: %d x %d tiles of %d warps', (headDim, seqlen, blockM, blockN, warps, stages) => {
       const [q, k, v, dout] = make('bfloat16', headDim, seqlen);
       const c = flashAttention(q, k, v, { causal: true });
@@ -190,15 +190,16 @@ describeEachDevice('kernel choice', (device) => {
       });
 
     // Head dims 65-96, 129-192 and 193-256 without a causal mask: the warp-specialized forward at d96
-    // (128-key tiles), d192 (112-key tiles) and d256 (80-key tiles); causal, the two-warpgroup rows.
-    test.each([[80, 96, 128, 128], [96, 96, 128, 128], [160, 192, 112, 64], [256, 256, 80, 32]])(
-      'bfloat16, head dim %d on Hopper: the forward runs the d%d rows', (headDim, padded, wsBlockN, blockN) => {
+    // (128-key tiles), d192 (112-key tiles) and d256 (80-key tiles); causal at 40 keys, the same kernel
+    // at d96, the two-warpgroup rows above.
+    test.each([[80, 96, 128, 128, 12, 2], [96, 96, 128, 128, 12, 2], [160, 192, 112, 64, 8, 3], [256, 256, 80, 32, 8, 3]])(
+      'bfloat16, head dim %d on Hopper: the forward runs the d%d rows', (headDim, padded, wsBlockN, blockN, warps, stages) => {
         const [q, k, v, dout] = make('bfloat16', headDim);
         const f = flashAttention(q, k, v);
         const c = flashAttention(q, k, v, { causal: true });
         try {
           expect(f.plan).toEqual({ family: 'sm90-wgmma', headDim: padded, blockM: 128, blockN: wsBlockN, warps: 12, stages: 2 });
-          expect(c.plan).toEqual({ family: 'sm90-wgmma', headDim: padded, blockM: 128, blockN, warps: 8, stages: 3 });
+          expect(c.plan).toEqual({ family: 'sm90-wgmma', headDim: padded, blockM: 128, blockN, warps, stages });
         } finally {
           for (const t of [q, k, v, dout, f.out, f.lse, c.out, c.lse]) t.dispose();
         }

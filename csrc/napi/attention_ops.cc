@@ -393,7 +393,8 @@ Napi::Value AttentionForward(const Napi::CallbackInfo& info) {
     rt.cuda().ensure_usable();
     if (kernel == Kernel::kFlash) {
       check_launch(rt, cuda::run_forward(p, plan, rt.cuda().stream()),
-                   dtype == DType::kFloat32 ? "FlashAttention-2 forward (float32)" : "FlashAttention-2 forward", 0);
+                   dtype == DType::kFloat32 ? "FlashAttention-2 forward (float32)" : "FlashAttention-2 forward",
+                   plan.workspace_bytes);
     } else {
       check_launch(rt, cuda::naive_attention_fwd(p, rt.cuda().stream()), "naive attention forward",
                    cuda::naive_attention_fwd_workspace_bytes(p));

@@ -14,8 +14,10 @@
 // see the key).
 // Then (unless --no-bench) bf16 timing at B*S = 16k, H*D = 2048, S 2k / 8k, D 64 / 128, causal and not:
 // median of 20 cudaEvent-timed calls after warm-up, TFLOP/s = 4 B H S^2 D / t (halved when causal).
-// On Hopper the kernel variants below are checked and timed too; FLASH_FWD_CHECK_VARIANTS=d192,ws-d256
-// runs only those whose names contain one of the comma-separated strings (and not the shipped paths,
+// On Hopper the kernel variants below are checked and timed too (FLASH_FWD_CHECK_MASKS=causal or full:
+// with that mask only); FLASH_FWD_CHECK_VARIANTS=d192,ws-d256
+// runs only those whose names contain one of the comma-separated strings, or, for an entry "=name", are
+// that name (and not the shipped paths,
 // unless the list holds "shipped": FLASH_FWD_CHECK_VARIANTS=shipped runs those alone).
 #include <cuda_runtime.h>
 
@@ -135,19 +137,22 @@ cudaError_t sm90_variant(const fa::AttentionFwdParams& p, cudaStream_t stream) {
 }
 
 // The warp-specialized Hopper kernel (flash_fwd_sm90_ws_kernel.cuh): keys per tile, stages, consumer
-// warpgroups (64 query rows each), the causal walk's L2 sections (MiB of K/V; bf16 only), Q buffers.
-// kL2SectionMiB 0: the shipped walk, one section over all heads; kQStages 0: the traits' choice;
-// kTmaStoreO false: O stored from registers.
-template <int kHeadDim, int kBlockN, int kStages, int kConsumers = 2, uint32_t kL2SectionMiB = 0, int kQStages = 0,
-          bool kTmaStoreO = true>
+// warpgroups (64 query rows each), the causal items' L2 sections (KiB of K/V, at most kMaxHeads heads;
+// 0: the traits' 32 MiB and 32 heads), Q buffers (0: the traits' choice); kTmaStoreO false: O stored
+// from registers. bf16 only.
+template <int kHeadDim, int kBlockN, int kStages, int kConsumers = 2, uint32_t kSectionKiB = 0,
+          uint32_t kMaxHeads = 0, int kQStages = 0, bool kTmaStoreO = true>
 cudaError_t sm90_ws_variant(const fa::AttentionFwdParams& p, cudaStream_t stream) {
+  using Default = fa::cuda::flash::sm90::FlashFwdSm90WsTraits<kHeadDim, kBlockN, kStages, __nv_bfloat16, kConsumers>;
   using Traits = fa::cuda::flash::sm90::FlashFwdSm90WsTraits<
-      kHeadDim, kBlockN, kStages, __nv_bfloat16, kConsumers,
-      kL2SectionMiB == 0 ? fa::cuda::flash::kAllHeadsKiB : kL2SectionMiB << 10, kQStages, kTmaStoreO>;
+      kHeadDim, kBlockN, kStages, __nv_bfloat16, kConsumers, kSectionKiB != 0 ? kSectionKiB : Default::kL2SectionKiB,
+      kQStages, kTmaStoreO, kMaxHeads != 0 ? kMaxHeads : Default::kL2SectionMaxHeads>;
   if (p.dtype != DType::kBFloat16 || p.head_dim != kHeadDim) return cudaErrorNotSupported;
   return p.causal ? fa::cuda::launch_flash_fwd_sm90_ws<Traits, true>(p, stream)
                   : fa::cuda::launch_flash_fwd_sm90_ws<Traits, false>(p, stream);
 }
+// Causal sections of one head, and of all heads.
+constexpr uint32_t kOneHead = 1, kAllHeads = ~0u;
 
 bool run_case(const Case& c, const char* path, FwdFn fwd, std::mt19937_64& rng) {
   const int64_t nq = c.batch * c.sq * c.hq * c.d, nk = c.batch * c.sk * c.hkv * c.d;
@@ -371,50 +376,59 @@ int main(int argc, char** argv) {
       {"d128n128w2s3", 128, sm90_variant<128, 128, 2, 3>},
       {"d128n128w2s3-d", 128, sm90_variant<128, 128, 2, 3, 1, false>},
       {"ws-d128n128s2", 128, sm90_ws_variant<128, 128, 2>},
-      {"ws-d128n128s2-q1", 128, sm90_ws_variant<128, 128, 2, 2, 0, 1>},
-      {"ws-d128n128s2-q2d", 128, sm90_ws_variant<128, 128, 2, 2, 0, 2, false>},
-      {"ws-d128n128s2-l2s32", 128, sm90_ws_variant<128, 128, 2, 2, 32>},
+      {"ws-d128n128s2-q1", 128, sm90_ws_variant<128, 128, 2, 2, 0, 0, 1>},
+      {"ws-d128n128s2-q2d", 128, sm90_ws_variant<128, 128, 2, 2, 0, 0, 2, false>},
+      {"ws-d128n128s2-h1", 128, sm90_ws_variant<128, 128, 2, 2, kOneHead>},
+      {"ws-d128n128s2-all", 128, sm90_ws_variant<128, 128, 2, 2, kAllHeads, kAllHeads>},
       {"ws-d128n176s2", 128, sm90_ws_variant<128, 176, 2>},
-      {"ws-d128n176s2-d", 128, sm90_ws_variant<128, 176, 2, 2, 0, 0, false>},
+      {"ws-d128n176s2-d", 128, sm90_ws_variant<128, 176, 2, 2, 0, 0, 0, false>},
       {"d64n64w2s3b2", 64, sm90_variant<64, 64, 2, 3, 2>},
       {"d64n64w2s3b2-d", 64, sm90_variant<64, 64, 2, 3, 2, false>},
       {"ws-d64n128s2", 64, sm90_ws_variant<64, 128, 2>},
       {"ws-d64n128s2c3", 64, sm90_ws_variant<64, 128, 2, 3>},
       {"ws-d64n128s3c3", 64, sm90_ws_variant<64, 128, 3, 3>},
-      {"ws-d64n128s3c3-q1", 64, sm90_ws_variant<64, 128, 3, 3, 0, 1>},
-      {"ws-d64n128s3c3-q2d", 64, sm90_ws_variant<64, 128, 3, 3, 0, 2, false>},
+      {"ws-d64n128s3c3-q1", 64, sm90_ws_variant<64, 128, 3, 3, 0, 0, 1>},
+      {"ws-d64n128s3c3-q2d", 64, sm90_ws_variant<64, 128, 3, 3, 0, 0, 2, false>},
       {"ws-d64n96s3c3", 64, sm90_ws_variant<64, 96, 3, 3>},
       {"d96n128w2s3", 96, sm90_variant<96, 128, 2, 3>},
       {"d96n128w2s3-d", 96, sm90_variant<96, 128, 2, 3, 1, false>},
       {"ws-d96n128s2", 96, sm90_ws_variant<96, 128, 2>},
-      {"ws-d96n128s2-q1", 96, sm90_ws_variant<96, 128, 2, 2, 0, 1>},
-      {"ws-d96n128s2-q2d", 96, sm90_ws_variant<96, 128, 2, 2, 0, 2, false>},
+      {"ws-d96n128s2-q1", 96, sm90_ws_variant<96, 128, 2, 2, 0, 0, 1>},
+      {"ws-d96n128s2-q2d", 96, sm90_ws_variant<96, 128, 2, 2, 0, 0, 2, false>},
       {"ws-d96n176s2", 96, sm90_ws_variant<96, 176, 2>},
       {"ws-d96n192s2", 96, sm90_ws_variant<96, 192, 2>},
       {"d192n64w2s3", 192, sm90_variant<192, 64, 2, 3>},
       {"d192n64w2s3-d", 192, sm90_variant<192, 64, 2, 3, 1, false>},
       {"ws-d192n96s2", 192, sm90_ws_variant<192, 96, 2>},
       {"ws-d192n112s2", 192, sm90_ws_variant<192, 112, 2>},
-      {"ws-d192n112s2-d", 192, sm90_ws_variant<192, 112, 2, 2, 0, 0, false>},
+      {"ws-d192n112s2-d", 192, sm90_ws_variant<192, 112, 2, 2, 0, 0, 0, false>},
       {"d256n32w2s3", 256, sm90_variant<256, 32, 2, 3>},
       {"d256n32w2s3-d", 256, sm90_variant<256, 32, 2, 3, 1, false>},
       {"ws-d256n64s2", 256, sm90_ws_variant<256, 64, 2>},
       {"ws-d256n80s2", 256, sm90_ws_variant<256, 80, 2>},
-      {"ws-d256n80s2-d", 256, sm90_ws_variant<256, 80, 2, 2, 0, 0, false>},
+      {"ws-d256n80s2-d", 256, sm90_ws_variant<256, 80, 2, 2, 0, 0, 0, false>},
   };
   std::vector<Variant> variants;
   for (const Variant& var : all_variants) {
     bool keep = wanted == nullptr;
     for (const char* w = wanted; w != nullptr && !keep; w = std::strchr(w, ',') ? std::strchr(w, ',') + 1 : nullptr) {
       const size_t len = std::strcspn(w, ",");
-      keep = len > 0 && std::string(var.name).find(std::string(w, len)) != std::string::npos;
+      const std::string want(w, len);
+      keep = len > 1 && want[0] == '=' ? want.substr(1) == var.name
+                                       : len > 0 && std::string(var.name).find(want) != std::string::npos;
     }
     if (keep) variants.push_back(var);
   }
   const bool hopper = std::strcmp(fa::cuda::flash_fwd_path(), "sm90-wgmma") == 0;
+  // FLASH_FWD_CHECK_MASKS=causal (or full): the variants are checked and timed with that mask only.
+  const char* const masks = std::getenv("FLASH_FWD_CHECK_MASKS");
+  const auto mask_wanted = [&](bool causal) {
+    return masks == nullptr || std::strcmp(masks, causal ? "causal" : "full") == 0;
+  };
   if (hopper && setup.run_checks)
     for (const Variant& var : variants)
       for (bool causal : {false, true}) {
+        if (!mask_wanted(causal)) continue;
         total += 2;
         failed += !run_case(Case{2, 97, 203, 4, 2, var.d, causal, DType::kBFloat16}, var.name, var.fn, rng);
         failed += !run_case(Case{1, 1025, 1023, 2, 1, var.d, causal, DType::kBFloat16}, var.name, var.fn, rng);
@@ -424,14 +438,15 @@ int main(int argc, char** argv) {
         failed += !run_case(Case{2, 1100, 1100, 8, 2, var.d, causal, DType::kBFloat16}, var.name, var.fn, rng);
         failed += !run_case(Case{3, 700, 300, 8, 4, var.d, causal, DType::kBFloat16}, var.name, var.fn, rng);
         failed += !run_case(Case{3, 300, 700, 8, 8, var.d, causal, DType::kBFloat16}, var.name, var.fn, rng);
-        // Long keys: the causal persistent walk cuts the 16 heads into L2 sections of 14 (2.25 MiB of
-        // K/V per head; tile_scheduler.cuh), the last one short.
-        total += 1;
+        // Long keys: the causal items cut the 16 heads into L2 sections of 14 (2.25 MiB of K/V per head;
+        // tile_scheduler.cuh), the last one short; short keys: 40 heads in sections of at most 32.
+        total += 2;
+        failed += !run_case(Case{5, 300, 300, 8, 8, var.d, causal, DType::kBFloat16}, var.name, var.fn, rng);
         failed += !run_case(Case{2, 300, 9001, 8, var.d == 64 ? 8 : 4, var.d, causal, DType::kBFloat16}, var.name,
                             var.fn, rng);
       }
   // Non-finite containment on the variants (the warp-specialized kernels check V in the producer).
-  if (hopper && setup.run_checks)
+  if (hopper && setup.run_checks && mask_wanted(true))
     for (const Variant& var : variants) {
       total += 3;
       failed += !run_nonfinite_case(Case{2, 300, 300, 4, 2, var.d, true, DType::kBFloat16}, 70, 141, var.name, var.fn, rng);
@@ -441,10 +456,15 @@ int main(int argc, char** argv) {
   if (setup.run_checks) std::printf("%s: %d of %d cases failed\n", failed ? "FAIL" : "PASS", failed, total);
   std::unique_ptr<BenchInputs> bench_in;
   if (run_bench && (hopper || !paths.empty())) bench_in = std::make_unique<BenchInputs>(rng);
+  // The variants of one shape are timed one after another, in two rounds: the GPU's clocks drift under
+  // sustained load, so variants timed minutes apart would not compare.
   if (run_bench && hopper)
-    for (const Variant& var : variants)
-      for (int64_t seqlen : {512, 1024, 2048, 4096, 8192, 16384})
-        for (bool causal : {false, true}) bench(seqlen, var.d, causal, var.name, var.fn, *bench_in);
+    for (int64_t seqlen : {512, 1024, 2048, 4096, 8192, 16384})
+      for (bool causal : {false, true}) {
+        if (!mask_wanted(causal)) continue;
+        for (int round = 0; round < 2; ++round)
+          for (const Variant& var : variants) bench(seqlen, var.d, causal, var.name, var.fn, *bench_in);
+      }
   if (run_bench && !paths.empty())
     for (const Path& path : {paths.front()})  // the shipped path (the variants above time sm90's)
       for (int64_t seqlen : {512, 2048, 8192})

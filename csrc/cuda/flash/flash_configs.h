@@ -7,6 +7,7 @@
 // compile time, by every launcher (row_matches): results report it as the call's plan.
 #pragma once
 #include <cstddef>
+#include <cstdint>
 
 #include "common/attention_params.h"
 
@@ -63,23 +64,28 @@ inline constexpr FlashConfig kFwdSm90WsLongConfigs[] = {
     {128, 128, 176, 12, 2, 1, false},
 };
 inline constexpr int64_t kFwdSm90WsLongMinSeqlen = 4096;
-// The same kernel for causal calls with at least fwd_sm90_ws_causal_min_seqlen queries and keys (its
-// blocks take the query tiles longest first over all heads); shorter causal calls run kFwdSm90Configs,
-// one block per query tile, which the hardware balances better there. H100, bf16, B*S = 16k, H*D =
-// 2048, queued back to back (test/native/flash_fwd_check.cu), both kernels storing O through TMA,
-// TFLOP/s at seqlen 512 / 1k / 2k / 4k / 8k / 16k, 2026-11-27, two runs (a / b):
-//   d64  ws n128 s3 c3: a 179 / 229 / 313 / 340 / 399 / 427, b 171 / 226 / 309 / 331 / 392 / 421;
-//        two warpgroups n64 s3 b2: a 208 / 280 / 317 / 357 / 357 / 377, b 210 / 264 / 318 / 354 / 363 / 373
-//   d96  ws n128 s2: a 187 / 237 / 295 / 361 / 411 / 448, b 186 / 235 / 294 / 365 / 407 / 443;
-//        two warpgroups n128 s3: a 184 / 271 / 316 / 378 / 387 / 421, b 174 / 266 / 324 / 355 / 393 / 419
-//   d128 ws n128 s2: 202 / 261 / 329 / 441 / 461 / 517; two warpgroups n128 s3: 225 / 317 / 378 / 435 /
-//        463 / 513 (another run; causal n176 spills 220 bytes)
-//   d192 ws n96 s2: a 166 / 233 / 380 / 479 / 545 / 582, b 166 / 235 / 376 / 450 / 526 / 580 (n112: 447-473
-//        at 4k); two warpgroups n64 s3: a 221 / 321 / 382 / 436 / 472 / 524, b 227 / 322 / 377 / 438 / 462 / 515
-//   d256 ws n80 s2: a 155 / 228 / 357 / 488 / 554 / 596, b 153 / 226 / 366 / 478 / 526 / 593 (n64: 357-374
-//        at 2k, 460 at 4k); two warpgroups n32 s3: a 198 / 275 / 329 / 367 / 391 / 434, b 188 / 278 / 323 /
-//        374 / 384 / 430
-// ptxas spills in the causal d192 n96 (32 bytes) and d256 n80 (612) consumers; they win regardless.
+// The same kernel for causal calls with at least fwd_sm90_ws_causal_min_seqlen queries and keys: its
+// blocks take the query tiles from a global counter, heaviest first within sections of heads
+// (tile_scheduler.cuh query_tile_work_at); shorter causal calls run kFwdSm90Configs, one block per
+// query tile, whose two blocks per SM (d64) or 64-key tiles (d192, d256) win there. H100, bf16, B*S =
+// 16k, H*D = 2048, queued back to back, the variants of a shape timed in turns, two rounds
+// (test/native/flash_fwd_check.cu), TFLOP/s at seqlen 512 / 1k / 2k / 4k / 8k / 16k, 2026-11-27:
+//   d64  ws n128 s3 c3: 183 / 242 / 336 / 390 / 423 / 439   <- from 2k
+//        two warpgroups n64 s3 b2: 209 / 265 / 307 / 340 / 373 / 386
+//   d96  ws n128 s2: 222 / 302 / 354 / 398 / 421 / 434       <- from 512
+//        two warpgroups n128 s3: 184 / 259 / 299 / 359 / 405 / 422
+//   d128 ws n128 s2: 268 / 364 / 437 / 494 / 517 / 542       <- from 512
+//        two warpgroups n128 s3: 224 / 310 / 380 / 414 / 467 / 514 (causal n176 spills 220 bytes)
+//   d192 ws n96 s2: 219 / 339 / 428 / 520 / 546 / 577        <- from 1k
+//        two warpgroups n64 s3: 241 / 322 / 368 / 401 / 478 / 514
+//   d256 ws n80 s2: 203 / 315 / 426 / 495 / 527 / 529-567     <- from 1k
+//        two warpgroups n32 s3: 211 / 274 / 308 / 351 / 395 / 453
+// Handed out by a fixed walk over the blocks (heaviest first over all heads, the blocks in a snake)
+// instead of by the counter, the same ws rows ran 186 / 234 / 320 / 344 / 397 / 433 (d64), 194 / 245 /
+// 300 / 364 / 400 / 448 (d96), 206 / 268 / 338 / 443 / 472 / 524 (d128), 173 / 245 / 390 / 492 / 535 /
+// 585 (d192) and 162 / 235 / 387 / 488 / 531 / 588 (d256): the counter wins up to 4k and matches the
+// walk within the run-to-run spread (3-7%, the same kernel timed twice) from 8k.
+// ptxas spills in the causal d192 n96 (32 bytes) and d256 n80 (604) consumers; they win regardless.
 inline constexpr FlashConfig kFwdSm90WsCausalConfigs[] = {
     {64, 192, 128, 16, 3, 1, false},
     {96, 128, 128, 12, 2, 1, false},
@@ -87,17 +93,20 @@ inline constexpr FlashConfig kFwdSm90WsCausalConfigs[] = {
     {192, 128, 96, 12, 2, 1, false},
     {256, 128, 80, 12, 2, 1, false},
 };
+// The causal calls of that kernel take their work items from a counter of this size on the stream's
+// memory pool (hopper/flash_fwd_sm90_launch.cuh).
+inline constexpr size_t kFwdSm90ItemCounterBytes = sizeof(uint32_t);
 // The shortest sequence (queries and keys) from which a causal call at compiled head dim head_dim runs
 // its row of kFwdSm90WsCausalConfigs (the crossovers measured above).
 constexpr int64_t fwd_sm90_ws_causal_min_seqlen(int head_dim) {
   switch (head_dim) {
     case 64:
-    case 96:
-      return 8192;
-    case 256:
       return 2048;
+    case 192:
+    case 256:
+      return 1024;
     default:
-      return 4096;
+      return 0;
   }
 }
 // Forward, mma.sync on TF32 and 3xTF32 (flash_fwd_fp32.cu): 4 warps of 16 query rows, one K and one

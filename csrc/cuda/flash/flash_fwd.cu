@@ -101,6 +101,12 @@ bool flash_fwd_supported(const AttentionFwdParams& p) { return flash_fwd_unsuppo
 
 const char* flash_fwd_path() { return flash_fwd_runs_sm90() ? "sm90-wgmma" : "sm80-mma"; }
 
+size_t flash_fwd_workspace_bytes(const AttentionFwdParams& p) {
+  const bool counter = flash_fwd_runs_sm90() && p.causal &&
+                       flash::fwd_sm90_ws_causal(flash::padded_head_dim(p.head_dim), p.seqlen_q, p.seqlen_k);
+  return counter ? flash::kFwdSm90ItemCounterBytes : 0;
+}
+
 cudaError_t flash_fwd(const AttentionFwdParams& p, cudaStream_t stream) {
   if (!flash_fwd_supported(p)) return cudaErrorNotSupported;
   FA_CUDA_TRY(cudaGetLastError());  // report an error left pending by earlier work

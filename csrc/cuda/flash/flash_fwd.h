@@ -9,7 +9,9 @@
 // GQA/MQA; q, k, v, out 16-byte aligned with row / head / batch strides that are multiples of 8
 // elements (cp.async moves 16 bytes). Anything else returns cudaErrorNotSupported without launching.
 // Semantics are those of common/attention_params.h (lse natural log, +inf for empty rows).
-// Only enqueues work on `stream`; no allocation, no synchronization. A launch error is returned.
+// Only enqueues work on `stream`, no synchronization. Workspace: flash_fwd_workspace_bytes (causal calls on
+// Hopper's warp-specialized kernel take a work-item counter from `stream`'s memory pool, cudaMallocAsync,
+// and release it with cudaFreeAsync before the call returns). A launch or allocation error is returned.
 #pragma once
 #include <cuda_runtime_api.h>
 
@@ -29,6 +31,9 @@ bool flash_fwd_runs_sm90();
 
 // The path flash_fwd takes on the current device: "sm90-wgmma" or "sm80-mma".
 const char* flash_fwd_path();
+
+// Bytes of workspace flash_fwd allocates on its stream for p on the current device.
+size_t flash_fwd_workspace_bytes(const AttentionFwdParams& p);
 
 cudaError_t flash_fwd(const AttentionFwdParams& p, cudaStream_t stream);
 

@@ -26,6 +26,7 @@ FwdPlan plan_forward(const AttentionFwdParams& p) {
   } else {
     plan.unsupported = flash_fwd_unsupported_reason(p);
     plan.family = flash_fwd_runs_sm90() ? FlashFamily::kSm90Wgmma : FlashFamily::kSm80Mma;
+    if (plan.unsupported == nullptr) plan.workspace_bytes = flash_fwd_workspace_bytes(p);
   }
   const int padded = flash::padded_head_dim(p.head_dim);
   switch (plan.family) {

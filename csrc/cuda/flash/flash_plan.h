@@ -28,6 +28,7 @@ const char* family_name(FlashFamily family);
 struct FwdPlan {
   FlashFamily family = FlashFamily::kNone;
   flash::FlashConfig config{};        // the family's row for the call's padded head dim (flash_configs.h)
+  size_t workspace_bytes = 0;         // what the launch allocates on its stream (and frees)
   const char* unsupported = nullptr;  // a sentence for an error message when family is kNone
 };
 FwdPlan plan_forward(const AttentionFwdParams& p);

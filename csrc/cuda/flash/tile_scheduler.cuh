@@ -18,18 +18,19 @@ struct QueryTileWork {
   int head, head_kv;  // the query head and the KV head it reads (GQA / MQA)
   int64_t batch;
 };
-// Persistent grids (a block takes one work item per round, persistent_item): item -> tile.
-// Causal (kLongestFirst): the heads are cut into L2 sections, as many heads as have K and V within
-// kSectionKiB, and within a section the heaviest query tiles of its heads come first (tile-major, the
-// last query tile, which sees the most keys, first), so that the blocks' last items are short and the
-// blocks at work at one time read the K/V of a few heads. Sorted over all heads at once, the blocks of
-// one round read 132 different heads' K/V: at 2k causal d128 (1 MiB of K/V per head) the kernel
-// fetched every tile from HBM and ran 0.83x the non-persistent kernel (H100); with 32 MiB sections it
-// still moved 1.8x that kernel's DRAM bytes (bench/NOTES.md). From 4k keys on, one section over all
-// heads (kAllHeadsKiB) balances the blocks best: causal d128 8k 567 TFLOP/s against 465 with 32 MiB
-// sections. Otherwise query tiles fastest, as query_tile_work.
+// Persistent grids: item -> tile.
+// Causal (kLongestFirst; the warp-specialized forward hands these items out from a global counter in
+// order): the heads are cut into L2 sections, as many heads as have K and V within kSectionKiB and at
+// most kSectionMaxHeads, and within a section the heaviest query tiles of its heads come first
+// (tile-major, the last query tile, which sees the most keys, first), so that the blocks' last items
+// are short and the blocks at work at one time read the K/V of a few heads. H100, bf16, causal d128,
+// TFLOP/s at 512 / 1k / 2k / 4k / 8k / 16k keys (2026-11-27, items from the counter): sections of 32 MiB
+// and at most 32 heads 268 / 364 / 437 / 494 / 517 / 542; 32 MiB alone 240 / 360 / 421 / 487 / 516 /
+// 547 (at 512 that is 128 heads, whose K/V the first items all read); one head 270 / 354 / 404 / 447 /
+// 506 / 526; all heads 205 / 266 / 324 / 451 / 493 / 524. Otherwise query tiles fastest, as
+// query_tile_work.
 inline constexpr uint32_t kAllHeadsKiB = ~0u;
-template <int kBlockM, bool kLongestFirst, uint32_t kSectionKiB>
+template <int kBlockM, bool kLongestFirst, uint32_t kSectionKiB, uint32_t kSectionMaxHeads = ~0u>
 __device__ __forceinline__ QueryTileWork query_tile_work_at(const AttentionFwdParams& p, uint32_t item) {
   const uint32_t m_blocks = static_cast<uint32_t>((static_cast<int>(p.seqlen_q) + kBlockM - 1) / kBlockM);
   const uint32_t heads = static_cast<uint32_t>(p.heads_q);
@@ -41,7 +42,7 @@ __device__ __forceinline__ QueryTileWork query_tile_work_at(const AttentionFwdPa
     // K and V of one query head, in KiB (the heads of a GQA group share theirs), 32-bit safe.
     const uint32_t kv_kib =
         (static_cast<uint32_t>((p.seqlen_k + 255) / 256) * static_cast<uint32_t>(p.head_dim) + group - 1) / group;
-    const uint32_t section = min(bhs, max(1u, kSectionKiB / max(1u, kv_kib)));
+    const uint32_t section = min(min(bhs, kSectionMaxHeads), max(1u, kSectionKiB / max(1u, kv_kib)));
     const uint32_t sec = item / (section * m_blocks), r = item - sec * section * m_blocks;
     const uint32_t sec_heads = min(section, bhs - sec * section);
     w.m_block = static_cast<int>(m_blocks - 1 - r / sec_heads);
@@ -57,16 +58,9 @@ __device__ __forceinline__ QueryTileWork query_tile_work_at(const AttentionFwdPa
   return w;
 }
 
-// The work item of a persistent block's round `round` (items round * gridDim.x + [0, gridDim.x)).
-// kSnake: odd rounds walk the blocks in reverse, so that with items sorted longest first the block
-// that took the heaviest item of one round takes the lightest of the next (with a plain stride, block
-// 0 takes the heaviest item of every round). Causal d128 8k, warp-specialized forward: 505 -> 569
-// TFLOP/s (H100, bf16).
-template <bool kSnake>
-__device__ __forceinline__ uint32_t persistent_item(uint32_t round) {
-  const uint32_t b = kSnake && (round & 1u) ? gridDim.x - 1 - blockIdx.x : blockIdx.x;
-  return round * gridDim.x + b;
-}
+// The work item of a persistent block's round `round` when the items are equal (no causal mask):
+// round * gridDim.x + blockIdx.x.
+__device__ __forceinline__ uint32_t persistent_item(uint32_t round) { return round * gridDim.x + blockIdx.x; }
 
 template <int kBlockM>
 __device__ __forceinline__ QueryTileWork query_tile_work(const AttentionFwdParams& p) {

@@ -28,13 +28,8 @@
 //                    with two Q buffers and O stored through TMA: flash_configs.h)
 //                    ws n128 s2: 425 / 523 / 585 / 633;  ws n128 s3: 394 / 512 / 579 / 635
 //                 n128 w2 s3 b1: 341 / 432 / 490 / 553
-//   d128 causal,     ws n128 s2, 32 MiB L2 sections: 200 / 279 / 362 / 459 (ws n176 s2: 149 / 241 / 324 / 455)
-//                 n128 w2 s3 b1: 201 / 296 / 382 / 500   <- shipped below 4k: the persistent kernel's
-//     static walk loses the balance of the hardware's block scheduler on short sequences.
-//     At 512 / 1k / 2k / 4k / 8k / 16k (another run): ws n128 s2 walking all heads longest first
-//     169 / 234 / 311 / 485 / 567 / 609   <- from 4k (kFwdSm90WsCausalConfigs; the causal crossovers of
-//     every head dim, with O stored through TMA, are in flash_configs.h)
-//                 n128 w2 s3 b1: 200 / 297 / 383 / 447 / 499 / 551
+//   Causal, every head dim: flash_configs.h kFwdSm90WsCausalConfigs (the warp-specialized kernel with its
+//   work items from a counter, against the two-warpgroup one; ws n176 causal at d128 spills 220 bytes).
 //   d64 non-causal,  ws n192 s2: 301 / 352 / 410 / 449;  ws n128 s2: 320 / 374 / 398 / 417
 //                 n64 w2 s3 b2: 317 / 372 / 402 / 428
 //     three consumer warpgroups (192-row tiles; setmaxnreg 32 / 160, no spills; queued, 2026-11-27,
@@ -46,22 +41,16 @@
 //     MUFU units as its two GEMMs (2 x 64 x 128 x 64 MACs) cost of the tensor cores: with two
 //     consumers one softmax hides behind the other warpgroup's GEMMs at best; with three the tensor
 //     cores have two other warpgroups' GEMMs to run during each softmax.
-//   d64 causal,      ws n128 s3 c3: 170 / 231 / 326 / 367 / 433 at 512-8k;  n64 w2 s3 b2: 197 / 270 / 331 /
-//     364 / 395
 //   d96 non-causal (queued, 2026-11-27, at 512 / 1k / 2k / 4k / 8k / 16k):
 //                    ws n128 s2: 383 / 462 / 507 / 501 / 491 / 508   <- shipped (kFwdSm90WsConfigs)
 //                    ws n176 s2: 380 / 454 / 505 / 481 / 506 / 519;  ws n192 s2: 361 / 427 / 494 / 524 / 516 / 515
 //                 n128 w2 s3 b1: 291 / 373 / 425 / 444 / 445 / 460
-//   d96 causal,      ws n128 s2: 166 / 227 / 280 / 375 / 425 / 459;  n128 w2 s3 b1: 171 / 256 / 329 / 388 / 408 /
-//     428
 //   d192 non-causal, ws n112 s2: 416 / 530 / 629 / 713   <- shipped (kFwdSm90WsConfigs)
 //                    ws n96 s2:  395 / 541 / 616 / 695
 //                 n64 w2 s3 b1: 325 / 433 / 507 / 573
-//   d192 causal,     ws n96 s2:  190 / 298 / 428 / 574;  n64 w2 s3 b1: 206 / 301 / 383 / 498
 //   d256 non-causal, ws n80 s2:  396 / 543 / 630 / 711   <- shipped (kFwdSm90WsConfigs)
 //                    ws n64 s2:  418 / 529 / 605 / 662
 //                 n32 w2 s3 b1: 295 / 365 / 408 / 451
-//   d256 causal,     ws n80 s2:  145 / 237 / 319 / 412 (spills 468 bytes); n32 w2 s3 b1: 185 / 257 / 313 / 396
 // The epilogue stores O through TMA (each warpgroup stages its rows in its part of the Q tile; the
 // warp-specialized kernel keeps two Q buffers where they fit and frees one only once its store has
 // read it). Against every thread storing its fragments from registers, queued, H100, bf16,

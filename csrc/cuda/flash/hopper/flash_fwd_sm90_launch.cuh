@@ -12,6 +12,7 @@
 #include "common/attention_params.h"
 #include "cuda/cuda_utils.cuh"
 #include "cuda/device_props.h"
+#include "cuda/flash/flash_configs.h"
 #include "cuda/flash/hopper/flash_fwd_sm90_kernel.cuh"
 #include "cuda/flash/hopper/flash_fwd_sm90_ws_kernel.cuh"
 #include "cuda/flash/hopper/tensor_map.h"
@@ -37,9 +38,11 @@ cudaError_t make_fwd_maps(flash::sm90::FwdTensorMaps* maps, const AttentionFwdPa
 
 // Builds the call's tensor maps and launches `kernel` of configuration Traits: one block per query
 // tile (work item), or, persistent, one per SM and never more than the items (the warp-specialized
-// kernel's shared memory allows no second block on an SM).
-template <typename Traits, typename Kernel>
-cudaError_t launch_fwd_kernel(Kernel kernel, bool persistent, const AttentionFwdParams& p, cudaStream_t stream) {
+// kernel's shared memory allows no second block on an SM). `extra`: the kernel's arguments after the
+// params and maps.
+template <typename Traits, typename Kernel, typename... Extra>
+cudaError_t launch_fwd_kernel(Kernel kernel, bool persistent, const AttentionFwdParams& p, cudaStream_t stream,
+                              Extra... extra) {
   flash::sm90::FwdTensorMaps maps;
   FA_CUDA_TRY(make_fwd_maps<Traits>(&maps, p));
   FA_CUDA_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
@@ -47,7 +50,7 @@ cudaError_t launch_fwd_kernel(Kernel kernel, bool persistent, const AttentionFwd
   const int64_t items = ceil_div<int64_t>(p.seqlen_q, Traits::kBlockM) * p.heads_q * p.batch;
   if (items > INT32_MAX) return cudaErrorInvalidConfiguration;  // gridDim.x; the kernels count items in 32 bits
   const int64_t blocks = persistent ? std::min<int64_t>(items, current_device_props().sms) : items;
-  kernel<<<static_cast<unsigned>(blocks), Traits::kNThreads, Traits::kSmemBytes, stream>>>(p, maps);
+  kernel<<<static_cast<unsigned>(blocks), Traits::kNThreads, Traits::kSmemBytes, stream>>>(p, maps, extra...);
   return cudaGetLastError();
 }
 
@@ -57,9 +60,26 @@ template <typename Traits, bool kIsCausal>
 cudaError_t launch_flash_fwd_sm90(const AttentionFwdParams& p, cudaStream_t stream) {
   return launch_fwd_kernel<Traits>(flash::sm90::flash_fwd_sm90_kernel<Traits, kIsCausal>, false, p, stream);
 }
+// Causal calls hand out their work items from a counter (flash_fwd_sm90_ws_kernel.cuh), taken from the
+// stream's memory pool (flash::kFwdSm90ItemCounterBytes), zeroed on the stream before the launch and
+// freed after it. The first error is returned and not left pending.
 template <typename Traits, bool kIsCausal>
 cudaError_t launch_flash_fwd_sm90_ws(const AttentionFwdParams& p, cudaStream_t stream) {
-  return launch_fwd_kernel<Traits>(flash::sm90::flash_fwd_sm90_ws_kernel<Traits, kIsCausal>, true, p, stream);
+  const auto kernel = flash::sm90::flash_fwd_sm90_ws_kernel<Traits, kIsCausal>;
+  if constexpr (!kIsCausal) {
+    return launch_fwd_kernel<Traits>(kernel, true, p, stream, static_cast<uint32_t*>(nullptr));
+  } else {
+    void* counter = nullptr;
+    FA_CUDA_TRY(cudaMallocAsync(&counter, flash::kFwdSm90ItemCounterBytes, stream));
+    cudaError_t err = cudaMemsetAsync(counter, 0, flash::kFwdSm90ItemCounterBytes, stream);
+    if (err == cudaSuccess) err = launch_fwd_kernel<Traits>(kernel, true, p, stream, static_cast<uint32_t*>(counter));
+    const cudaError_t freed = cudaFreeAsync(counter, stream);
+    if (err != cudaSuccess) {
+      cudaGetLastError();
+      return err;
+    }
+    return freed;
+  }
 }
 
 }  // namespace fa::cuda

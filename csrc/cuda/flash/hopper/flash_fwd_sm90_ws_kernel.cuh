@@ -1,9 +1,11 @@
 // FlashAttention-2 forward, Hopper warp-specialized path (sm_90a): a producer warpgroup and two or
 // three consumer warpgroups, FA3's structure.
 //
-// Persistent: a block per SM takes query tiles of kBlockM = 64 x kConsumers rows, one work item per
-// round (causal: the heaviest tiles of every head first, walked in a snake over the blocks;
-// tile_scheduler.cuh query_tile_work_at, persistent_item). Warpgroup 0 is the producer: it gives up
+// Persistent: a block per SM takes query tiles of kBlockM = 64 x kConsumers rows, one work item at a
+// time. Not causal (equal items): block b takes items b, b + gridDim.x, ... (persistent_item). Causal:
+// items in sections of heads, the heaviest query tiles of a section first (tile_scheduler.cuh
+// query_tile_work_at), handed out by a global counter, so that a block that finishes early takes the
+// next item as the hardware's block scheduler would. Warpgroup 0 is the producer: it gives up
 // registers (setmaxnreg) and one thread issues every TMA load: per item Q (into a buffer the consumers are
 // done with: two buffers where shared memory allows, so that it lands while the previous item runs), then K
 // tile j and V tile j into the stages in turn, each on its own full barrier,
@@ -43,7 +45,8 @@
 namespace fa::cuda::flash::sm90 {
 
 template <int kHeadDim_, int kBlockN_, int kStages_, typename Elem_, int kConsumers_ = 2,
-          uint32_t kL2SectionKiB_ = kAllHeadsKiB, int kQStages_ = 0, bool kTmaStoreO_ = true>
+          uint32_t kL2SectionKiB_ = 32u << 10, int kQStages_ = 0, bool kTmaStoreO_ = true,
+          uint32_t kL2SectionMaxHeads_ = 32>
 struct FlashFwdSm90WsTraits {
   using Elem = Elem_;
   static constexpr int kHeadDim = kHeadDim_;
@@ -54,9 +57,16 @@ struct FlashFwdSm90WsTraits {
   static constexpr int kBlockM = kWgRows * kConsumers;
   static constexpr int kBlockN = kBlockN_;
   static constexpr int kStages = kStages_;
-  // Causal: the K/V bytes of the heads whose query tiles the blocks take longest first together
-  // (tile_scheduler.cuh query_tile_work_at); by default all heads.
+  // Causal: the heads whose query tiles the blocks take longest first together (a section,
+  // tile_scheduler.cuh query_tile_work_at): as many as have K and V within kL2SectionKiB, at most
+  // kL2SectionMaxHeads. Measured (flash_configs.h kFwdSm90WsCausalConfigs): 32 MiB and 32 heads beat
+  // one head and all heads from 512 to 16k keys at head dims 64-256, or match them within the spread.
   static constexpr uint32_t kL2SectionKiB = kL2SectionKiB_;
+  static constexpr uint32_t kL2SectionMaxHeads = kL2SectionMaxHeads_;
+  // Causal work items: the producer takes them (the block's first is its index, the next ones come from
+  // a global counter, atomicAdd, zeroed by the launcher) and hands them to the other warps through
+  // kItemSlots slots of shared memory.
+  static constexpr int kItemSlots = 4;
   // setmaxnreg budgets: the launch gives each thread 65,536 / kNThreads registers (in steps of 8), and
   // the consumers can take only what the producer gives up. Two consumers: 128 x 40 + 256 x 232 =
   // 384 x 168; the producer's checker warps spilled at 24 (ptxas, causal); at 232 the consumers of
@@ -76,8 +86,11 @@ struct FlashFwdSm90WsTraits {
   static constexpr size_t kKvTileBytes = static_cast<size_t>(kColBlocks) * kBlockN * 128;
   // Layout: sQ [kQStages] | sK [kStages] | sV [kStages] | mbarriers: per Q buffer full and empty, then
   // per stage full K, full V, empty K, empty V, V checked | per stage the checked V tile's NaN / ±Inf
-  // flag (an int in an 8-byte slot); +1024 to align the dynamic base.
-  static constexpr size_t kBarrierBytes(int q_stages) { return 8 * (2 * q_stages + 5 * kStages) + 8 * kStages; }
+  // flag (an int in an 8-byte slot) | causal: per item slot full and empty barriers and the item (8
+  // bytes); +1024 to align the dynamic base.
+  static constexpr size_t kBarrierBytes(int q_stages) {
+    return 8 * (2 * q_stages + 5 * kStages) + 8 * kStages + 24 * kItemSlots;
+  }
   static constexpr size_t kSmemBytesFor(int q_stages) {
     return q_stages * kQBytes + 2 * kStages * kKvTileBytes + kBarrierBytes(q_stages) + 1024;
   }
@@ -112,7 +125,8 @@ struct FlashFwdSm90WsTraits {
 
 template <typename Traits, bool kIsCausal>
 __global__ void __launch_bounds__(Traits::kNThreads, 1)
-    flash_fwd_sm90_ws_kernel(const __grid_constant__ AttentionFwdParams p, const __grid_constant__ FwdTensorMaps maps) {
+    flash_fwd_sm90_ws_kernel(const __grid_constant__ AttentionFwdParams p, const __grid_constant__ FwdTensorMaps maps,
+                             uint32_t* item_counter) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using Elem = typename Traits::Elem;
   constexpr int kBlockM = Traits::kBlockM, kBlockN = Traits::kBlockN, kStages = Traits::kStages;
@@ -135,6 +149,13 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
   const auto empty_v = [&](int st) { return bars + 8u * (kBar0 + static_cast<uint32_t>(3 * kStages + st)); };
   const auto v_checked = [&](int st) { return bars + 8u * (kBar0 + static_cast<uint32_t>(4 * kStages + st)); };
   int* const v_flag = reinterpret_cast<int*>(smem_raw + (bars + 8u * (kBar0 + 5 * kStages) - smem_u32(smem_raw)));
+  // Causal work items: slot i's full and empty barriers, then the items.
+  constexpr int kSlots = Traits::kItemSlots;
+  const uint32_t item_bars = bars + 8u * (kBar0 + 6 * kStages);
+  const auto item_full = [&](int i) { return item_bars + 8u * static_cast<uint32_t>(i); };
+  const auto item_empty = [&](int i) { return item_bars + 8u * static_cast<uint32_t>(kSlots + i); };
+  volatile uint32_t* const item_slot =
+      reinterpret_cast<uint32_t*>(smem_raw + (item_bars + 16u * kSlots - smem_u32(smem_raw)));
   // K/V tile g of the block's walk (over all its work items) is in stage g % kStages; its full
   // barriers complete once per use, (g / kStages) & 1 is the parity of use g, and a stage's empty
   // barrier before use g passes on the parity of the previous use (a fresh barrier counts the phase
@@ -168,9 +189,53 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
       mbarrier_init(empty_v(st), Traits::kConsumerThreads / 32 + (kIsCausal ? 1 : 0));
       mbarrier_init(v_checked(st), 1);  // the checkers' first thread
     }
+    if constexpr (kIsCausal) {
+#pragma unroll
+      for (int i = 0; i < kSlots; ++i) {
+        mbarrier_init(item_full(i), 1);  // the producer
+        // every consumer warp and every V checker warp, once it has read the item
+        mbarrier_init(item_empty(i), (Traits::kConsumerThreads + Traits::kCheckThreads) / 32);
+      }
+    }
     fence_mbarrier_init();
   }
   __syncthreads();  // the last block-wide barrier: the roles part here
+
+  // The block's u-th work item. Not causal: persistent_item's stride. Causal: the producer's thread
+  // (publish) takes it (the first is the block's index, the next from the counter, fetched one item
+  // ahead so that the atomic's round trip overlaps the item's loads) and publishes it in slot
+  // u % kSlots; every other warp reads it there and releases the slot (read).
+  uint32_t next_item = blockIdx.x;
+  const auto publish_item = [&](uint32_t u) {
+    if constexpr (!kIsCausal) {
+      return persistent_item(u);
+    } else {
+      const uint32_t item = next_item;
+      if (item < items) next_item = gridDim.x + atomicAdd(item_counter, 1u);
+      const int slot = static_cast<int>(u % kSlots);
+      mbarrier_wait(item_empty(slot), ((u / kSlots) & 1u) ^ 1u);
+      item_slot[slot] = item;
+      mbarrier_arrive(item_full(slot));
+      return item;
+    }
+  };
+  const auto read_item = [&](uint32_t u) {
+    if constexpr (!kIsCausal) {
+      return persistent_item(u);
+    } else {
+      const int slot = static_cast<int>(u % kSlots);
+      mbarrier_wait(item_full(slot), (u / kSlots) & 1u);
+      const uint32_t item = item_slot[slot];
+      __syncwarp();
+      if (threadIdx.x % 32 == 0) mbarrier_arrive(item_empty(slot));
+      return item;
+    }
+  };
+
+  // The query tile of an item (tile_scheduler.cuh).
+  const auto item_tile = [&](uint32_t item) {
+    return query_tile_work_at<kBlockM, kIsCausal, Traits::kL2SectionKiB, Traits::kL2SectionMaxHeads>(p, item);
+  };
 
   const int wg = warp_uniform_int(static_cast<int>(threadIdx.x) / 128);
   if (wg == 0) {
@@ -186,8 +251,8 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
     if (kIsCausal && threadIdx.x >= 32) {
       const int tid = static_cast<int>(threadIdx.x) - 32;
       int g = 0;
-      for (uint32_t round = 0, item; (item = persistent_item<kIsCausal>(round)) < items; ++round) {
-        const QueryTileWork w = query_tile_work_at<kBlockM, kIsCausal, Traits::kL2SectionKiB>(p, item);
+      for (uint32_t round = 0, item; (item = read_item(round)) < items; ++round) {
+        const QueryTileWork w = item_tile(item);
         const int n_blocks = mask.template query_tile_keys<kBlockM, kBlockN>(w.m0).tiles;
         for (int j = 0; j < n_blocks; ++j, ++g) {
           const int st = g % kStages;
@@ -214,8 +279,8 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
       prefetch_tensor_map(&maps.k);
       prefetch_tensor_map(&maps.v);
       int g = 0, q_uses = 0;
-      for (uint32_t round = 0, item; (item = persistent_item<kIsCausal>(round)) < items; ++round) {
-        const QueryTileWork w = query_tile_work_at<kBlockM, kIsCausal, Traits::kL2SectionKiB>(p, item);  // tile_scheduler.cuh
+      for (uint32_t round = 0, item; (item = publish_item(round)) < items; ++round) {
+        const QueryTileWork w = item_tile(item);
         const int n_blocks = mask.template query_tile_keys<kBlockM, kBlockN>(w.m0).tiles;
         if (n_blocks == 0) continue;
         const uint32_t full = full_q(q_buf(q_uses));
@@ -272,8 +337,8 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
   // Staged O: each warpgroup's first thread issues its stores, and releases the Q buffer of use u - 1
   // in use u.
   const auto store_thread = [&] { return threadIdx.x % 128 == 0; };
-  for (uint32_t round = 0, item; (item = persistent_item<kIsCausal>(round)) < items; ++round) {
-    const QueryTileWork w = query_tile_work_at<kBlockM, kIsCausal, Traits::kL2SectionKiB>(p, item);
+  for (uint32_t round = 0, item; (item = read_item(round)) < items; ++round) {
+    const QueryTileWork w = item_tile(item);
     const int m0 = w.m0;
     const int n_blocks = mask.template query_tile_keys<kBlockM, kBlockN>(m0).tiles;
     const int row0 = m0 + cw * Traits::kWgRows + warp * 16 + g_row;  // this thread's rows: row0, row0 + 8
