@@ -271,6 +271,22 @@ describeEachDevice('norms', (device) => {
     }
   });
 
+  // One-column RMSNorm rows: dx = g eps rstd^3, ill-conditioned in the formula rstd (g - xhat mean(g
+  // xhat)) by x^2 / eps. The CPU backend evaluates dx in double from the row's own statistics and rounds
+  // once: within 2 ulps of float64 (g is rounded to float32 first). Skipped on CUDA: its kernels still
+  // evaluate it in float32 through the forward's rstd (about 1e-4 relative on such rows).
+  (device === 'cpu' ? test : test.skip)('rmsNorm float32, one column: dx within 2 ulps of float64', async () => {
+    const xs = Float32Array.from([0.13, -0.5, 2, 0.02, -3.7, 0.004, 1]);
+    const rows = xs.length;
+    const x = upload(xs, [rows, 1], 'float32', device);
+    const w = upload(Float32Array.from([1.3]), [1], 'float32', device);
+    const dout = upload(Float32Array.from([0.7, -1.1, 0.9, 1.5, -0.3, 0.8, -2]), [rows, 1], 'float32', device);
+    const f = runNormForward('rmsNorm', x.t, w.t, null);
+    const dx = await read(runNormBackward('rmsNorm', dout.t, x.t, w.t, f, null, null));
+    const ref = normBackwardReference('rmsNorm', dout.v, x.v, w.v, rows, 1, 'float64').dx;
+    for (let i = 0; i < rows; i++) expect(Math.abs(dx[i] - ref[i])).toBeLessThanOrEqual(Math.abs(ref[i]) * 2 ** -22);
+  });
+
   test.each(kinds)('%s: two backward calls add twice into dweight (and dbias); the same bits each time', async (kind) => {
     const rows = 97;
     const cols = 129;
