@@ -114,6 +114,23 @@ std::vector<float> load_param(const void* p, int64_t cols) {
 
 // ---- norms -------------------------------------------------------------------------------------------
 
+// A row's mean (LayerNorm; 0 for RMSNorm) and 1 / sqrt(variance + eps) in double, from its values as
+// float32: the centred second moment in a second pass over the row in cache (no cancellation for
+// large means).
+struct RowStats {
+  double mean, rstd;
+};
+RowStats row_stats(const float* xs, int64_t cols, bool layer_norm, float eps) {
+  const double n = static_cast<double>(cols);
+  double mean = 0.0;
+  if (layer_norm) mean = lane_sum(cols, [&](int64_t c) { return static_cast<double>(xs[c]); }) / n;
+  const double var = lane_sum(cols, [&](int64_t c) {
+                       const double d = xs[c] - mean;
+                       return d * d;
+                     }) / n;
+  return {mean, 1.0 / std::sqrt(var + static_cast<double>(eps))};
+}
+
 template <typename S>
 void norm_fwd_impl(const NormParams& p, ThreadPool& pool) {
   using T = typename S::T;
@@ -121,7 +138,6 @@ void norm_fwd_impl(const NormParams& p, ThreadPool& pool) {
   // The row's mean, variance and normalised values in double, rounded once into out, mean and rstd:
   // in float32 the mean's rounding, times rstd * weight, reached 4x the error of a plain float32
   // implementation on some rows (a row of 65 with mean 2 and scale 0.25: 6.3e-6 against 1.5e-6).
-  const double n = static_cast<double>(cols);
   const std::vector<float> w = load_param<S>(p.weight, cols);
   const std::vector<float> b = p.layer_norm ? load_param<S>(p.bias, cols) : std::vector<float>();
   std::vector<float> scratch(static_cast<size_t>(pool.size()) * cols);  // [worker][cols]: the row as float32
@@ -133,14 +149,8 @@ void norm_fwd_impl(const NormParams& p, ThreadPool& pool) {
       const T* x = static_cast<const T*>(p.x) + r * cols;
       T* out = static_cast<T*>(p.out) + r * cols;
       for (int64_t c = 0; c < cols; ++c) xs[c] = S::load(x[c]);
-      double mean = 0.0;
-      if (p.layer_norm) mean = lane_sum(cols, [&](int64_t c) { return static_cast<double>(xs[c]); }) / n;
-      // Centred second moment (two passes over a row in cache: no cancellation for large means).
-      const double var = lane_sum(cols, [&](int64_t c) {
-                           const double d = xs[c] - mean;
-                           return d * d;
-                         }) / n;
-      const double rstd = 1.0 / std::sqrt(var + static_cast<double>(p.eps));
+      const RowStats st = row_stats(xs, cols, p.layer_norm, p.eps);
+      const double mean = st.mean, rstd = st.rstd;
       p.rstd[r] = static_cast<float>(rstd);
       if (p.layer_norm) p.mean[r] = static_cast<float>(mean);
       if (b.empty()) {
@@ -194,13 +204,8 @@ void norm_bwd_impl(const NormParams& p, ThreadPool& pool) {
       // x^2 / eps ulps), and the float32 evaluation was above 3x a plain one's error for ~1% of the
       // test's seeds of 7 one-column rows (a numpy model of both; the CUDA backend, which still
       // evaluates it so, once read 2.3e-6 against a bound of 1.1e-6). In double: ~0.02%.
-      double mean_d = 0.0;
-      if (p.layer_norm) mean_d = lane_sum(cols, [&](int64_t c) { return static_cast<double>(xs[c]); }) / n;
-      const double var_d = lane_sum(cols, [&](int64_t c) {
-                             const double d = xs[c] - mean_d;
-                             return d * d;
-                           }) / n;
-      const double rstd_d = 1.0 / std::sqrt(var_d + static_cast<double>(p.eps));
+      const RowStats st = row_stats(xs, cols, p.layer_norm, p.eps);
+      const double mean_d = st.mean, rstd_d = st.rstd;
       const auto xhat_d = [&](int64_t c) { return (xs[c] - mean_d) * rstd_d; };
       const double mean_gx = lane_sum(cols, [&](int64_t c) { return g[c] * xhat_d(c); }) / n;
       const double mean_g =
