@@ -34,7 +34,7 @@ import {
 import { applyRope } from '../lib/ops/rope';
 import { Device, Tensor } from '../lib/tensor';
 import { describeEachDevice, trackMemory, usePoisonedOutputs } from './helpers/backend';
-import { randn, randu, Rng, rngFor } from './helpers/random';
+import { randn, randu, Rng, rngFor, seedHint } from './helpers/random';
 import { expectAllWritten, expectFlashRule, maxAbsDiff } from './helpers/tolerance';
 
 trackMemory();
@@ -271,20 +271,38 @@ describeEachDevice('norms', (device) => {
     }
   });
 
-  // One-column RMSNorm rows: dx = g eps rstd^3, ill-conditioned in the formula rstd (g - xhat mean(g
-  // xhat)) by x^2 / eps. The CPU backend evaluates dx in double from the row's own statistics and rounds
-  // once: within 2 ulps of float64 (g is rounded to float32 first). Skipped on CUDA: its kernels still
-  // evaluate it in float32 through the forward's rstd (about 1e-4 relative on such rows).
-  (device === 'cpu' ? test : test.skip)('rmsNorm float32, one column: dx within 2 ulps of float64', async () => {
-    const xs = Float32Array.from([0.13, -0.5, 2, 0.02, -3.7, 0.004, 1]);
-    const rows = xs.length;
-    const x = upload(xs, [rows, 1], 'float32', device);
-    const w = upload(Float32Array.from([1.3]), [1], 'float32', device);
-    const dout = upload(Float32Array.from([0.7, -1.1, 0.9, 1.5, -0.3, 0.8, -2]), [rows, 1], 'float32', device);
+  // Rows that one column dominates: a one-column RMSNorm row's dx is g eps rstd^3, ill-conditioned in
+  // the formula rstd (g - xhat mean(g xhat)) by x^2 / eps, and a wide row with one large column
+  // cancels the same way in that column. Both backends evaluate dx in double from the row's own
+  // statistics and round once: within 2 ulps of float64 (the weights 1, 1.3 for one column, so that g =
+  // dout w is exact or rounded once to float32). Float32 through the forward's rstd was 1e-4 relative
+  // off on such rows. Every row-group kernel: a warp per row (1 and 300 columns, with and without the
+  // parameter gradients, which take the fused kernel) and a block per row (2500 columns).
+  test.each([1, 300, 2500])('rmsNorm float32, rows one column dominates, %i columns: dx within 2 ulps of float64', async (cols) => {
+    const big = [0.13, -0.5, 2, 0.02, -3.7, 0.004, 1];
+    const rows = big.length;
+    const rng = rngFor(`norm-dominant/${device}/${cols}`);
+    const xs = new Float32Array(rows * cols);
+    for (let r = 0; r < rows; r++) {
+      for (let c = 0; c < cols; c++) xs[r * cols + c] = 1e-3 * (2 * rng.next() - 1) || 1e-4;
+      xs[r * cols + (r % cols)] = big[r];
+    }
+    const x = upload(xs, [rows, cols], 'float32', device);
+    const w = upload(new Float32Array(cols).fill(cols === 1 ? 1.3 : 1), [cols], 'float32', device);
+    const dout = upload(randn(rows * cols, rng), [rows, cols], 'float32', device);
     const f = runNormForward('rmsNorm', x.t, w.t, null);
-    const dx = await read(runNormBackward('rmsNorm', dout.t, x.t, w.t, f, null, null));
-    const ref = normBackwardReference('rmsNorm', dout.v, x.v, w.v, rows, 1, 'float64').dx;
-    for (let i = 0; i < rows; i++) expect(Math.abs(dx[i] - ref[i])).toBeLessThanOrEqual(Math.abs(ref[i]) * 2 ** -22);
+    // The reference at the backends' eps, the float32 nearest 1e-5: where g_c and xhat_c mean(g xhat)
+    // nearly cancel, eps's 2.5e-9 relative rounding alone moved dx by more than 2 ulps.
+    const ref = normBackwardReference('rmsNorm', dout.v, x.v, w.v, rows, cols, 'float64', Math.fround(1e-5)).dx;
+    const dweight = keep(Tensor.zeros([cols], { device }));
+    for (const acc of [null, dweight]) {
+      const dx = await read(runNormBackward('rmsNorm', dout.t, x.t, w.t, f, acc, null));
+      for (let i = 0; i < rows * cols; i++) {
+        if (!(Math.abs(dx[i] - ref[i]) <= Math.abs(ref[i]) * 2 ** -22)) {
+          throw new Error(`dx[${i}] = ${dx[i]}, float64 ${ref[i]} (${acc ? 'with' : 'without'} dweight); ${seedHint()}`);
+        }
+      }
+    }
   });
 
   test.each(kinds)('%s: two backward calls add twice into dweight (and dbias); the same bits each time', async (kind) => {
