@@ -66,7 +66,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSm)
 
   const int seqlen_q = static_cast<int>(p.seqlen_q), seqlen_k = static_cast<int>(p.seqlen_k);
   const int head_dim = static_cast<int>(p.head_dim);
-  const QueryTileWork tile = query_tile_work<kBlockM>(p);  // tile_scheduler.cuh
+  const QueryTileWork tile = query_tile_work<kBlockM, kIsCausal>(p);  // tile_scheduler.cuh
   const int m0 = tile.m0, head = tile.head, head_kv = tile.head_kv;
   const int64_t batch = tile.batch;
   const AttentionMask<kIsCausal> mask(seqlen_q, seqlen_k);  // mask.cuh

@@ -1,7 +1,8 @@
 // FlashAttention-2 forward, sm_80+ mma.sync path (fp16 / bf16, fp32 accumulation).
 //
 // Grid: one thread block per (query tile of kBlockM rows, head, batch), flattened into blockIdx.x with
-// the query tile fastest (a head's blocks share its K/V in L2) and the heaviest causal tiles first.
+// the query tile fastest (a head's blocks share its K/V in L2); causal, the heaviest tiles of a
+// section of heads first (tile_scheduler.cuh).
 // Warps split Q: warp w owns query rows [w * kRowsPerWarp, (w + 1) * kRowsPerWarp) of the tile in
 // 16-row mma tiles. The running row max m / row sum l and the unscaled O accumulator stay in
 // registers for the whole K/V loop, and so do the Q fragments when kQInRegs (otherwise they are
@@ -48,7 +49,7 @@ __global__ void __launch_bounds__(Traits::kNThreads) flash_fwd_kernel(const Atte
 
   const int seqlen_q = static_cast<int>(p.seqlen_q), seqlen_k = static_cast<int>(p.seqlen_k);
   const int head_dim = static_cast<int>(p.head_dim);
-  const QueryTileWork tile = query_tile_work<kBlockM>(p);  // tile_scheduler.cuh
+  const QueryTileWork tile = query_tile_work<kBlockM, kIsCausal>(p);  // tile_scheduler.cuh
   const int m0 = tile.m0, head = tile.head, head_kv = tile.head_kv;
   const int64_t batch = tile.batch;
   const AttentionMask<kIsCausal> mask(seqlen_q, seqlen_k);  // mask.cuh

@@ -12,25 +12,35 @@ namespace fa::cuda::flash {
 
 // Grids of query tiles (the forward kernels, the two-kernel backward's dQ kernel): one block per
 // (query tile of kBlockM rows, query head, batch), query tiles fastest so that the blocks of a head
-// run side by side and share its K/V in L2, and each head's heaviest causal tile first.
+// run side by side and share its K/V in L2; causal, heaviest first (below).
 struct QueryTileWork {
   int m_block, m0;    // the query tile and its first row
   int head, head_kv;  // the query head and the KV head it reads (GQA / MQA)
   int64_t batch;
 };
-// Persistent grids: item -> tile.
-// Causal (kLongestFirst; the warp-specialized forward hands these items out from a global counter in
-// order): the heads are cut into L2 sections, as many heads as have K and V within kSectionKiB and at
-// most kSectionMaxHeads, and within a section the heaviest query tiles of its heads come first
-// (tile-major, the last query tile, which sees the most keys, first), so that the blocks' last items
-// are short and the blocks at work at one time read the K/V of a few heads. H100, bf16, causal d128,
-// TFLOP/s at 512 / 1k / 2k / 4k / 8k / 16k keys (2026-11-27, items from the counter): sections of 32 MiB
-// and at most 32 heads 268 / 364 / 437 / 494 / 517 / 542; 32 MiB alone 240 / 360 / 421 / 487 / 516 /
-// 547 (at 512 that is 128 heads, whose K/V the first items all read); one head 270 / 354 / 404 / 447 /
-// 506 / 526; all heads 205 / 266 / 324 / 451 / 493 / 524. Otherwise query tiles fastest, as
-// query_tile_work.
+// Causal grids of query tiles, heaviest first: a causal query tile sees the keys up to the diagonal,
+// so the tiles of a head differ in work, and blocks start in blockIdx order. Head by head, the
+// heaviest tiles of the last heads start last and run alone at the end. Instead the heads are cut into
+// L2 sections, as many heads as have K and V within kCausalSectionKiB and at most
+// kCausalSectionMaxHeads, and within a section the items go tile-major, the heaviest (last) query
+// tile of every head first: the blocks' last items are short, and the blocks at work at one time read
+// the K/V of a few heads. H100, bf16, FA2 grid, the two-block d64 forward (the shipped causal kernel
+// below 2k keys), TFLOP/s at 512 / 1k / 2k / 4k / 8k / 16k, two runs of two rounds each, in turn with
+// the head-by-head build (2026-11-27): 206-207 / 282-284 / 326-349 / 371-378 / 386-404 / 359-416
+// against 207-208 / 277-279 / 334-343 / 356-363 / 381-385 / 391-397; the two-kernel backward (its dQ
+// kernel) 0.97-1.03x the head-by-head build's time at d64-192 causal, 0.97-0.99x at d256 from 1k.
 inline constexpr uint32_t kAllHeadsKiB = ~0u;
-template <int kBlockM, bool kLongestFirst, uint32_t kSectionKiB, uint32_t kSectionMaxHeads = ~0u>
+inline constexpr uint32_t kCausalSectionKiB = 32u << 10;
+inline constexpr uint32_t kCausalSectionMaxHeads = 32;
+// Item -> query tile. kLongestFirst (causal): heaviest first within sections (above; the
+// warp-specialized forward hands the items out from a global counter in order, the other grids take
+// blockIdx.x). H100, bf16, causal d128 warp-specialized forward, TFLOP/s at 512 / 1k / 2k / 4k / 8k /
+// 16k keys (2026-11-27, items from the counter): sections of 32 MiB and at most 32 heads 268 / 364 /
+// 437 / 494 / 517 / 542; 32 MiB alone 240 / 360 / 421 / 487 / 516 / 547 (at 512 that is 128 heads,
+// whose K/V the first items all read); one head 270 / 354 / 404 / 447 / 506 / 526; all heads 205 / 266
+// / 324 / 451 / 493 / 524. Otherwise query tiles fastest, each head's heaviest causal tile first.
+template <int kBlockM, bool kLongestFirst, uint32_t kSectionKiB = kCausalSectionKiB,
+          uint32_t kSectionMaxHeads = kCausalSectionMaxHeads>
 __device__ __forceinline__ QueryTileWork query_tile_work_at(const AttentionFwdParams& p, uint32_t item) {
   const uint32_t m_blocks = static_cast<uint32_t>((static_cast<int>(p.seqlen_q) + kBlockM - 1) / kBlockM);
   const uint32_t heads = static_cast<uint32_t>(p.heads_q);
@@ -62,22 +72,21 @@ __device__ __forceinline__ QueryTileWork query_tile_work_at(const AttentionFwdPa
 // round * gridDim.x + blockIdx.x.
 __device__ __forceinline__ uint32_t persistent_item(uint32_t round) { return round * gridDim.x + blockIdx.x; }
 
-template <int kBlockM>
+// One block per item (the grids of query tiles): blockIdx.x's tile, heaviest first within sections
+// when causal.
+template <int kBlockM, bool kIsCausal>
 __device__ __forceinline__ QueryTileWork query_tile_work(const AttentionFwdParams& p) {
-  const int m_blocks = (static_cast<int>(p.seqlen_q) + kBlockM - 1) / kBlockM;
-  QueryTileWork w;
-  w.m_block = m_blocks - 1 - static_cast<int>(blockIdx.x % m_blocks);
-  const uint32_t bh = blockIdx.x / static_cast<uint32_t>(m_blocks);
-  w.head = static_cast<int>(bh % static_cast<uint32_t>(p.heads_q));
-  w.batch = bh / static_cast<uint32_t>(p.heads_q);
-  w.head_kv = w.head / static_cast<int>(p.heads_q / p.heads_kv);
-  w.m0 = w.m_block * kBlockM;
-  return w;
+  return query_tile_work_at<kBlockM, kIsCausal>(p, blockIdx.x);
 }
 
 // Grids of K/V tiles (the backward's main kernels): one block per (K/V tile, KV head, batch), tiles
 // fastest. tile_stride blocks per KV head: with one K/V tile each (the tiles' count), or, in
 // deterministic mode, block first_tile taking tiles first_tile, first_tile + tile_stride, ... in turn.
+// Causal, a head's heaviest tile (tile 0, which meets the most query tiles) comes first, but the heads
+// go in order: heaviest-first sections as the query grids' (above), tried here (H100, bf16, FA2 grid,
+// 512-16k, two runs each beside the build without them, 2026-11-27), read 0.97-1.03x the
+// warp-specialized single kernel's TFLOP/s at d64 / d128: no gain outside the spread, although a model
+// of the grid (equal steps, blocks started in order on 132 SMs) put the head-by-head tail at 5-7%.
 struct KeyTileWork {
   int first_tile;
   int head_kv;

@@ -2,7 +2,8 @@
 // other kernel is flash_bwd_sm90_kernel with kComputeDq = false (dK and dV only).
 //
 // Grid: one thread block per (query tile of kBlockM = 128 rows, query head, batch), flattened into
-// blockIdx.x with the query tile fastest and the heaviest causal tiles first (as the forward).
+// blockIdx.x with the query tile fastest; causal, the heaviest tiles of a section of heads first (as
+// the forward).
 // Warpgroup w owns rows [64 w, 64 w + 64) of the tile; its dQ accumulator stays in registers for the
 // whole K/V loop. Q and dO arrive once by TMA; K/V tiles of kBlockN keys stream through two stages
 // (thread 0 issues, mbarriers complete). Per K/V tile, per warpgroup:
@@ -63,7 +64,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSm)
 
   const int seqlen_q = static_cast<int>(p.seqlen_q), seqlen_k = static_cast<int>(p.seqlen_k);
   const int head_dim = static_cast<int>(p.head_dim);
-  const QueryTileWork tile = query_tile_work<kBlockM>(p);  // tile_scheduler.cuh
+  const QueryTileWork tile = query_tile_work<kBlockM, kIsCausal>(p);  // tile_scheduler.cuh
   const int m0 = tile.m0, head = tile.head, head_kv = tile.head_kv;
   const int64_t batch = tile.batch;
   const AttentionMask<kIsCausal> mask(seqlen_q, seqlen_k);  // mask.cuh

@@ -1,8 +1,8 @@
 // FlashAttention-2 forward, Hopper path (sm_90a): warpgroup MMA (wgmma) with fp32 accumulation.
 //
 // Grid: one thread block per (query tile of kBlockM rows, head, batch), flattened into blockIdx.x with
-// the query tile fastest (the blocks of one head run together and share its K/V in L2) and the
-// heaviest causal tiles first. Warpgroups split Q: warpgroup w owns rows [64 w, 64 w + 64) of the tile
+// the query tile fastest (the blocks of one head run together and share its K/V in L2); causal, the
+// heaviest tiles of a section of heads first (tile_scheduler.cuh). Warpgroups split Q: warpgroup w owns rows [64 w, 64 w + 64) of the tile
 // (wgmma M = 64); the running max / sum and the unscaled O accumulator stay in registers for the whole
 // K/V loop. Q stays in shared memory (the A operand of S = Q K^T is read through a descriptor).
 // Q and the K/V tiles arrive by TMA (tma.cuh), issued by thread 0, into 128-byte swizzled tiles
@@ -110,7 +110,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSm) fl
 
   const int seqlen_q = static_cast<int>(p.seqlen_q), seqlen_k = static_cast<int>(p.seqlen_k);
   const int head_dim = static_cast<int>(p.head_dim);
-  const QueryTileWork tile = query_tile_work<kBlockM>(p);  // tile_scheduler.cuh
+  const QueryTileWork tile = query_tile_work<kBlockM, kIsCausal>(p);  // tile_scheduler.cuh
   const int m0 = tile.m0, head = tile.head, head_kv = tile.head_kv;
   const int64_t batch = tile.batch;
   const AttentionMask<kIsCausal> mask(seqlen_q, seqlen_k);  // mask.cuh

@@ -45,8 +45,8 @@
 namespace fa::cuda::flash::sm90 {
 
 template <int kHeadDim_, int kBlockN_, int kStages_, typename Elem_, int kConsumers_ = 2,
-          uint32_t kL2SectionKiB_ = 32u << 10, int kQStages_ = 0, bool kTmaStoreO_ = true,
-          uint32_t kL2SectionMaxHeads_ = 32>
+          uint32_t kL2SectionKiB_ = kCausalSectionKiB, int kQStages_ = 0, bool kTmaStoreO_ = true,
+          uint32_t kL2SectionMaxHeads_ = kCausalSectionMaxHeads>
 struct FlashFwdSm90WsTraits {
   using Elem = Elem_;
   static constexpr int kHeadDim = kHeadDim_;
