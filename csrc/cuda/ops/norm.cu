@@ -4,8 +4,7 @@
 //   forward:  per row, the mean (LayerNorm), then the biased variance / mean square from a second pass
 //             over the row (two passes, not E[x^2] - E[x]^2: no cancellation; the second read hits L1),
 //             then out, mean and rstd.
-//   backward: per row, the mean and rstd again in double, sum(g) and sum(g xhat), then dx (in double,
-//             rounded once: norm_bwd_dx_kernel says why); the parameter gradients
+//   backward: per row, sum(g) and sum(g xhat) in one pass, then dx; the parameter gradients
 //             (dweight += sum over rows of dout xhat, dbias += sum of dout) are column sums over
 //             rows, as float32 partials per fixed chunk of rows in the workspace, then a fixed-order
 //             sum per column into dweight / dbias (column_partials.cuh). Up to kFusedMaxCols columns
@@ -50,7 +49,7 @@ __global__ void __launch_bounds__(kRowBlockThreads, ops::kRowMinBlocks) norm_fwd
   using T = typename Tr::T;
   using Rows = typename Tr::Rows;
   constexpr int N = Tr::N;
-  __shared__ float scratch[Rows::kScratchValues];
+  __shared__ float scratch[Rows::kScratchFloats];
   const T* x = static_cast<const T*>(p.x);
   const T* w = static_cast<const T*>(p.weight);
   const T* b = static_cast<const T*>(p.bias);
@@ -109,100 +108,58 @@ __global__ void __launch_bounds__(kRowBlockThreads, ops::kRowMinBlocks) norm_fwd
 }
 
 // dx per row: xhat = (x - mean) rstd, g = dout w,
-//   RMSNorm dx = rstd (g - xhat mean(g xhat));  LayerNorm dx = rstd (g - mean(g) - xhat mean(g xhat)),
-// evaluated in double from the row's own mean and rstd (recomputed from x, two passes as the
-// forward) and rounded once, as the CPU backend does. Through the forward's float rstd the formula is
-// ill-conditioned on rows that one column dominates: a one-column RMSNorm row is rstd g (1 - xhat^2) =
-// g eps rstd^3, and 1 - xhat^2 loses x^2 / eps ulps; in float32 it read 2.3e-6 against a bound of
-// 1.1e-6 (2x a plain float32 implementation's error) on ~1% of the test's seeds (H100, 2026-11-27).
-// g is rounded to float on its own (__fmul_rn), never contracted into an FMA with the subtraction:
-// g - mean(g) is then exactly 0 where it is in exact arithmetic (a one-column LayerNorm).
-struct RowStatsD {
-  double mean, rstd;
-};
+//   RMSNorm dx = rstd (g - xhat mean(g xhat));  LayerNorm dx = rstd (g - mean(g) - xhat mean(g xhat)).
+// g is rounded on its own (__fmul_rn) in both passes, never contracted into an FMA with the
+// subtraction: g - mean(g) is then exactly 0 where it is in exact arithmetic (a one-column LayerNorm).
+// ptxas (nvcc 13.0, sm_80 / sm_90a): 44-96 registers, 0 spills.
 template <typename Tr>
-__device__ __forceinline__ RowStatsD row_stats_d(const typename Tr::T* xr, const NormParams& p, double inv_cols,
-                                                 double* scratch) {
-  using Rows = typename Tr::Rows;
-  constexpr int N = Tr::N;
-  double mean = 0.0;
-  if constexpr (Tr::kLayerNorm) {
-    double s[1] = {0.0};
-    for (int64_t c = static_cast<int64_t>(Rows::rank()) * N; c < p.cols; c += Tr::kStep) {
-      float v[N];
-      ops::load_float<N>(xr + c, v);
-#pragma unroll
-      for (int i = 0; i < N; ++i) s[0] += v[i];
-    }
-    Rows::sum(s, scratch);
-    mean = s[0] * inv_cols;
-  }
-  double ss[1] = {0.0};
-  for (int64_t c = static_cast<int64_t>(Rows::rank()) * N; c < p.cols; c += Tr::kStep) {
-    float v[N];
-    ops::load_float<N>(xr + c, v);
-#pragma unroll
-    for (int i = 0; i < N; ++i) {
-      const double d = v[i] - mean;
-      ss[0] += d * d;
-    }
-  }
-  Rows::sum(ss, scratch);
-  return RowStatsD{mean, rsqrt(ss[0] * inv_cols + static_cast<double>(p.eps))};
-}
-// One row's dx (the row group's share of it). scratch: Rows::kScratchValues doubles.
-template <typename Tr>
-__device__ __forceinline__ void row_dx(const NormParams& p, int64_t row, double inv_cols, double* scratch) {
+__global__ void __launch_bounds__(kRowBlockThreads, ops::kRowMinBlocks) norm_bwd_dx_kernel(const NormParams p, float inv_cols) {
   using T = typename Tr::T;
   using Rows = typename Tr::Rows;
   constexpr int N = Tr::N;
-  const int64_t base = row * p.cols;
-  const T* xr = static_cast<const T*>(p.x) + base;
-  const T* dr = static_cast<const T*>(p.dout) + base;
+  __shared__ float scratch[Rows::kScratchFloats];
+  const T* x = static_cast<const T*>(p.x);
   const T* w = static_cast<const T*>(p.weight);
-  const RowStatsD st = row_stats_d<Tr>(xr, p, inv_cols, scratch);
-  double s[2] = {0.0, 0.0};  // sum g, sum g xhat
-  for (int64_t c = static_cast<int64_t>(Rows::rank()) * N; c < p.cols; c += Tr::kStep) {
-    float v[N], wv[N], gv[N];
-    ops::load_float<N>(xr + c, v);
-    ops::load_float<N>(w + c, wv);
-    ops::load_float<N>(dr + c, gv);
+  const T* dout = static_cast<const T*>(p.dout);
+  T* dx = static_cast<T*>(p.dx);
+  for (int64_t row = Rows::first_row(); row < p.rows; row += Rows::row_stride()) {
+    const int64_t base = row * p.cols;
+    const float mean = Tr::kLayerNorm ? p.mean_in[row] : 0.0f;
+    const float rstd = p.rstd_in[row];
+    float s[2] = {0.0f, 0.0f};  // sum g, sum g xhat
+    for (int64_t c = static_cast<int64_t>(Rows::rank()) * N; c < p.cols; c += Tr::kStep) {
+      float v[N], wv[N], gv[N];
+      ops::load_float<N>(x + base + c, v);
+      ops::load_float<N>(w + c, wv);
+      ops::load_float<N>(dout + base + c, gv);
 #pragma unroll
-    for (int i = 0; i < N; ++i) {
-      const float g = __fmul_rn(gv[i], wv[i]);  // rounded: the same g as the second pass
-      s[0] += g;
-      s[1] += g * ((v[i] - st.mean) * st.rstd);
+      for (int i = 0; i < N; ++i) {
+        const float g = __fmul_rn(gv[i], wv[i]);  // rounded: the same g as the second pass
+        s[0] += g;
+        s[1] += g * ((v[i] - mean) * rstd);
+      }
+    }
+    Rows::sum(s, scratch);
+    const float mean_g = Tr::kLayerNorm ? s[0] * inv_cols : 0.0f;
+    const float mean_gx = s[1] * inv_cols;
+    for (int64_t c = static_cast<int64_t>(Rows::rank()) * N; c < p.cols; c += Tr::kStep) {
+      float v[N], wv[N], gv[N], d[N];
+      ops::load_float<N>(x + base + c, v);
+      ops::load_float<N>(w + c, wv);
+      ops::load_float<N>(dout + base + c, gv);
+#pragma unroll
+      for (int i = 0; i < N; ++i) {
+        const float xhat = (v[i] - mean) * rstd;
+        d[i] = rstd * (__fmul_rn(gv[i], wv[i]) - mean_g - xhat * mean_gx);
+      }
+      ops::store_float<N>(dx + base + c, d);
     }
   }
-  Rows::sum(s, scratch);
-  const double mean_g = Tr::kLayerNorm ? s[0] * inv_cols : 0.0;
-  const double mean_gx = s[1] * inv_cols;
-  for (int64_t c = static_cast<int64_t>(Rows::rank()) * N; c < p.cols; c += Tr::kStep) {
-    float v[N], wv[N], gv[N], d[N];
-    ops::load_float<N>(xr + c, v);
-    ops::load_float<N>(w + c, wv);
-    ops::load_float<N>(dr + c, gv);
-#pragma unroll
-    for (int i = 0; i < N; ++i) {
-      const double xhat = (v[i] - st.mean) * st.rstd;
-      d[i] = static_cast<float>(st.rstd * (__fmul_rn(gv[i], wv[i]) - mean_g - xhat * mean_gx));
-    }
-    ops::store_float<N>(static_cast<T*>(p.dx) + base + c, d);
-  }
-}
-
-// ptxas (nvcc 13.0, sm_80 / sm_90a): REGS registers, 0 spills.
-template <typename Tr>
-__global__ void __launch_bounds__(kRowBlockThreads, ops::kRowMinBlocks) norm_bwd_dx_kernel(const NormParams p, double inv_cols) {
-  using Rows = typename Tr::Rows;
-  __shared__ double scratch[Rows::kScratchValues];
-  for (int64_t row = Rows::first_row(); row < p.rows; row += Rows::row_stride()) row_dx<Tr>(p, row, inv_cols, scratch);
 }
 
 // Fused backward for rows of up to kFusedMaxCols columns (the GPT's C = 384): dx as
 // norm_bwd_dx_kernel, plus the parameter-gradient partials of one chunk of rows (column_chunks: the
-// same fixed split and workspace layout as column_partials.cuh) while the row is in L1, without a
-// second kernel over x and dout.
+// same fixed split and workspace layout as column_partials.cuh) without reading x and dout again.
 // Block b takes chunk b; warp w its rows w, w + kWarps, ...; lane l owns columns
 // (k 32 + l) N + [0, N) for k < kMaxK and keeps their sums of dout xhat (and dout) in registers; at
 // the end the warps' sums are added in warp order through shared memory into partials[o][b][c], which
@@ -210,7 +167,7 @@ __global__ void __launch_bounds__(kRowBlockThreads, ops::kRowMinBlocks) norm_bwd
 // ptxas (nvcc 13.0, sm_80 / sm_90a): 68-128 registers (the scalar RMSNorm instances at 110-128), 0 spills.
 template <typename Tr, int kMaxK>
 __global__ void __launch_bounds__(kRowBlockThreads, ops::kRowMinBlocks)
-    norm_bwd_fused_kernel(const NormParams p, double inv_cols, ops::ColumnChunks split, float* __restrict__ partials) {
+    norm_bwd_fused_kernel(const NormParams p, float inv_cols, ops::ColumnChunks split, float* __restrict__ partials) {
   using T = typename Tr::T;
   constexpr int N = Tr::N;
   constexpr int kOuts = Tr::kLayerNorm ? 2 : 1;
@@ -218,7 +175,9 @@ __global__ void __launch_bounds__(kRowBlockThreads, ops::kRowMinBlocks)
   static_assert(kMaxK * kWarpSize * N >= kFusedMaxCols, "the lanes must cover kFusedMaxCols columns");
   __shared__ float sums[kOuts][kWarps][kFusedMaxCols];
   const T* x = static_cast<const T*>(p.x);
+  const T* w = static_cast<const T*>(p.weight);
   const T* dout = static_cast<const T*>(p.dout);
+  T* dx = static_cast<T*>(p.dx);
   const int lane = static_cast<int>(threadIdx.x) % kWarpSize;
   const int warp = static_cast<int>(threadIdx.x) / kWarpSize;
   const int64_t chunk = blockIdx.x;
@@ -230,23 +189,44 @@ __global__ void __launch_bounds__(kRowBlockThreads, ops::kRowMinBlocks)
 #pragma unroll
     for (int i = 0; i < N; ++i) pw[k][i] = pb[k][i] = 0.0f;
   for (int64_t row = r0 + warp; row < r1; row += kWarps) {
-    row_dx<Tr>(p, row, inv_cols, nullptr);  // WarpPerRow: no scratch
-    // The parameter gradients from the forward's mean and rstd (as column_partials' NormParamGrads).
     const int64_t base = row * p.cols;
     const float mean = Tr::kLayerNorm ? p.mean_in[row] : 0.0f;
     const float rstd = p.rstd_in[row];
+    float s[2] = {0.0f, 0.0f};  // sum g, sum g xhat
 #pragma unroll
     for (int k = 0; k < kMaxK; ++k) {
       const int64_t c = static_cast<int64_t>(k * kWarpSize + lane) * N;
       if (c >= p.cols) continue;
-      float v[N], gv[N];
+      float v[N], wv[N], gv[N];
       ops::load_float<N>(x + base + c, v);
+      ops::load_float<N>(w + c, wv);
       ops::load_float<N>(dout + base + c, gv);
 #pragma unroll
       for (int i = 0; i < N; ++i) {
-        pw[k][i] += gv[i] * ((v[i] - mean) * rstd);
+        const float g = __fmul_rn(gv[i], wv[i]);  // rounded: the same g as the second pass
+        s[0] += g;
+        s[1] += g * ((v[i] - mean) * rstd);
+      }
+    }
+    ops::WarpPerRow<kRowBlockThreads>::sum(s, nullptr);
+    const float mean_g = Tr::kLayerNorm ? s[0] * inv_cols : 0.0f;
+    const float mean_gx = s[1] * inv_cols;
+#pragma unroll
+    for (int k = 0; k < kMaxK; ++k) {
+      const int64_t c = static_cast<int64_t>(k * kWarpSize + lane) * N;
+      if (c >= p.cols) continue;
+      float v[N], wv[N], gv[N], d[N];
+      ops::load_float<N>(x + base + c, v);
+      ops::load_float<N>(w + c, wv);
+      ops::load_float<N>(dout + base + c, gv);
+#pragma unroll
+      for (int i = 0; i < N; ++i) {
+        const float xhat = (v[i] - mean) * rstd;
+        d[i] = rstd * (__fmul_rn(gv[i], wv[i]) - mean_g - xhat * mean_gx);
+        pw[k][i] += gv[i] * xhat;
         pb[k][i] += gv[i];
       }
+      ops::store_float<N>(dx + base + c, d);
     }
   }
 #pragma unroll
@@ -309,7 +289,7 @@ cudaError_t launch_rows(const NormParams& p, bool vec, cudaStream_t stream) {
 }
 
 // 1 / cols, computed on the host (a division in the kernels took the IEEE slow path's call and spilled).
-double inv_cols(const NormParams& p) { return 1.0 / static_cast<double>(p.cols); }
+float inv_cols(const NormParams& p) { return static_cast<float>(1.0 / static_cast<double>(p.cols)); }
 
 template <typename Tr>
 struct FwdKernel {
