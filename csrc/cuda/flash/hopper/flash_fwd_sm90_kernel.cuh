@@ -2,12 +2,13 @@
 //
 // Grid: one thread block per (query tile of kBlockM rows, head, batch), flattened into blockIdx.x with
 // the query tile fastest (the blocks of one head run together and share its K/V in L2); causal, the
-// heaviest tiles of a section of heads first (tile_scheduler.cuh). Warpgroups split Q: warpgroup w owns rows [64 w, 64 w + 64) of the tile
-// (wgmma M = 64); the running max / sum and the unscaled O accumulator stay in registers for the whole
-// K/V loop. Q stays in shared memory (the A operand of S = Q K^T is read through a descriptor).
-// Q and the K/V tiles arrive by TMA (tma.cuh), issued by thread 0, into 128-byte swizzled tiles
-// (wgmma.cuh); K/V stream through kStages stages, each with an mbarrier. The tensor maps' bounds do
-// the masking of the loads: rows past the sequence and columns past head_dim arrive as zeros.
+// heaviest tiles of a section of heads first (tile_scheduler.cuh). Warpgroups split Q: warpgroup w
+// owns rows [64 w, 64 w + 64) of the tile (wgmma M = 64); the running max / sum and the unscaled O
+// accumulator stay in registers for the whole K/V loop. Q stays in shared memory (the A operand of
+// S = Q K^T is read through a descriptor). Q and the K/V tiles arrive by TMA (tma.cuh), issued by
+// thread 0, into 128-byte swizzled tiles (wgmma.cuh); K/V stream through kStages stages, each with an
+// mbarrier. The tensor maps' bounds do the masking of the loads: rows past the sequence and columns
+// past head_dim arrive as zeros.
 // Per K/V tile:
 //   S = Q K^T            wgmma m64 n kBlockN k16, A = Q and B = K from shared memory (K-major)
 //   mask, online softmax fragment_softmax.cuh (-inf masking before the max, base-2, scale first)
