@@ -21,6 +21,22 @@
 
 namespace fa::cuda {
 
+// Allocates `bytes` from `stream`'s memory pool, runs body(workspace) (which enqueues its work on
+// `stream` and returns a cudaError_t), and frees the workspace on `stream`. Returns the first error,
+// cleared from cudaGetLastError(): the caller gets it once, through the return value.
+template <typename Body>
+cudaError_t with_stream_workspace(size_t bytes, cudaStream_t stream, Body&& body) {
+  void* workspace = nullptr;
+  cudaError_t err = cudaMallocAsync(&workspace, bytes, stream);
+  if (err == cudaSuccess) {
+    err = body(static_cast<char*>(workspace));
+    const cudaError_t free_err = cudaFreeAsync(workspace, stream);
+    if (err == cudaSuccess) err = free_err;
+  }
+  if (err != cudaSuccess) (void)cudaGetLastError();
+  return err;
+}
+
 inline constexpr int kWarpSize = 32;
 // Hardware limit of gridDim.x. Every kernel here walks its work with a grid-stride loop, so a launch
 // never needs more blocks than this, whatever the problem size.

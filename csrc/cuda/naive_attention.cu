@@ -165,21 +165,6 @@ BwdWorkspace bwd_workspace(const AttentionBwdParams& p) {
   return ws;
 }
 
-// Allocates `bytes` on `stream`, runs body(workspace), frees on `stream`; returns the first error and
-// clears it from cudaGetLastError() (the caller gets it once, through the return value).
-template <typename Body>
-cudaError_t with_workspace(size_t bytes, cudaStream_t stream, Body&& body) {
-  void* workspace = nullptr;
-  cudaError_t err = cudaMallocAsync(&workspace, bytes, stream);
-  if (err == cudaSuccess) {
-    err = body(static_cast<char*>(workspace));
-    const cudaError_t free_err = cudaFreeAsync(workspace, stream);
-    if (err == cudaSuccess) err = free_err;
-  }
-  if (err != cudaSuccess) (void)cudaGetLastError();
-  return err;
-}
-
 // --- Forward / backward --------------------------------------------------------------------------
 
 template <typename T>
@@ -296,16 +281,16 @@ size_t naive_attention_bwd_workspace_bytes(const AttentionBwdParams& p) { return
 cudaError_t naive_attention_fwd(const AttentionFwdParams& p, cudaStream_t stream) {
   return dispatch_dtype(p.dtype, [&](auto tag) {
     using T = typename decltype(tag)::type;
-    return with_workspace(naive_attention_fwd_workspace_bytes(p), stream,
-                          [&](char* workspace) { return fwd_impl<T>(p, reinterpret_cast<float*>(workspace), stream); });
+    return with_stream_workspace(naive_attention_fwd_workspace_bytes(p), stream,
+                                 [&](char* workspace) { return fwd_impl<T>(p, reinterpret_cast<float*>(workspace), stream); });
   });
 }
 
 cudaError_t naive_attention_bwd(const AttentionBwdParams& p, cudaStream_t stream) {
   return dispatch_dtype(p.dtype, [&](auto tag) {
     using T = typename decltype(tag)::type;
-    return with_workspace(naive_attention_bwd_workspace_bytes(p), stream,
-                          [&](char* workspace) { return bwd_impl<T>(p, workspace, stream); });
+    return with_stream_workspace(naive_attention_bwd_workspace_bytes(p), stream,
+                                 [&](char* workspace) { return bwd_impl<T>(p, workspace, stream); });
   });
 }
 

@@ -89,25 +89,18 @@ inline void use_ordered_turns(BwdWorkspacePlan* w, const AttentionBwdParams& p, 
 // stream ordered) whatever run returned. The first error is returned and not left pending.
 template <typename Run>
 cudaError_t with_bwd_workspace(const BwdWorkspacePlan& plan, cudaStream_t stream, Run&& run) {
-  void* workspace = nullptr;
-  FA_CUDA_TRY(cudaMallocAsync(&workspace, plan.accum_bytes + plan.turn_bytes + plan.d_bytes, stream));
-  // Layout: accumulator | turns | D (the first two zeroed together).
-  unsigned char* const base = static_cast<unsigned char*>(workspace);
-  FlashBwdWorkspace ws;
-  ws.dq_accum = reinterpret_cast<float*>(base);
-  ws.dq_turns = plan.turn_bytes > 0 ? reinterpret_cast<int*>(base + plan.accum_bytes) : nullptr;
-  ws.d = reinterpret_cast<float*>(base + plan.accum_bytes + plan.turn_bytes);
-  ws.dq_rows = plan.dq_rows;
-  ws.splits = plan.splits;
-  ws.split_stride = plan.split_stride;
-  cudaError_t err = cudaMemsetAsync(base, 0, plan.accum_bytes + plan.turn_bytes, stream);
-  if (err == cudaSuccess) err = run(ws);
-  const cudaError_t free_err = cudaFreeAsync(workspace, stream);
-  if (err != cudaSuccess) {
-    cudaGetLastError();  // the error is returned, not left pending
-    return err;
-  }
-  return free_err;
+  return with_stream_workspace(plan.accum_bytes + plan.turn_bytes + plan.d_bytes, stream, [&](char* base) {
+    // Layout: accumulator | turns | D (the first two zeroed together).
+    FlashBwdWorkspace ws;
+    ws.dq_accum = reinterpret_cast<float*>(base);
+    ws.dq_turns = plan.turn_bytes > 0 ? reinterpret_cast<int*>(base + plan.accum_bytes) : nullptr;
+    ws.d = reinterpret_cast<float*>(base + plan.accum_bytes + plan.turn_bytes);
+    ws.dq_rows = plan.dq_rows;
+    ws.splits = plan.splits;
+    ws.split_stride = plan.split_stride;
+    FA_CUDA_TRY(cudaMemsetAsync(base, 0, plan.accum_bytes + plan.turn_bytes, stream));
+    return run(ws);
+  });
 }
 
 }  // namespace fa::cuda::flash

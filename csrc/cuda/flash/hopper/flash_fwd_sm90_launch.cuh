@@ -69,16 +69,10 @@ cudaError_t launch_flash_fwd_sm90_ws(const AttentionFwdParams& p, cudaStream_t s
   if constexpr (!kIsCausal) {
     return launch_fwd_kernel<Traits>(kernel, true, p, stream, static_cast<uint32_t*>(nullptr));
   } else {
-    void* counter = nullptr;
-    FA_CUDA_TRY(cudaMallocAsync(&counter, flash::kFwdSm90ItemCounterBytes, stream));
-    cudaError_t err = cudaMemsetAsync(counter, 0, flash::kFwdSm90ItemCounterBytes, stream);
-    if (err == cudaSuccess) err = launch_fwd_kernel<Traits>(kernel, true, p, stream, static_cast<uint32_t*>(counter));
-    const cudaError_t freed = cudaFreeAsync(counter, stream);
-    if (err != cudaSuccess) {
-      cudaGetLastError();
-      return err;
-    }
-    return freed;
+    return with_stream_workspace(flash::kFwdSm90ItemCounterBytes, stream, [&](char* counter) {
+      FA_CUDA_TRY(cudaMemsetAsync(counter, 0, flash::kFwdSm90ItemCounterBytes, stream));
+      return launch_fwd_kernel<Traits>(kernel, true, p, stream, reinterpret_cast<uint32_t*>(counter));
+    });
   }
 }
 
