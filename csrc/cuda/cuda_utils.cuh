@@ -109,7 +109,8 @@ __device__ __forceinline__ float warp_max(float x) {
   for (int offset = kWarpSize / 2; offset > 0; offset /= 2) x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, offset));
   return x;
 }
-__device__ __forceinline__ float warp_sum(float x) {
+template <typename V>  // float or double
+__device__ __forceinline__ V warp_sum(V x) {
   for (int offset = kWarpSize / 2; offset > 0; offset /= 2) x += __shfl_xor_sync(0xffffffffu, x, offset);
   return x;
 }

@@ -327,7 +327,19 @@ void norm_bwd_host(DType t, NormKind kind, int64_t rows, int64_t cols, const std
   const bool ln = kind != NormKind::kRms;
   dx.assign(static_cast<size_t>(rows * cols), 0);
   for (int64_t r = 0; r < rows; ++r) {
-    const A mu = ln ? static_cast<A>(mean[r]) : 0, rs = rstd[r];
+    // float64: the row's own statistics (the gradient of the op, as the JS reference); float: the
+    // forward's float32 ones, as a plain implementation uses them.
+    A mu = ln ? static_cast<A>(mean[r]) : 0, rs = rstd[r];
+    if constexpr (std::is_same_v<A, double>) {
+      double m = 0, v = 0;
+      if (ln) {
+        for (int64_t j = 0; j < cols; ++j) m += x[r * cols + j];
+        m /= static_cast<double>(cols);
+      }
+      for (int64_t j = 0; j < cols; ++j) v += (x[r * cols + j] - m) * (x[r * cols + j] - m);
+      mu = m;
+      rs = 1.0 / std::sqrt(v / static_cast<double>(cols) + static_cast<double>(static_cast<float>(kEps)));
+    }
     A sg = 0, sgx = 0;
     for (int64_t j = 0; j < cols; ++j) {
       const A g = static_cast<A>(dout[r * cols + j]) * w[j];

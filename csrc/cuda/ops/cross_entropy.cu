@@ -84,7 +84,7 @@ __global__ void __launch_bounds__(kRowBlockThreads, ops::kRowMinBlocks)
   using T = typename Tr::T;
   using Rows = typename Tr::Rows;
   constexpr int N = Tr::N;
-  __shared__ float scratch[Rows::kScratchFloats];
+  __shared__ float scratch[Rows::kScratchValues];
   const T* logits = static_cast<const T*>(p.logits);
   T* dlogits = static_cast<T*>(p.dlogits);
   for (int64_t row = Rows::first_row(); row < p.rows; row += Rows::row_stride()) {

@@ -4,7 +4,8 @@
 //   forward:  per row, the mean (LayerNorm), then the biased variance / mean square from a second pass
 //             over the row (two passes, not E[x^2] - E[x]^2: no cancellation; the second read hits L1),
 //             then out, mean and rstd.
-//   backward: per row, sum(g) and sum(g xhat) in one pass, then dx; the parameter gradients
+//   backward: per row, sum(g) and sum(g xhat) in one pass, then dx (in float32, or in double from the
+//             row's own statistics on rows one column dominates: row_dx says why); the parameter gradients
 //             (dweight += sum over rows of dout xhat, dbias += sum of dout) are column sums over
 //             rows, as float32 partials per fixed chunk of rows in the workspace, then a fixed-order
 //             sum per column into dweight / dbias (column_partials.cuh). Up to kFusedMaxCols columns
@@ -49,7 +50,7 @@ __global__ void __launch_bounds__(kRowBlockThreads, ops::kRowMinBlocks) norm_fwd
   using T = typename Tr::T;
   using Rows = typename Tr::Rows;
   constexpr int N = Tr::N;
-  __shared__ float scratch[Rows::kScratchFloats];
+  __shared__ float scratch[Rows::kScratchValues];
   const T* x = static_cast<const T*>(p.x);
   const T* w = static_cast<const T*>(p.weight);
   const T* b = static_cast<const T*>(p.bias);
@@ -109,65 +110,163 @@ __global__ void __launch_bounds__(kRowBlockThreads, ops::kRowMinBlocks) norm_fwd
 
 // dx per row: xhat = (x - mean) rstd, g = dout w,
 //   RMSNorm dx = rstd (g - xhat mean(g xhat));  LayerNorm dx = rstd (g - mean(g) - xhat mean(g xhat)).
-// g is rounded on its own (__fmul_rn) in both passes, never contracted into an FMA with the
-// subtraction: g - mean(g) is then exactly 0 where it is in exact arithmetic (a one-column LayerNorm).
-// ptxas (nvcc 13.0, sm_80 / sm_90a): 44-96 registers, 0 spills.
+// In float32 from the forward's mean and rstd, except on rows that one column dominates, where the
+// formula cancels: column c's terms cancel by 1 / (1 - xhat_c^2 / cols) (RMSNorm) or
+// 1 / (1 - (1 + xhat_c^2) / cols) (LayerNorm); a one-column RMSNorm row is g eps rstd^3 and loses
+// x^2 / eps ulps through the float rstd. The first pass also takes max |xhat|, and a row whose
+// cancellation factor exceeds 2 is done again in double from its own statistics and rounded once, as
+// the CPU backend does every row. (Every row in double halved the bandwidth: bench/NOTES.md.)
+// g is rounded to float on its own (__fmul_rn), never contracted into an FMA with the subtraction.
+struct RowStatsD {
+  double mean, rstd;
+};
 template <typename Tr>
-__global__ void __launch_bounds__(kRowBlockThreads, ops::kRowMinBlocks) norm_bwd_dx_kernel(const NormParams p, float inv_cols) {
+__device__ __forceinline__ RowStatsD row_stats_d(const typename Tr::T* xr, const NormParams& p, double inv_cols,
+                                                 double* scratch) {
+  using Rows = typename Tr::Rows;
+  constexpr int N = Tr::N;
+  double mean = 0.0;
+  if constexpr (Tr::kLayerNorm) {
+    double s[1] = {0.0};
+    for (int64_t c = static_cast<int64_t>(Rows::rank()) * N; c < p.cols; c += Tr::kStep) {
+      float v[N];
+      ops::load_float<N>(xr + c, v);
+#pragma unroll
+      for (int i = 0; i < N; ++i) s[0] += v[i];
+    }
+    Rows::sum(s, scratch);
+    mean = s[0] * inv_cols;
+  }
+  double ss[1] = {0.0};
+  for (int64_t c = static_cast<int64_t>(Rows::rank()) * N; c < p.cols; c += Tr::kStep) {
+    float v[N];
+    ops::load_float<N>(xr + c, v);
+#pragma unroll
+    for (int i = 0; i < N; ++i) {
+      const double d = v[i] - mean;
+      ss[0] += d * d;
+    }
+  }
+  Rows::sum(ss, scratch);
+  return RowStatsD{mean, rsqrt(ss[0] * inv_cols + static_cast<double>(p.eps))};
+}
+// The row's dx in double (the rows one column dominates, above).
+template <typename Tr>
+__device__ __forceinline__ void row_dx_double(const NormParams& p, int64_t row, double inv_cols, double* scratch) {
   using T = typename Tr::T;
   using Rows = typename Tr::Rows;
   constexpr int N = Tr::N;
-  __shared__ float scratch[Rows::kScratchFloats];
-  const T* x = static_cast<const T*>(p.x);
+  const int64_t base = row * p.cols;
+  const T* xr = static_cast<const T*>(p.x) + base;
+  const T* dr = static_cast<const T*>(p.dout) + base;
   const T* w = static_cast<const T*>(p.weight);
-  const T* dout = static_cast<const T*>(p.dout);
-  T* dx = static_cast<T*>(p.dx);
-  for (int64_t row = Rows::first_row(); row < p.rows; row += Rows::row_stride()) {
-    const int64_t base = row * p.cols;
-    const float mean = Tr::kLayerNorm ? p.mean_in[row] : 0.0f;
-    const float rstd = p.rstd_in[row];
-    float s[2] = {0.0f, 0.0f};  // sum g, sum g xhat
-    for (int64_t c = static_cast<int64_t>(Rows::rank()) * N; c < p.cols; c += Tr::kStep) {
-      float v[N], wv[N], gv[N];
-      ops::load_float<N>(x + base + c, v);
-      ops::load_float<N>(w + c, wv);
-      ops::load_float<N>(dout + base + c, gv);
+  const RowStatsD st = row_stats_d<Tr>(xr, p, inv_cols, scratch);
+  double s[2] = {0.0, 0.0};  // sum g, sum g xhat
+  for (int64_t c = static_cast<int64_t>(Rows::rank()) * N; c < p.cols; c += Tr::kStep) {
+    float v[N], wv[N], gv[N];
+    ops::load_float<N>(xr + c, v);
+    ops::load_float<N>(w + c, wv);
+    ops::load_float<N>(dr + c, gv);
 #pragma unroll
-      for (int i = 0; i < N; ++i) {
-        const float g = __fmul_rn(gv[i], wv[i]);  // rounded: the same g as the second pass
-        s[0] += g;
-        s[1] += g * ((v[i] - mean) * rstd);
-      }
-    }
-    Rows::sum(s, scratch);
-    const float mean_g = Tr::kLayerNorm ? s[0] * inv_cols : 0.0f;
-    const float mean_gx = s[1] * inv_cols;
-    for (int64_t c = static_cast<int64_t>(Rows::rank()) * N; c < p.cols; c += Tr::kStep) {
-      float v[N], wv[N], gv[N], d[N];
-      ops::load_float<N>(x + base + c, v);
-      ops::load_float<N>(w + c, wv);
-      ops::load_float<N>(dout + base + c, gv);
-#pragma unroll
-      for (int i = 0; i < N; ++i) {
-        const float xhat = (v[i] - mean) * rstd;
-        d[i] = rstd * (__fmul_rn(gv[i], wv[i]) - mean_g - xhat * mean_gx);
-      }
-      ops::store_float<N>(dx + base + c, d);
+    for (int i = 0; i < N; ++i) {
+      const float g = __fmul_rn(gv[i], wv[i]);
+      s[0] += g;
+      s[1] += g * ((v[i] - st.mean) * st.rstd);
     }
   }
+  Rows::sum(s, scratch);
+  const double mean_g = Tr::kLayerNorm ? s[0] * inv_cols : 0.0;
+  const double mean_gx = s[1] * inv_cols;
+  for (int64_t c = static_cast<int64_t>(Rows::rank()) * N; c < p.cols; c += Tr::kStep) {
+    float v[N], wv[N], gv[N], d[N];
+    ops::load_float<N>(xr + c, v);
+    ops::load_float<N>(w + c, wv);
+    ops::load_float<N>(dr + c, gv);
+#pragma unroll
+    for (int i = 0; i < N; ++i) {
+      const double xhat = (v[i] - st.mean) * st.rstd;
+      d[i] = static_cast<float>(st.rstd * (__fmul_rn(gv[i], wv[i]) - mean_g - xhat * mean_gx));
+    }
+    ops::store_float<N>(static_cast<T*>(p.dx) + base + c, d);
+  }
+}
+// Whether a row's dx cancels by more than 2 (the criterion above), from max |xhat| over the row.
+template <bool kLayerNorm>
+__device__ __forceinline__ bool row_dominated(float xhat_max, float inv_cols) {
+  return ((kLayerNorm ? 1.0f : 0.0f) + xhat_max * xhat_max) * inv_cols > 0.5f;
+}
+// One row's dx (the row group's share of it). scratch: Rows::kScratchValues doubles (none for a warp).
+template <typename Tr>
+__device__ __forceinline__ void row_dx(const NormParams& p, int64_t row, double inv_cols, double* scratch) {
+  using T = typename Tr::T;
+  using Rows = typename Tr::Rows;
+  constexpr int N = Tr::N;
+  const int64_t base = row * p.cols;
+  const T* xr = static_cast<const T*>(p.x) + base;
+  const T* dr = static_cast<const T*>(p.dout) + base;
+  const T* w = static_cast<const T*>(p.weight);
+  float* const fscratch = reinterpret_cast<float*>(scratch);
+  const float mean = Tr::kLayerNorm ? p.mean_in[row] : 0.0f;
+  const float rstd = p.rstd_in[row];
+  float s[2] = {0.0f, 0.0f};  // sum g, sum g xhat
+  float xhat_max = 0.0f;      // max |xhat|
+  for (int64_t c = static_cast<int64_t>(Rows::rank()) * N; c < p.cols; c += Tr::kStep) {
+    float v[N], wv[N], gv[N];
+    ops::load_float<N>(xr + c, v);
+    ops::load_float<N>(w + c, wv);
+    ops::load_float<N>(dr + c, gv);
+#pragma unroll
+    for (int i = 0; i < N; ++i) {
+      const float g = __fmul_rn(gv[i], wv[i]);  // rounded: the same g as the second pass
+      const float xhat = (v[i] - mean) * rstd;
+      s[0] += g;
+      s[1] += g * xhat;
+      xhat_max = fmaxf(xhat_max, fabsf(xhat));
+    }
+  }
+  Rows::sum(s, fscratch);
+  xhat_max = Rows::max(xhat_max, fscratch);
+  const float inv_cols_f = static_cast<float>(inv_cols);
+  if (row_dominated<Tr::kLayerNorm>(xhat_max, inv_cols_f)) {  // uniform across the row group
+    row_dx_double<Tr>(p, row, inv_cols, scratch);
+    return;
+  }
+  const float mean_g = Tr::kLayerNorm ? s[0] * inv_cols_f : 0.0f;
+  const float mean_gx = s[1] * inv_cols_f;
+  for (int64_t c = static_cast<int64_t>(Rows::rank()) * N; c < p.cols; c += Tr::kStep) {
+    float v[N], wv[N], gv[N], d[N];
+    ops::load_float<N>(xr + c, v);
+    ops::load_float<N>(w + c, wv);
+    ops::load_float<N>(dr + c, gv);
+#pragma unroll
+    for (int i = 0; i < N; ++i) {
+      const float xhat = (v[i] - mean) * rstd;
+      d[i] = rstd * (__fmul_rn(gv[i], wv[i]) - mean_g - xhat * mean_gx);
+    }
+    ops::store_float<N>(static_cast<T*>(p.dx) + base + c, d);
+  }
+}
+
+// ptxas (nvcc 13.0, sm_80 / sm_90a): 48-116 registers, 0 spills.
+template <typename Tr>
+__global__ void __launch_bounds__(kRowBlockThreads, ops::kRowMinBlocks) norm_bwd_dx_kernel(const NormParams p, double inv_cols) {
+  using Rows = typename Tr::Rows;
+  __shared__ double scratch[Rows::kScratchValues];
+  for (int64_t row = Rows::first_row(); row < p.rows; row += Rows::row_stride()) row_dx<Tr>(p, row, inv_cols, scratch);
 }
 
 // Fused backward for rows of up to kFusedMaxCols columns (the GPT's C = 384): dx as
 // norm_bwd_dx_kernel, plus the parameter-gradient partials of one chunk of rows (column_chunks: the
-// same fixed split and workspace layout as column_partials.cuh) without reading x and dout again.
+// same fixed split and workspace layout as column_partials.cuh) in the same second pass over x and
+// dout, without a second kernel; a dominated row's dx is then written again by row_dx_double.
 // Block b takes chunk b; warp w its rows w, w + kWarps, ...; lane l owns columns
 // (k 32 + l) N + [0, N) for k < kMaxK and keeps their sums of dout xhat (and dout) in registers; at
 // the end the warps' sums are added in warp order through shared memory into partials[o][b][c], which
 // column_finish_kernel adds into dweight / dbias in chunk order. Deterministic, no float atomics.
-// ptxas (nvcc 13.0, sm_80 / sm_90a): 68-128 registers (the scalar RMSNorm instances at 110-128), 0 spills.
+// ptxas (nvcc 13.0, sm_80 / sm_90a): 80-128 registers, 0 spills.
 template <typename Tr, int kMaxK>
 __global__ void __launch_bounds__(kRowBlockThreads, ops::kRowMinBlocks)
-    norm_bwd_fused_kernel(const NormParams p, float inv_cols, ops::ColumnChunks split, float* __restrict__ partials) {
+    norm_bwd_fused_kernel(const NormParams p, double inv_cols, ops::ColumnChunks split, float* __restrict__ partials) {
   using T = typename Tr::T;
   constexpr int N = Tr::N;
   constexpr int kOuts = Tr::kLayerNorm ? 2 : 1;
@@ -188,11 +287,16 @@ __global__ void __launch_bounds__(kRowBlockThreads, ops::kRowMinBlocks)
   for (int k = 0; k < kMaxK; ++k)
 #pragma unroll
     for (int i = 0; i < N; ++i) pw[k][i] = pb[k][i] = 0.0f;
+  const float inv_cols_f = static_cast<float>(inv_cols);
   for (int64_t row = r0 + warp; row < r1; row += kWarps) {
+    // row_dx's float pass, written out over the lane's kMaxK column groups so that the second pass
+    // also adds the parameter gradients' terms (from the forward's mean and rstd, as column_partials'
+    // NormParamGrads). Row_dx itself, then a third pass for them, ran at 0.80-0.84x the bandwidth.
     const int64_t base = row * p.cols;
     const float mean = Tr::kLayerNorm ? p.mean_in[row] : 0.0f;
     const float rstd = p.rstd_in[row];
     float s[2] = {0.0f, 0.0f};  // sum g, sum g xhat
+    float xhat_max = 0.0f;
 #pragma unroll
     for (int k = 0; k < kMaxK; ++k) {
       const int64_t c = static_cast<int64_t>(k * kWarpSize + lane) * N;
@@ -204,13 +308,17 @@ __global__ void __launch_bounds__(kRowBlockThreads, ops::kRowMinBlocks)
 #pragma unroll
       for (int i = 0; i < N; ++i) {
         const float g = __fmul_rn(gv[i], wv[i]);  // rounded: the same g as the second pass
+        const float xhat = (v[i] - mean) * rstd;
         s[0] += g;
-        s[1] += g * ((v[i] - mean) * rstd);
+        s[1] += g * xhat;
+        xhat_max = fmaxf(xhat_max, fabsf(xhat));
       }
     }
-    ops::WarpPerRow<kRowBlockThreads>::sum(s, nullptr);
-    const float mean_g = Tr::kLayerNorm ? s[0] * inv_cols : 0.0f;
-    const float mean_gx = s[1] * inv_cols;
+    ops::WarpPerRow<kRowBlockThreads>::sum(s, static_cast<float*>(nullptr));
+    xhat_max = ops::WarpPerRow<kRowBlockThreads>::max(xhat_max, nullptr);
+    const bool dominated = row_dominated<Tr::kLayerNorm>(xhat_max, inv_cols_f);  // uniform across the warp
+    const float mean_g = Tr::kLayerNorm ? s[0] * inv_cols_f : 0.0f;
+    const float mean_gx = s[1] * inv_cols_f;
 #pragma unroll
     for (int k = 0; k < kMaxK; ++k) {
       const int64_t c = static_cast<int64_t>(k * kWarpSize + lane) * N;
@@ -226,8 +334,9 @@ __global__ void __launch_bounds__(kRowBlockThreads, ops::kRowMinBlocks)
         pw[k][i] += gv[i] * xhat;
         pb[k][i] += gv[i];
       }
-      ops::store_float<N>(dx + base + c, d);
+      if (!dominated) ops::store_float<N>(dx + base + c, d);
     }
+    if (dominated) row_dx_double<Tr>(p, row, inv_cols, nullptr);  // WarpPerRow: no scratch
   }
 #pragma unroll
   for (int k = 0; k < kMaxK; ++k) {
@@ -289,7 +398,7 @@ cudaError_t launch_rows(const NormParams& p, bool vec, cudaStream_t stream) {
 }
 
 // 1 / cols, computed on the host (a division in the kernels took the IEEE slow path's call and spilled).
-float inv_cols(const NormParams& p) { return static_cast<float>(1.0 / static_cast<double>(p.cols)); }
+double inv_cols(const NormParams& p) { return 1.0 / static_cast<double>(p.cols); }
 
 template <typename Tr>
 struct FwdKernel {
@@ -309,9 +418,10 @@ bool wants_param_grads(const NormParams& p) {
   return p.dweight != nullptr || (p.layer_norm && p.dbias != nullptr);
 }
 
-// The fused backward, then the fixed-order sum of its partials into dweight / dbias.
+// The fused backward (16-byte aligned rows only), then the fixed-order sum of its partials into
+// dweight / dbias.
 template <typename T, bool kLayerNorm>
-cudaError_t launch_fused(const NormParams& p, bool vec, cudaStream_t stream) {
+cudaError_t launch_fused(const NormParams& p, cudaStream_t stream) {
   using Warp = ops::WarpPerRow<kRowBlockThreads>;
   constexpr int kN = ops::kVecElems<T>;
   constexpr int kOuts = kLayerNorm ? 2 : 1;
@@ -319,13 +429,8 @@ cudaError_t launch_fused(const NormParams& p, bool vec, cudaStream_t stream) {
   const ops::ColumnChunks split = ops::column_chunks(p.rows);
   float* partials = static_cast<float*>(p.workspace);
   const unsigned int grid = static_cast<unsigned int>(split.chunks);
-  if (vec) {
-    norm_bwd_fused_kernel<NormTraits<T, Warp, kN, kLayerNorm>, kFusedMaxCols / (kWarpSize * kN)>
-        <<<grid, kRowBlockThreads, 0, stream>>>(p, inv_cols(p), split, partials);
-  } else {
-    norm_bwd_fused_kernel<NormTraits<T, Warp, 1, kLayerNorm>, kFusedMaxCols / kWarpSize>
-        <<<grid, kRowBlockThreads, 0, stream>>>(p, inv_cols(p), split, partials);
-  }
+  norm_bwd_fused_kernel<NormTraits<T, Warp, kN, kLayerNorm>, kFusedMaxCols / (kWarpSize * kN)>
+      <<<grid, kRowBlockThreads, 0, stream>>>(p, inv_cols(p), split, partials);
   FA_CUDA_TRY(cudaGetLastError());
   ops::column_finish_kernel<kOuts><<<grid_size(p.cols, ops::kColTile), ops::kColumnThreads, 0, stream>>>(
       partials, split.chunks, p.cols, p.dweight, kLayerNorm ? p.dbias : nullptr, true);
@@ -356,8 +461,11 @@ cudaError_t norm_bwd(const NormParams& p, cudaStream_t stream) {
     using T = typename decltype(tag)::type;
     const bool vec = ops::vec_aligned(p.x) && ops::vec_aligned(p.dout) && ops::vec_aligned(p.dx) &&
                      ops::vec_aligned(p.weight) && ops::vec_rows<T>(p.cols);
-    if (wants_param_grads(p) && p.cols <= kFusedMaxCols) {
-      return p.layer_norm ? launch_fused<T, true>(p, vec, stream) : launch_fused<T, false>(p, vec, stream);
+    // Rows that are not 16-byte aligned take the two kernels: a fused kernel of one element per
+    // access keeps 16 column groups of sums per output, and with the double path of dominated rows
+    // inlined ptxas spilled 32-56 bytes in its LayerNorm instances.
+    if (wants_param_grads(p) && vec && p.cols <= kFusedMaxCols) {
+      return p.layer_norm ? launch_fused<T, true>(p, stream) : launch_fused<T, false>(p, stream);
     }
     const cudaError_t dx_status = p.layer_norm ? launch_rows<true, BwdDxKernel, T>(p, vec, stream)
                                                : launch_rows<false, BwdDxKernel, T>(p, vec, stream);

@@ -63,20 +63,21 @@ __device__ __forceinline__ int64_t grid_threads() { return static_cast<int64_t>(
 // any number of rows fits the grid), and their reductions. Every thread of a group gets the reduced
 // value, bit-identical across the group and across runs (fixed order: a butterfly within warps, then
 // the warps in index order). The loop over rows is uniform across the group (warp shuffles and block
-// barriers inside are safe). `scratch` is shared memory of kScratchFloats floats (unused by warps).
+// barriers inside are safe). `scratch` is shared memory of kScratchValues values of the type summed
+// (float or double; unused by warps).
 
 // One row per warp: short rows (a whole row is a few 16-byte accesses per lane).
 template <int kBlockThreads_>
 struct WarpPerRow {
   static constexpr int kBlockThreads = kBlockThreads_;
   static constexpr int kThreads = kWarpSize;
-  static constexpr int kScratchFloats = 1;
+  static constexpr int kScratchValues = 1;
   static_assert(kBlockThreads % kWarpSize == 0, "whole warps");
   __device__ static int rank() { return static_cast<int>(threadIdx.x) % kWarpSize; }
   __device__ static int64_t first_row() { return global_thread() / kWarpSize; }
   __device__ static int64_t row_stride() { return grid_threads() / kWarpSize; }
-  template <int N>
-  __device__ static void sum(float (&v)[N], float* /*scratch*/) {
+  template <typename V, int N>
+  __device__ static void sum(V (&v)[N], V* /*scratch*/) {
 #pragma unroll
     for (int i = 0; i < N; ++i) v[i] = warp_sum(v[i]);
   }
@@ -91,13 +92,13 @@ struct BlockPerRow {
   static constexpr int kThreads = kBlockThreads_;
   static constexpr int kWarps = kBlockThreads_ / kWarpSize;
   static constexpr int kMaxSums = 2;  // values reduced together by one sum()
-  static constexpr int kScratchFloats = kWarps * kMaxSums;
+  static constexpr int kScratchValues = kWarps * kMaxSums;
   static_assert(kBlockThreads % kWarpSize == 0, "whole warps");
   __device__ static int rank() { return static_cast<int>(threadIdx.x); }
   __device__ static int64_t first_row() { return blockIdx.x; }
   __device__ static int64_t row_stride() { return gridDim.x; }
-  template <int N>
-  __device__ static void sum(float (&v)[N], float* scratch) {
+  template <typename V, int N>
+  __device__ static void sum(V (&v)[N], V* scratch) {
     static_assert(N <= kMaxSums, "scratch holds kMaxSums values per warp");
     const int warp = static_cast<int>(threadIdx.x) / kWarpSize;
 #pragma unroll
@@ -108,7 +109,7 @@ struct BlockPerRow {
     __syncthreads();
 #pragma unroll
     for (int i = 0; i < N; ++i) {
-      float acc = 0.0f;
+      V acc = 0;
 #pragma unroll
       for (int w = 0; w < kWarps; ++w) acc += scratch[w * N + i];
       v[i] = acc;
