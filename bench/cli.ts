@@ -17,7 +17,7 @@ import { SingleBar, Presets } from 'cli-progress';
 import { backends, defaultDevice, emptyCache } from '../lib';
 import { BenchArgError, HELP, MIN_CUDA_REPEATS, parseArgs } from './args';
 import { renderChartSvg } from './chart';
-import { buildCells } from './grid';
+import { BenchCell, buildCells } from './grid';
 import { peakTflops } from './peaks';
 import { listPresets } from './presets';
 import {
@@ -25,7 +25,7 @@ import {
   REPORT_SCHEMA, reportSettings,
 } from './report';
 import { addRatios, BenchRow, kernelsRan, oursWork, resolveKernel, runOurs, sortRows, torchRows } from './runner';
-import { runTorchBaselines, TorchEnv } from './torch';
+import { openTorchWorker, TorchEnv, TorchWorker } from './torch';
 import { packageVersionFrom } from './version';
 
 /** Where the CLI writes; tests pass their own. */
@@ -172,45 +172,77 @@ export async function main(argv: string[], io: CliIO = { stdout: process.stdout,
 
   const machine = o.json || o.csv || o.markdown;
   const tables = machine ? io.stderr : io.stdout;
+
+  // Ours' rows, then PyTorch's: a bar on a TTY, one line per row in a log.
   const progress = makeProgress(io, o.quiet);
-  const oursTotal = oursWork(cells, s);
-  progress.total(oursTotal);
   let done = 0;
 
-  let rows: BenchRow[];
-  try {
-    rows = await runOurs(cells, s, peak, { onRow: (r) => progress.tick(++done, `${r.impl} ${r.id}`, rowLine(r)) });
-  } finally {
-    progress.stop();
-  }
-
+  // --compare torch: one PyTorch worker for the whole grid, asked for each input group right after
+  // ours has timed it, so that a cell's two sides see the same GPU clocks and temperature.
+  let worker: TorchWorker | null = null;
   let torchEnv: TorchEnv | null = null;
   let torchUnavailable: string | null = null;
+  let torchPeak: number | null = null;
   if (s.compare.includes('torch')) {
-    if (!o.quiet) io.stderr.write(`${NAME}: PyTorch SDPA baselines (${s.torchBackends.join(', ')}) on ${cells.length} cells...\n`);
-    const tp = makeProgress(io, o.quiet || !io.stderr.isTTY);
-    // Our pool keeps freed memory cached; hand it back so PyTorch's process can allocate it.
-    if (s.device === 'cuda') await emptyCache('cuda');
-    const result = await runTorchBaselines(cells, {
+    if (!o.quiet) io.stderr.write(`${NAME}: starting PyTorch SDPA (${s.torchBackends.join(', ')}) for ${cells.length} cells...\n`);
+    const opened = await openTorchWorker({
       // PyTorch runs on CUDA even beside a CPU run of ours: at least 20 repeats there.
       backends: s.torchBackends, warmup: s.warmup, warmupMs: s.warmupMs, repeats: Math.max(s.repeats, MIN_CUDA_REPEATS),
       python: o.python ?? undefined,
-      onProgress: (d, t) => {
-        tp.total(t);
-        tp.tick(d, 'torch');
-      },
+      // The bar moves while PyTorch times a group; a log gets PyTorch's rows when they come.
+      onProgress: io.stderr.isTTY ? (d) => progress.tick(done + d, 'torch') : undefined,
     });
-    tp.stop();
-    if (result.available) {
-      torchEnv = result.env;
-      const torchPeak = peakTflops(result.env.device, s.dtype);
-      rows.push(...torchRows(result, cells, torchPeak));
-      if (s.device === 'cpu') notes.push(`PyTorch rows ran on ${result.env.device} (CUDA); ours on the CPU backend`);
+    if (opened.available) {
+      worker = opened.worker;
+      torchEnv = worker.env;
+      torchPeak = peakTflops(torchEnv.device, s.dtype);
     } else {
-      torchUnavailable = result.reason;
-      err(`--compare torch: no PyTorch baselines: ${result.reason}; going on without them`);
-      notes.push(`--compare torch: no PyTorch baselines (${result.reason})`);
+      torchUnavailable = opened.reason;
+      err(`--compare torch: no PyTorch baselines: ${opened.reason}; going on without them`);
+      notes.push(`--compare torch: no PyTorch baselines (${opened.reason})`);
     }
+  }
+
+  const torchPerCell = worker !== null ? s.torchBackends.length : 0;
+  let total = oursWork(cells, s) + cells.length * torchPerCell;
+  progress.total(total);
+  /** PyTorch's side as the grid goes: its rows, the cells it answered, why it stopped (null while it serves). */
+  const torch: { rows: BenchRow[]; cellsDone: number; stopped: string | null } = { rows: [], cellsDone: 0, stopped: null };
+
+  /** PyTorch on one input group, which ours has just timed; after a failure, no more requests. */
+  const torchGroup = async (group: readonly BenchCell[]): Promise<void> => {
+    if (worker === null || torch.stopped !== null) return;
+    // Our pool keeps freed memory cached; hand it back so PyTorch's process can allocate it.
+    if (s.device === 'cuda') await emptyCache('cuda');
+    const result = await worker.run(group);
+    if (!result.available) {
+      torch.stopped = result.reason;
+      total -= (cells.length - torch.cellsDone) * torchPerCell;
+      progress.total(total);
+      return;
+    }
+    torch.cellsDone += group.length;
+    for (const r of torchRows(result, group, torchPeak)) {
+      torch.rows.push(r);
+      progress.tick(++done, `${r.impl} ${r.id}`, rowLine(r));
+    }
+  };
+
+  let rows: BenchRow[];
+  try {
+    rows = await runOurs(cells, s, peak, { onRow: (r) => progress.tick(++done, `${r.impl} ${r.id}`, rowLine(r)), afterGroup: torchGroup });
+  } finally {
+    progress.stop();
+    await worker?.close();
+  }
+  rows.push(...torch.rows);
+  if (torch.stopped !== null) {
+    const missing = cells.length - torch.cellsDone;
+    err(`--compare torch: PyTorch stopped after ${torch.cellsDone} of ${cells.length} cells: ${torch.stopped}; going on without it`);
+    notes.push(`--compare torch: PyTorch SDPA stopped mid-run (${torch.stopped}): ${missing} of ${cells.length} cells have no PyTorch rows`);
+  }
+  if (torchEnv !== null && torch.rows.length > 0 && s.device === 'cpu') {
+    notes.push(`PyTorch rows ran on ${torchEnv.device} (CUDA); ours on the CPU backend`);
   }
   addRatios(rows);
   rows = sortRows(rows, cells);
@@ -238,7 +270,8 @@ export async function main(argv: string[], io: CliIO = { stdout: process.stdout,
     tool: NAME, schema: REPORT_SCHEMA, env,
     settings: reportSettings(s, {
       preset: cmd.basePreset, presetOverrides: cmd.overrides, kernelResolved, peakTflops: peak,
-      timing: s.device === 'cuda' ? 'CUDA events, runs queued back to back' : 'host time to completion',
+      timing: (s.device === 'cuda' ? 'CUDA events, runs queued back to back' : 'host time to completion')
+        + (torchEnv !== null ? '; ours and PyTorch SDPA timed back to back per input group' : ''),
     }),
     notes, rows,
   };

@@ -238,6 +238,13 @@ export function measuredRow(
 export interface RunHooks {
   /** After each measured (or failed) cell of ours or naive. */
   onRow?: (row: BenchRow) => void;
+  /**
+   * After each input group ({@link groupByInputs}: the cells that share inputs), once its rows are
+   * measured and its inputs freed; awaited before the next group's inputs are made. `rows` are the
+   * group's rows. The CLI times PyTorch on the group here, so that ours and PyTorch are timed back
+   * to back per input group.
+   */
+  afterGroup?: (group: readonly BenchCell[], rows: readonly BenchRow[]) => Promise<void> | void;
 }
 
 /** Number of rows {@link runOurs} measures (for a progress bar). */
@@ -297,6 +304,10 @@ export async function runOurs(cells: readonly BenchCell[], s: GridSettings, peak
   let seed = 1;
 
   for (const group of groupByInputs(cells)) {
+    const groupStart = rows.length;
+    const groupDone = async (): Promise<void> => {
+      await hooks.afterGroup?.(group, rows.slice(groupStart));
+    };
     const c0 = group[0];
     const qShape = [c0.batch, c0.seqlenQ, c0.headsQ, c0.headDim];
     const kShape = [c0.batch, c0.seqlenK, c0.headsKV, c0.headDim];
@@ -322,6 +333,7 @@ export async function runOurs(cells: readonly BenchCell[], s: GridSettings, peak
             cell.pass === 'fwd' ? null : kk.algorithm ?? null));
         }
       }
+      await groupDone();
       continue;
     }
 
@@ -429,6 +441,7 @@ export async function runOurs(cells: readonly BenchCell[], s: GridSettings, peak
       for (const t of inputs) t.dispose();
       await synchronize(device).catch(() => undefined);
     }
+    await groupDone();
   }
   return rows;
 }

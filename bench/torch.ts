@@ -2,16 +2,22 @@
  * PyTorch SDPA baselines for `flash-attn-bench --compare torch`: runs bench/torch_sdpa.py in a
  * Python that has PyTorch, on the same shapes and dtypes as our cells, and returns its timings.
  *
- * The script reads one JSON request on stdin and writes one JSON object on stdout (its docstring
- * holds the contract: inputs, causal alignment, timing, cache rotation, peak memory). It reports
- * progress as `progress <done> <total>` lines on stderr. Exit 3 with `{"error": "..."}` means
- * PyTorch or CUDA is not usable there; that becomes `{ available: false, reason }`, as does every
- * other way the run can fail (no interpreter, a crash, a timeout, output that is not the contract).
+ * The script runs as a worker (`--serve`): it imports PyTorch and checks CUDA once, writes one
+ * `{"env": ...}` line, then answers each request line (cells, backends, warm-up, repeats) with one
+ * `{"rows": [...]}` line, freeing its GPU memory after each. The bench opens one worker
+ * ({@link openTorchWorker}) and asks it for one input group at a time, right after timing ours on the
+ * same group, so that ours and PyTorch are timed back to back per input group (the GPU's clocks and
+ * temperature drift over a grid of minutes). {@link runTorchBaselines} asks a worker once. The
+ * script's docstring holds the contract (inputs, causal alignment, timing, cache rotation, peak
+ * memory). It reports progress as `progress <done> <total>` lines on stderr, per request. Exit 3
+ * with `{"error": "..."}` means PyTorch or CUDA is not usable there; that becomes `{ available:
+ * false, reason }`, as does every other way the worker can fail (no interpreter, a crash, a
+ * timeout, output that is not the contract).
  *
  * Python: `opts.python`, else the environment variable FLASH_ATTN_BENCH_PYTHON, else `python3`.
  * @packageDocumentation
  */
-import { spawn } from 'child_process';
+import { ChildProcess, spawn } from 'child_process';
 import * as fs from 'fs';
 import * as path from 'path';
 import type { ReferenceShape } from '../lib';
@@ -74,7 +80,7 @@ export interface TorchEnv {
 /** The baselines, or why there are none. */
 export type TorchResult = { available: true; env: TorchEnv; rows: TorchRow[] } | { available: false; reason: string };
 
-/** Options of {@link runTorchBaselines}. */
+/** Options of {@link openTorchWorker} and {@link runTorchBaselines}: every request of a worker uses them. */
 export interface TorchOptions {
   backends: TorchBackend[];
   /** Untimed runs per cell and backend. */
@@ -85,13 +91,16 @@ export interface TorchOptions {
   repeats: number;
   /** Python interpreter; default: env FLASH_ATTN_BENCH_PYTHON, else `python3` on PATH. */
   python?: string;
-  /** Kill the script after this long (default: no limit). */
+  /**
+   * Kill the script when starting it (importing PyTorch, checking CUDA) or answering one request
+   * takes longer than this many milliseconds (default: no limit).
+   */
   timeoutMs?: number;
   /** Seed for torch.randn (default 0). */
   seed?: number;
   /** Time causal Sq != Sk cells on flash/cudnn/efficient with a dense mask when no fused bottom-right mask exists (default false: error row). */
   allowMaterializedMask?: boolean;
-  /** Called for each `progress <done> <total>` line the script prints. */
+  /** Called for each `progress <done> <total>` line the script prints (counted within the current request). */
   onProgress?: (done: number, total: number) => void;
   /** Called with every other stderr line (PyTorch warnings, diagnostics). */
   onLog?: (line: string) => void;
@@ -151,22 +160,25 @@ function measure(o: { [key: string]: Json }, key: string, where: string, failed:
 
 const MASKS: readonly TorchMask[] = ['none', 'causal', 'lower_right_fused', 'lower_right_materialized', 'lower_right'];
 
-/** Checks the script's answer against the contract and the request; throws an Error naming what is wrong. */
-export function validateTorchOutput(value: unknown, cells: readonly TorchCell[], backends: readonly TorchBackend[]): { env: TorchEnv; rows: TorchRow[] } {
-  const v = value as Json;
-  if (!isObject(v)) throw new Error('the answer is not a JSON object');
-  const e = v.env;
+/** The answer's `env` object, checked field by field; throws an Error naming what is wrong. */
+function validateEnv(answer: { [key: string]: Json }): TorchEnv {
+  const e = answer.env;
   if (!isObject(e)) throw new Error('env is missing');
-  const env: TorchEnv = {
+  return {
     torch: str(e, 'torch', 'env'), cuda: strOrNull(e, 'cuda', 'env'), cudnn: strOrNull(e, 'cudnn', 'env'),
     device: str(e, 'device', 'env'), capability: str(e, 'capability', 'env'), driver: strOrNull(e, 'driver', 'env'),
     python: str(e, 'python', 'env'),
   };
-  if (!Array.isArray(v.rows)) throw new Error('rows is not a list');
+}
+
+/** The answer's `rows`: exactly one per cell and backend asked for; throws an Error naming what is wrong. */
+function validateRows(answer: { [key: string]: Json }, cells: readonly TorchCell[], backends: readonly TorchBackend[]): TorchRow[] {
+  const list = answer.rows;
+  if (!Array.isArray(list)) throw new Error('rows is not a list');
   const wanted = new Set<string>();
   for (const c of cells) for (const b of backends) wanted.add(`${c.id}\u0000${b}`);
   const rows: TorchRow[] = [];
-  v.rows.forEach((r, i) => {
+  list.forEach((r, i) => {
     const where = `rows[${i}]`;
     if (!isObject(r)) throw new Error(`${where} is not an object`);
     const id = str(r, 'id', where);
@@ -188,7 +200,18 @@ export function validateTorchOutput(value: unknown, cells: readonly TorchCell[],
     const [id, backend] = [...wanted][0].split('\u0000');
     throw new Error(`${wanted.size} cell/backend pair(s) have no row, e.g. (${id}, ${backend})`);
   }
-  return { env, rows };
+  return rows;
+}
+
+/**
+ * Checks the one-shot answer (`{"env": ..., "rows": [...]}`) against the contract and the request;
+ * throws an Error naming what is wrong. The worker's env line and answer lines are checked by the
+ * same rules, each for its own part.
+ */
+export function validateTorchOutput(value: unknown, cells: readonly TorchCell[], backends: readonly TorchBackend[]): { env: TorchEnv; rows: TorchRow[] } {
+  const v = value as Json;
+  if (!isObject(v)) throw new Error('the answer is not a JSON object');
+  return { env: validateEnv(v), rows: validateRows(v, cells, backends) };
 }
 
 /**
@@ -200,105 +223,307 @@ function stderrSummary(lines: string[]): string {
   return shown.length > 0 ? `stderr: ${shown.join(' | ')}` : 'nothing on stderr';
 }
 
+/** How long {@link TorchWorker.close} waits, by default, for the worker to exit after its stdin is closed, before killing it. */
+export const TORCH_CLOSE_GRACE_MS = 10_000;
+
+/** How long a script that broke the contract may take to exit (and finish its stderr) before it is killed. */
+const MALFORMED_GRACE_MS = 1000;
+
+/** What {@link ScriptProcess.nextLine} gives when its time ran out. */
+const TIMED_OUT = Symbol('timed out');
+
 /**
- * Runs PyTorch SDPA on `cells` with each of `opts.backends`, in one Python process. Never throws for
- * a missing or broken Python/PyTorch: those come back as `{ available: false, reason }`. Rows come
- * back in the script's order (cell by cell, backends in the requested order), one per cell and
- * backend; a backend that cannot run a cell gives a row with `error` set.
+ * The process plumbing of the bridge: torch_sdpa.py running in `python`, its stdout as lines, its
+ * stderr as progress (`progress <done> <total>`, to `onProgress`) and log lines (to `onLog`, and
+ * the last {@link STDERR_KEEP} kept for error messages), and how it ended.
  */
-export async function runTorchBaselines(cells: TorchCell[], opts: TorchOptions): Promise<TorchResult> {
+class ScriptProcess {
+  private readonly child: ChildProcess;
+  private readonly lines: string[] = [];
+  private stdoutPartial = '';
+  private stderrPartial = '';
+  private readonly stderrLines: string[] = [];
+  /** Why it could not be started (set by the 'error' event). */
+  private startFailure: string | null = null;
+  /** Its exit status, once it has exited and its stdout and stderr are read to the end. */
+  private exit: { code: number | null; signal: NodeJS.Signals | null } | null = null;
+  /** Wakes the {@link nextLine} call waiting for a line or the end. */
+  private wake: (() => void) | null = null;
+  /** Resolves once the process has exited (or failed to start) and its output is all read. */
+  readonly closed: Promise<void>;
+
+  constructor(readonly python: string, script: string, args: string[], private readonly opts: Pick<TorchOptions, 'onProgress' | 'onLog'>) {
+    // env given explicitly: the environment this module reads (a test runner's sandbox may hold its own copy).
+    this.child = spawn(python, [script, ...args], { stdio: ['pipe', 'pipe', 'pipe'], env: process.env });
+    this.child.stdout?.setEncoding('utf8');
+    this.child.stdout?.on('data', (d: string) => {
+      const parts = (this.stdoutPartial + d).split(/\r?\n/);
+      this.stdoutPartial = parts.pop() ?? '';
+      this.lines.push(...parts.filter((l) => l.trim() !== ''));
+      if (parts.length > 0) this.wake?.();
+    });
+    this.child.stderr?.setEncoding('utf8');
+    this.child.stderr?.on('data', (d: string) => {
+      const parts = (this.stderrPartial + d).split(/\r?\n/);
+      this.stderrPartial = parts.pop() ?? '';
+      for (const line of parts) this.onStderrLine(line);
+    });
+    // The script may exit (no torch, a crash) before reading what we write: ignore EPIPE here; the exit says why.
+    this.child.stdin?.on('error', () => undefined);
+    this.child.on('error', (err: NodeJS.ErrnoException) => {
+      this.startFailure ??= err.code === 'ENOENT'
+        ? `${python} was not found (set FLASH_ATTN_BENCH_PYTHON)`
+        : `could not run ${python}: ${err.message}`;
+      this.wake?.();
+    });
+    this.closed = new Promise<void>((resolve) => {
+      this.child.on('close', (code, signal) => {
+        if (this.stderrPartial !== '') this.onStderrLine(this.stderrPartial);
+        if (this.stdoutPartial.trim() !== '') this.lines.push(this.stdoutPartial);
+        this.stderrPartial = this.stdoutPartial = '';
+        this.exit = { code, signal };
+        this.wake?.();
+        resolve();
+      });
+    });
+  }
+
+  private onStderrLine(line: string): void {
+    const m = /^progress (\d+) (\d+)$/.exec(line.trim());
+    if (m) {
+      this.opts.onProgress?.(Number(m[1]), Number(m[2]));
+      return;
+    }
+    this.stderrLines.push(line);
+    if (this.stderrLines.length > STDERR_KEEP) this.stderrLines.shift();
+    this.opts.onLog?.(line);
+  }
+
+  /** Whether it has ended: exited, or never started. */
+  get ended(): boolean {
+    return this.exit !== null || this.startFailure !== null;
+  }
+
+  /** Writes one line on its stdin (lost, silently, if it has exited: the exit then says why). */
+  send(line: string): void {
+    if (!this.ended) this.child.stdin?.write(`${line}\n`);
+  }
+
+  /**
+   * The next line it writes on stdout (blank lines skipped); null once it has ended with no line
+   * left; {@link TIMED_OUT} when `timeoutMs` passes first (undefined: no limit).
+   */
+  async nextLine(timeoutMs?: number): Promise<string | null | typeof TIMED_OUT> {
+    const deadline = timeoutMs === undefined ? Infinity : Date.now() + timeoutMs;
+    for (;;) {
+      const line = this.lines.shift();
+      if (line !== undefined) return line;
+      if (this.ended) return null;
+      const left = deadline - Date.now();
+      if (left <= 0) return TIMED_OUT;
+      await new Promise<void>((resolve) => {
+        const timer = Number.isFinite(left) ? setTimeout(resolve, left) : undefined;
+        this.wake = () => {
+          if (timer !== undefined) clearTimeout(timer);
+          resolve();
+        };
+      });
+      this.wake = null;
+    }
+  }
+
+  /** Kills it at once (SIGKILL), unless it has already ended. */
+  kill(): void {
+    if (!this.ended) this.child.kill('SIGKILL');
+  }
+
+  /** Closes its stdin (EOF: the worker's signal to exit), waits up to `graceMs` for it to exit, then kills it. */
+  async stop(graceMs: number): Promise<void> {
+    if (!this.ended) this.child.stdin?.end();
+    let timer: NodeJS.Timeout | undefined;
+    const late = new Promise<boolean>((resolve) => {
+      timer = setTimeout(() => resolve(true), graceMs);
+    });
+    const killed = await Promise.race([this.closed.then(() => false), late]);
+    clearTimeout(timer);
+    if (killed) {
+      this.kill();
+      await this.closed;
+    }
+  }
+
+  /** The kept stderr lines, for an error message ({@link stderrSummary}). */
+  stderrSummary(): string {
+    return stderrSummary(this.stderrLines);
+  }
+
+  /**
+   * Why it ended, once {@link closed} has resolved: it did not start; exit 3 with its `{"error": ...}`
+   * line (`scriptError`): that message; another exit status or a signal; else (exit 0) `missing`,
+   * what the caller was still waiting for.
+   */
+  endReason(scriptError: string | null, missing: string): string {
+    if (this.startFailure !== null) return this.startFailure;
+    const { code, signal } = this.exit ?? { code: null, signal: null };
+    if (code === EXIT_UNAVAILABLE && scriptError !== null) return scriptError;
+    if (code !== 0) {
+      const how = signal !== null ? `was killed by ${signal}` : `exited with status ${code}`;
+      return `${this.python} ${SCRIPT} ${how}${scriptError !== null ? `: ${scriptError}` : ''} (${this.stderrSummary()})`;
+    }
+    return `${SCRIPT} gave malformed output: ${scriptError !== null ? `exit 0 after an error: ${scriptError}` : missing} (${this.stderrSummary()})`;
+  }
+}
+
+/**
+ * The next JSON object the script writes on stdout, or why there is none: it ended (exit 3 with
+ * its reason, a crash, no output), it wrote `{"error": ...}` (then it exits: its status decides the
+ * reason), it wrote something that is not a JSON object (it is killed), or `timeoutMs` passed (it
+ * is killed). `missing` names what was awaited, for an exit 0 without it.
+ */
+async function readObject(proc: ScriptProcess, timeoutMs: number | undefined, missing: string): Promise<{ value: { [key: string]: Json } } | { reason: string }> {
+  const line = await proc.nextLine(timeoutMs);
+  if (line === TIMED_OUT) {
+    proc.kill();
+    return { reason: `${SCRIPT} did not finish within ${timeoutMs} ms (${proc.stderrSummary()})` };
+  }
+  if (line === null) {
+    await proc.closed;
+    return { reason: proc.endReason(null, missing) };
+  }
+  let value: Json;
+  try {
+    value = JSON.parse(line) as Json;
+  } catch (e) {
+    return { reason: await malformed(proc, `output is not JSON (${(e as Error).message})`) };
+  }
+  if (!isObject(value)) return { reason: await malformed(proc, 'the answer is not a JSON object') };
+  if (typeof value.error === 'string') {
+    // The script exits after its error line; its exit status says which failure it was.
+    await proc.stop(TORCH_CLOSE_GRACE_MS);
+    return { reason: proc.endReason(value.error, missing) };
+  }
+  return { value };
+}
+
+/**
+ * Stops a script that broke the contract (stdin closed, killed after {@link MALFORMED_GRACE_MS})
+ * and gives the reason, with its stderr up to its end: a script that printed garbage is often
+ * about to print the traceback that explains it.
+ */
+async function malformed(proc: ScriptProcess, what: string): Promise<string> {
+  await proc.stop(MALFORMED_GRACE_MS);
+  return `${SCRIPT} gave malformed output: ${what} (${proc.stderrSummary()})`;
+}
+
+/**
+ * A running `torch_sdpa.py --serve`: PyTorch imported and CUDA checked once, then any number of
+ * requests, each timed when it is asked for (the bench asks for one input group at a time, right
+ * after timing ours on it, so that both sides of a cell see the same GPU clocks and temperature).
+ * Made by {@link openTorchWorker}; {@link TorchWorker.close} it when done.
+ */
+export interface TorchWorker {
+  /** Where the baselines run (the worker's env line). */
+  readonly env: TorchEnv;
+  /**
+   * Times `cells` on each of the options' backends (one request); runs queue behind each other.
+   * Rows as {@link runTorchBaselines} gives them. Never throws: when the worker crashes, times out
+   * (`timeoutMs`, per request) or answers outside the contract, the result is `{ available: false,
+   * reason }`, the worker is dead, and every later run gives the same reason.
+   */
+  run(cells: readonly TorchCell[]): Promise<TorchResult>;
+  /**
+   * Closes the worker's stdin (its signal to exit), waits up to `graceMs` (default
+   * {@link TORCH_CLOSE_GRACE_MS}) for it to exit, then kills it. Later runs give `{ available:
+   * false }`. Safe to call more than once, and on a dead worker.
+   */
+  close(graceMs?: number): Promise<void>;
+}
+
+/** A started {@link TorchWorker}, or why none could start (the reasons {@link runTorchBaselines} gives). */
+export type TorchWorkerOpen = { available: true; worker: TorchWorker } | { available: false; reason: string };
+
+/** The request line for `cells`, as the script's docstring spells it. */
+function requestLine(cells: readonly TorchCell[], opts: TorchOptions): string {
+  return JSON.stringify({
+    cells, backends: opts.backends, warmup: opts.warmup, warmupMs: opts.warmupMs ?? 0, repeats: opts.repeats, seed: opts.seed ?? 0,
+    allowMaterializedMask: opts.allowMaterializedMask ?? false,
+  });
+}
+
+class Worker implements TorchWorker {
+  /** Why runs give no baselines any more (a failure, or close()); null while the worker serves. */
+  private dead: string | null = null;
+  /** The last run asked for: the next one starts after it. */
+  private queue: Promise<unknown> = Promise.resolve();
+
+  constructor(private readonly proc: ScriptProcess, readonly env: TorchEnv, private readonly opts: TorchOptions) {}
+
+  run(cells: readonly TorchCell[]): Promise<TorchResult> {
+    const result = this.queue.then(() => this.request(cells));
+    this.queue = result.then(() => undefined, () => undefined);
+    return result;
+  }
+
+  private async request(cells: readonly TorchCell[]): Promise<TorchResult> {
+    if (this.dead !== null) return { available: false, reason: this.dead };
+    this.proc.send(requestLine(cells, this.opts));
+    const answer = await readObject(this.proc, this.opts.timeoutMs, 'no answer to a request');
+    if ('reason' in answer) return this.die(answer.reason);
+    try {
+      return { available: true, env: this.env, rows: validateRows(answer.value, cells, this.opts.backends) };
+    } catch (e) {
+      return this.die(await malformed(this.proc, (e as Error).message));
+    }
+  }
+
+  private die(reason: string): TorchResult {
+    this.dead ??= reason;
+    return { available: false, reason: this.dead };
+  }
+
+  async close(graceMs: number = TORCH_CLOSE_GRACE_MS): Promise<void> {
+    this.dead ??= `the PyTorch worker (${SCRIPT} --serve) was closed`;
+    await this.proc.stop(graceMs);
+  }
+}
+
+/**
+ * Starts `torch_sdpa.py --serve` and waits for its env line (PyTorch imported, CUDA checked), at
+ * most `opts.timeoutMs`. Never throws for a missing or broken Python/PyTorch: those come back as `{
+ * available: false, reason }`, with the texts {@link runTorchBaselines} uses. `opts` also holds
+ * what every request of the worker uses (backends, warm-up, repeats, seed, materialized masks) and
+ * the progress and log callbacks, which see every request's stderr.
+ */
+export async function openTorchWorker(opts: TorchOptions): Promise<TorchWorkerOpen> {
   const script = findTorchScript();
   if (script === null) return { available: false, reason: `${SCRIPT} was not found next to ${__dirname} or in a bench/ folder above it` };
   const envPython = process.env.FLASH_ATTN_BENCH_PYTHON;
   const python = opts.python ?? (envPython !== undefined && envPython !== '' ? envPython : 'python3');
-  const request = JSON.stringify({
-    cells, backends: opts.backends, warmup: opts.warmup, warmupMs: opts.warmupMs ?? 0, repeats: opts.repeats, seed: opts.seed ?? 0,
-    allowMaterializedMask: opts.allowMaterializedMask ?? false,
-  });
+  const proc = new ScriptProcess(python, script, ['--serve'], opts);
+  const first = await readObject(proc, opts.timeoutMs, 'no output');
+  if ('reason' in first) return { available: false, reason: first.reason };
+  let env: TorchEnv;
+  try {
+    env = validateEnv(first.value);
+  } catch (e) {
+    return { available: false, reason: await malformed(proc, (e as Error).message) };
+  }
+  return { available: true, worker: new Worker(proc, env, opts) };
+}
 
-  return new Promise<TorchResult>((resolve) => {
-    let settled = false;
-    let timer: NodeJS.Timeout | undefined;
-    const finish = (r: TorchResult): void => {
-      if (settled) return;
-      settled = true;
-      if (timer !== undefined) clearTimeout(timer);
-      resolve(r);
-    };
-
-    // env given explicitly: the environment this module reads (a test runner's sandbox may hold its own copy).
-    const child = spawn(python, [script], { stdio: ['pipe', 'pipe', 'pipe'], env: process.env });
-    const stdout: Buffer[] = [];
-    const stderrLines: string[] = [];
-    let partial = '';
-    const onLine = (line: string): void => {
-      const m = /^progress (\d+) (\d+)$/.exec(line.trim());
-      if (m) {
-        opts.onProgress?.(Number(m[1]), Number(m[2]));
-        return;
-      }
-      stderrLines.push(line);
-      if (stderrLines.length > STDERR_KEEP) stderrLines.shift();
-      opts.onLog?.(line);
-    };
-    child.stdout.on('data', (d: Buffer) => stdout.push(d));
-    child.stderr.setEncoding('utf8');
-    child.stderr.on('data', (d: string) => {
-      const parts = (partial + d).split(/\r?\n/);
-      partial = parts.pop() ?? '';
-      for (const line of parts) onLine(line);
-    });
-    // The script may exit (no torch) before reading all of the request: ignore EPIPE here; the exit says why.
-    child.stdin.on('error', () => undefined);
-
-    child.on('error', (err: NodeJS.ErrnoException) => {
-      if (err.code === 'ENOENT') {
-        finish({ available: false, reason: `${python} was not found (set FLASH_ATTN_BENCH_PYTHON)` });
-      } else {
-        finish({ available: false, reason: `could not run ${python}: ${err.message}` });
-      }
-    });
-
-    if (opts.timeoutMs !== undefined) {
-      timer = setTimeout(() => {
-        child.kill('SIGKILL');
-        finish({ available: false, reason: `${SCRIPT} did not finish within ${opts.timeoutMs} ms (${stderrSummary(stderrLines)})` });
-      }, opts.timeoutMs);
-    }
-
-    child.on('close', (code, signal) => {
-      if (partial !== '') onLine(partial);
-      partial = '';
-      const text = Buffer.concat(stdout).toString('utf8').trim();
-      let parsed: unknown;
-      let parseError: string | null = null;
-      try {
-        parsed = JSON.parse(text);
-      } catch (e) {
-        parseError = text === '' ? 'no output' : `output is not JSON (${(e as Error).message})`;
-      }
-      const scriptError = isObject(parsed as Json) && typeof (parsed as { error?: unknown }).error === 'string'
-        ? (parsed as { error: string }).error : null;
-      if (code === EXIT_UNAVAILABLE && scriptError !== null) {
-        finish({ available: false, reason: scriptError });
-        return;
-      }
-      if (code !== 0) {
-        const how = signal !== null ? `was killed by ${signal}` : `exited with status ${code}`;
-        finish({ available: false, reason: `${python} ${SCRIPT} ${how}${scriptError !== null ? `: ${scriptError}` : ''} (${stderrSummary(stderrLines)})` });
-        return;
-      }
-      if (parseError !== null) {
-        finish({ available: false, reason: `${SCRIPT} gave malformed output: ${parseError} (${stderrSummary(stderrLines)})` });
-        return;
-      }
-      try {
-        finish({ available: true, ...validateTorchOutput(parsed, cells, opts.backends) });
-      } catch (e) {
-        finish({ available: false, reason: `${SCRIPT} gave malformed output: ${(e as Error).message} (${stderrSummary(stderrLines)})` });
-      }
-    });
-
-    child.stdin.end(request);
-  });
+/**
+ * Runs PyTorch SDPA on `cells` with each of `opts.backends`, in one Python process: a worker
+ * ({@link openTorchWorker}) asked once, then closed. Never throws for a missing or broken
+ * Python/PyTorch: those come back as `{ available: false, reason }`. Rows come back in the script's
+ * order (cell by cell, backends in the requested order), one per cell and backend; a backend that
+ * cannot run a cell gives a row with `error` set.
+ */
+export async function runTorchBaselines(cells: TorchCell[], opts: TorchOptions): Promise<TorchResult> {
+  const opened = await openTorchWorker(opts);
+  if (!opened.available) return opened;
+  try {
+    return await opened.worker.run(cells);
+  } finally {
+    await opened.worker.close();
+  }
 }

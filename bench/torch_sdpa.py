@@ -1,8 +1,17 @@
 #!/usr/bin/env python3
 """PyTorch SDPA baselines for flash-attn-bench (`--compare torch`); driven by bench/torch.ts.
 
-Reads one JSON request on stdin and writes ONE JSON object on stdout. Progress and diagnostics go
-to stderr only (`progress <done> <total>` lines, one per cell x backend, for the bridge).
+Two modes, one request format and one answer format:
+  one-shot (no flag): reads ONE JSON request on stdin (to EOF) and writes ONE JSON object
+    {"env": ..., "rows": ...} on stdout.
+  --serve (a worker, what bench/torch.ts runs): imports torch and checks CUDA once, writes one
+    line {"env": ...}, then reads requests, one JSON object per line on stdin (blank lines are
+    skipped), and answers each with one line {"rows": [...]}, stdout flushed after each. After each
+    request it frees what it allocated (tensors, then torch.cuda.empty_cache()) so that the bench's
+    own process can allocate for its next cell. EOF on stdin ends it (exit 0). The bench times ours
+    and PyTorch back to back per input group: ours on the group, then this worker on its cells.
+Progress and diagnostics go to stderr only (`progress <done> <total>` lines, one per cell x backend
+of the current request, starting at `progress 0 <total>`, for the bridge).
 
 Request:
   {"cells": [{"id": str, "batch": int, "seqlenQ": int, "seqlenK": int, "headsQ": int,
@@ -13,13 +22,16 @@ Request:
    "seed": int (optional, default 0),
    "allowMaterializedMask": bool (optional, default false; see "Causal alignment")}
 
-Answer (exit 0):
+Answer (one-shot, exit 0):
   {"env": {"torch", "cuda", "cudnn", "device", "capability", "driver", "python"},
    "rows": [{"id", "backend", "msMedian", "msMin", "msMax", "peakBytes", "mask", "error"}]}
   One row per cell x backend. A row whose "error" is a string has null timings and peakBytes.
   "mask" says how the causal mask was given to PyTorch (see below).
-Failure: {"error": str} with exit 3 when PyTorch is missing or cannot use CUDA; exit 2 for a
-malformed request.
+  --serve writes the "env" object once, as the line {"env": {...}}, and each request's "rows" as the
+  line {"rows": [...]}.
+Failure: one line {"error": str} on stdout, then exit 3 when PyTorch is missing or cannot use CUDA
+(--serve: at startup, before the env line); exit 2 for a malformed request (--serve: the first
+malformed line ends the worker).
 
 Inputs: torch.randn (never zeros) in the requested dtype on the GPU, laid out [B, S, H, D]
 contiguous like flash-attn-node's tensors, handed to SDPA as .transpose(1, 2) views ([B, H, S, D]).
@@ -57,9 +69,10 @@ Peak memory: after the inputs (and for bwd the saved forwards) exist, synchroniz
 reset_peak_memory_stats, base = memory_allocated(); one repeat; peakBytes = max_memory_allocated()
 - base (what the kernel allocates above its inputs: output, lse, gradients, workspace).
 
-Python >= 3.9; no dependencies beyond torch. `--plan` prints the validated request with each
-cell's working set and number of input sets, without importing torch.
+Python >= 3.9; no dependencies beyond torch. `--plan` (one-shot only) prints the validated request
+with each cell's working set and number of input sets, without importing torch.
 """
+import gc
 import json
 import platform
 import re
@@ -441,15 +454,15 @@ class Prepared:
                 "error": None}
 
 
-def main(argv):
-    try:
-        req = parse_request(sys.stdin.read())
-    except RequestError as e:
-        fail("bad request: %s" % e, EXIT_BAD_REQUEST)
-    if "--plan" in argv:
-        plan = [dict(c, workingSetBytes=working_set_bytes(c), inputSets=input_sets(c)) for c in req["cells"]]
-        sys.stdout.write(json.dumps(dict(req, cells=plan)) + "\n")
-        return 0
+def write_line(obj):
+    """One JSON line on stdout, flushed: the bridge reads the answer as soon as the line ends."""
+    sys.stdout.write(json.dumps(obj) + "\n")
+    sys.stdout.flush()
+
+
+def open_torch():
+    """Imports torch and checks that it can run SDPA on CUDA; returns (torch, env). Exits 3 (with
+    {"error": ...} on stdout) when it cannot."""
     try:
         import torch
     except ImportError:
@@ -469,9 +482,58 @@ def main(argv):
     env = environment(torch)
     log("torch_sdpa: torch %s, CUDA %s, cuDNN %s on %s (sm %s)"
         % (env["torch"], env["cuda"], env["cudnn"], env["device"], env["capability"]))
+    return torch, env
+
+
+def free_memory(torch):
+    """Hands what the last request allocated back to the driver, so that the bench's process can
+    allocate for its next cell: collect cycles that may still hold tensors, then empty PyTorch's
+    cache. A device that has failed cannot be cleaned; its next request's rows will say why."""
+    gc.collect()
+    try:
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
+    except Exception as e:
+        log("torch_sdpa: could not free the request's memory: %s" % one_line(e))
+
+
+def serve(torch, env):
+    """--serve: the env line, then one {"rows": [...]} line per request line, until EOF on stdin.
+    A malformed request ends the worker: {"error": "bad request: ..."} and exit 2, as one-shot."""
+    write_line({"env": env})
+    while True:
+        line = sys.stdin.readline()
+        if line == "":  # EOF: the bridge closed our stdin
+            return 0
+        if line.strip() == "":
+            continue
+        try:
+            req = parse_request(line)
+        except RequestError as e:
+            fail("bad request: %s" % e, EXIT_BAD_REQUEST)
+        rows = Runner(torch, req).run()
+        write_line({"rows": rows})
+        del rows
+        free_memory(torch)
+
+
+def main(argv):
+    if "--serve" in argv:
+        if "--plan" in argv:
+            fail("bad request: --plan is for the one-shot mode, not --serve", EXIT_BAD_REQUEST)
+        torch, env = open_torch()
+        return serve(torch, env)
+    try:
+        req = parse_request(sys.stdin.read())
+    except RequestError as e:
+        fail("bad request: %s" % e, EXIT_BAD_REQUEST)
+    if "--plan" in argv:
+        plan = [dict(c, workingSetBytes=working_set_bytes(c), inputSets=input_sets(c)) for c in req["cells"]]
+        sys.stdout.write(json.dumps(dict(req, cells=plan)) + "\n")
+        return 0
+    torch, env = open_torch()
     rows = Runner(torch, req).run()
-    sys.stdout.write(json.dumps({"env": env, "rows": rows}) + "\n")
-    sys.stdout.flush()
+    write_line({"env": env, "rows": rows})
     return 0
 
 

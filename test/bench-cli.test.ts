@@ -884,6 +884,73 @@ describe('end to end on the CPU backend (child process)', () => {
     for (const i of [5, 6]) expect(cols[i]).toMatch(/^[\d.]+x$/);
   });
 
+  test('--compare torch: one worker, one request per input group in grid order; the report as before', () => {
+    const fake = path.join(__dirname, 'fixtures', 'fake-python', 'python3');
+    fs.chmodSync(fake, 0o755);
+    const record = path.join(tmp, 'torch-groups.jsonl');
+    const argv = [...tiny, '--dtype', 'bf16', '--pass', 'fwd,bwd', '--causal', 'both', '--compare', 'torch', '--python', fake, '--json'];
+    const r = cli(argv, { FAKE_PYTHON_MODE: 'ok', FAKE_PYTHON_RECORD: record });
+    expect(r.status).toBe(0);
+    const cells = buildCells(settings(argv));
+    const groups = groupByInputs(cells);
+    expect(groups.map((g) => g.length)).toEqual([4, 4]);
+    const seen = fs.readFileSync(record, 'utf8').trimEnd().split('\n').map((l) => JSON.parse(l) as { argv: string[]; pid: number; request: { cells: BenchCell[] } });
+    expect(seen.map((x) => x.request.cells)).toEqual(groups);
+    expect(new Set(seen.map((x) => x.pid)).size).toBe(1);
+    expect(seen[0].argv).toEqual([path.join(root, 'bench', 'torch_sdpa.py'), '--serve']);
+    expect(seen[0].request).toMatchObject({ backends: ['flash', 'cudnn', 'efficient'], warmup: 1, repeats: 20 });
+
+    const report = JSON.parse(r.stdout) as BenchReport;
+    expect(Object.keys(report)).toEqual(['tool', 'schema', 'env', 'settings', 'notes', 'rows']);
+    expect(report.schema).toBe(2);
+    expect(report.env).toMatchObject({ torch: { torch: '2.11.0+cu130', device: 'NVIDIA H100 80GB HBM3' }, torchUnavailable: null });
+    expect(report.settings.timing).toBe('host time to completion; ours and PyTorch SDPA timed back to back per input group');
+    expect(report.notes).toEqual(['PyTorch rows ran on NVIDIA H100 80GB HBM3 (CUDA); ours on the CPU backend']);
+    // Cell by cell in grid order, ours then the SDPA backends, as sortRows orders them.
+    const impls = ['ours', 'torch-flash', 'torch-cudnn', 'torch-efficient'];
+    expect(report.rows.map((x) => `${x.id} ${x.impl}`)).toEqual(cells.flatMap((c) => impls.map((i) => `${c.id} ${i}`)));
+    // The fake numbers its rows from 1 within each request: each group was its own request.
+    const torchMin = report.rows.filter((x) => x.impl !== 'ours').map((x) => x.msMin);
+    expect(torchMin).toEqual([...Array.from({ length: 12 }, (_, i) => i + 1), ...Array.from({ length: 12 }, (_, i) => i + 1)]);
+    for (const row of report.rows) {
+      expect(row.status).toBe('ok');
+      if (row.impl === 'ours') {
+        expect(Object.keys(row.ratios)).toEqual(['torch-flash', 'torch-cudnn', 'torch-efficient']);
+        expect(row).not.toHaveProperty('mask');
+      } else {
+        expect(row).toMatchObject({ device: 'cuda', kernel: null, algorithm: null, error: null, ratios: {}, variantRatios: {} });
+        expect(row.mask).toBe(row.causal ? 'causal' : 'none');
+        expect(row.pctPeak as number).toBeCloseTo((100 * (row.tflops as number)) / 989, 6);
+      }
+    }
+  });
+
+  test('--compare torch: a worker that dies mid-grid keeps the rows it gave, and the report says how many cells lack them', () => {
+    const fake = path.join(__dirname, 'fixtures', 'fake-python', 'python3');
+    fs.chmodSync(fake, 0o755);
+    const record = path.join(tmp, 'torch-crash.jsonl');
+    const argv = [...tiny, '--dtype', 'bf16', '--pass', 'fwd', '--causal', 'false', '--head-dim', '32,64', '--compare', 'torch', '--python', fake, '--json'];
+    const r = cli(argv, { FAKE_PYTHON_MODE: 'crash-later', FAKE_PYTHON_RECORD: record });
+    expect(r.status).toBe(0);
+    const cells = buildCells(settings(argv));
+    expect(groupByInputs(cells)).toHaveLength(4);
+    // The first group answered, the second crashed the worker, the last two were not asked for.
+    const seen = fs.readFileSync(record, 'utf8').trimEnd().split('\n').map((l) => JSON.parse(l) as { request: { cells: BenchCell[] } });
+    expect(seen.map((x) => x.request.cells.map((c) => c.id))).toEqual([[cells[0].id], [cells[1].id]]);
+    expect(r.stderr).toMatch(/--compare torch: PyTorch stopped after 1 of 4 cells: .*torch_sdpa\.py exited with status 1 .*illegal memory access.*; going on without it/);
+    const report = JSON.parse(r.stdout) as BenchReport;
+    expect(report.env.torchUnavailable).toBeNull();
+    expect(report.env.torch).toMatchObject({ device: 'NVIDIA H100 80GB HBM3' });
+    expect(report.notes).toHaveLength(2);
+    expect(report.notes[0]).toMatch(/^--compare torch: PyTorch SDPA stopped mid-run \(.*exited with status 1.*\): 3 of 4 cells have no PyTorch rows$/);
+    expect(report.notes[1]).toBe('PyTorch rows ran on NVIDIA H100 80GB HBM3 (CUDA); ours on the CPU backend');
+    const impls = ['ours', 'torch-flash', 'torch-cudnn', 'torch-efficient'];
+    expect(report.rows.map((x) => `${x.id} ${x.impl}`)).toEqual([
+      ...impls.map((i) => `${cells[0].id} ${i}`), ...cells.slice(1).map((c) => `${c.id} ours`),
+    ]);
+    expect(report.rows.every((x) => x.status === 'ok')).toBe(true);
+  });
+
   test('--variants on the CPU: single-kernel and deterministic rows with deterministic ÷ single-kernel; two-kernel rows are errors', () => {
     const r = cli([...tiny, '--seqlen', '64', '--pass', 'fwd,bwd', '--causal', 'false', '--variants', 'single-kernel,deterministic,two-kernel,auto-deterministic', '--json']);
     expect(r.status).toBe(0); // a variant's error is not one of ours

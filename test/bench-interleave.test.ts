@@ -1,11 +1,14 @@
 /**
  * The bench's timing order: where a cell has more than one of our rows (backward variants), their
  * timed runs take turns in rounds, so that clock drift under sustained load weighs on every row
- * alike. Runs on the CPU backend, with the timing function wrapped to record each timed batch.
+ * alike; each input group's afterGroup hook (where the CLI times PyTorch) runs right after that
+ * group, before the next one is timed. Runs on the CPU backend, with the timing function wrapped to
+ * record each timed batch.
  */
 import { parseArgs } from '../bench/args';
-import { buildCells } from '../bench/grid';
+import { BenchCell, buildCells, groupByInputs } from '../bench/grid';
 import { INTERLEAVE_ROUNDS, runOurs } from '../bench/runner';
+import { Tensor } from '../lib';
 import * as timing from '../lib/timing';
 
 jest.mock('../lib/timing', () => {
@@ -57,5 +60,55 @@ describe('bench timing order', () => {
     const s = cpuSettings(['--pass', 'bwd', '--repeats', '3', '--warmup', '0', '--variants', 'single-kernel']);
     await runOurs(buildCells(s), s, null);
     expect(timed.mock.calls.map((c) => c[2])).toEqual([1, 1, 1, 1, 1, 1]);
+  });
+
+  test('afterGroup runs once per input group, with its rows, after its timing and before the next group\'s', async () => {
+    const s = cpuSettings(['--seqlen', '32,64', '--pass', 'fwd,bwd', '--causal', 'both', '--repeats', '2', '--warmup', '0']);
+    const cells = buildCells(s);
+    const events: string[] = [];
+    timed.mockImplementation(async (...args) => {
+      events.push('timed');
+      return jest.requireActual<typeof timing>('../lib/timing').timeRepeatsOnDevice(...args);
+    });
+    const seen: Array<{ group: readonly BenchCell[]; rows: string[] }> = [];
+    try {
+      const rows = await runOurs(cells, s, null, {
+        afterGroup: async (group, groupRows) => {
+          events.push(`group ${seen.length}`);
+          await new Promise((resolve) => setTimeout(resolve, 20)); // awaited: nothing is timed meanwhile
+          seen.push({ group, rows: groupRows.map((r) => r.id) });
+        },
+      });
+      expect(rows.map((r) => r.id)).toEqual(cells.map((c) => c.id));
+    } finally {
+      timed.mockImplementation(jest.requireActual<typeof timing>('../lib/timing').timeRepeatsOnDevice);
+    }
+    const groups = groupByInputs(cells);
+    expect(groups.map((g) => g.length)).toEqual([4, 4]);
+    expect(seen.map((x) => x.group)).toEqual(groups);
+    expect(seen.map((x) => x.rows)).toEqual(groups.map((g) => g.map((c) => c.id)));
+    // One timed batch per cell (one row each), each group's four before its hook.
+    expect(events).toEqual(['timed', 'timed', 'timed', 'timed', 'group 0', 'timed', 'timed', 'timed', 'timed', 'group 1']);
+  });
+
+  test('runOurs draws the same inputs with or without afterGroup: seeds follow the groups', async () => {
+    const s = cpuSettings(['--seqlen', '32,64', '--pass', 'fwd', '--repeats', '1', '--warmup', '0']);
+    const cells = buildCells(s);
+    const made = jest.spyOn(Tensor, 'fromFloat32Array');
+    /** The first values of every input runOurs makes, in order. */
+    const inputsOf = async (hooks: Parameters<typeof runOurs>[3]): Promise<number[][]> => {
+      made.mockClear();
+      await runOurs(cells, s, null, hooks);
+      return made.mock.calls.map((c) => Array.from(c[0].subarray(0, 3)));
+    };
+    try {
+      const plain = await inputsOf({});
+      const hooked = await inputsOf({ afterGroup: () => undefined });
+      expect(plain).toHaveLength(2 * 4); // q, k, v, dout per group
+      expect(new Set(plain.map((x) => x.join())).size).toBe(8);
+      expect(hooked).toEqual(plain);
+    } finally {
+      made.mockRestore();
+    }
   });
 });

@@ -1,13 +1,15 @@
 /**
- * The PyTorch SDPA bridge (bench/torch.ts) against a fake interpreter
- * (test/fixtures/fake-python/python3, behaviour chosen by FAKE_PYTHON_MODE), and the real
+ * The PyTorch SDPA bridge (bench/torch.ts: the worker and runTorchBaselines) against a fake
+ * interpreter (test/fixtures/fake-python/python3, behaviour chosen by FAKE_PYTHON_MODE), and the real
  * bench/torch_sdpa.py as far as this machine's python3 (no PyTorch, no GPU) can run it.
  */
 import { spawnSync } from 'child_process';
 import * as fs from 'fs';
 import * as os from 'os';
 import * as path from 'path';
-import { findTorchScript, runTorchBaselines, TorchCell, TorchResult, validateTorchOutput } from '../bench/torch';
+import {
+  findTorchScript, openTorchWorker, runTorchBaselines, TorchCell, TorchOptions, TorchResult, TorchWorker, TorchWorkerOpen, validateTorchOutput,
+} from '../bench/torch';
 
 const root = path.resolve(__dirname, '..');
 const fake = path.join(__dirname, 'fixtures', 'fake-python', 'python3');
@@ -19,13 +21,13 @@ const cells: TorchCell[] = [
   { id: 'b', batch: 1, seqlenQ: 64, seqlenK: 256, headsQ: 8, headsKV: 2, headDim: 128, causal: true, dtype: 'float32', pass: 'bwd' },
 ];
 
-/** Runs the bridge with the fake interpreter in `mode`, with FAKE_PYTHON_* set only for this call. */
-async function withFake(mode: string, extra: Partial<Parameters<typeof runTorchBaselines>[1]> = {}, record?: string): Promise<TorchResult> {
+/** `fn` with FAKE_PYTHON_MODE (and FAKE_PYTHON_RECORD) set while the interpreter starts; restored after. */
+async function withFakeEnv<T>(mode: string, record: string | undefined, fn: () => Promise<T>): Promise<T> {
   const saved = { mode: process.env.FAKE_PYTHON_MODE, record: process.env.FAKE_PYTHON_RECORD };
   process.env.FAKE_PYTHON_MODE = mode;
   if (record !== undefined) process.env.FAKE_PYTHON_RECORD = record;
   try {
-    return await runTorchBaselines(cells, { backends: ['flash', 'cudnn'], warmup: 2, repeats: 20, python: fake, ...extra });
+    return await fn();
   } finally {
     for (const [k, v] of [['FAKE_PYTHON_MODE', saved.mode], ['FAKE_PYTHON_RECORD', saved.record]] as const) {
       if (v === undefined) delete process.env[k];
@@ -34,8 +36,52 @@ async function withFake(mode: string, extra: Partial<Parameters<typeof runTorchB
   }
 }
 
+const fakeOptions: TorchOptions = { backends: ['flash', 'cudnn'], warmup: 2, repeats: 20, python: fake };
+
+/** Runs the bridge with the fake interpreter in `mode`, with FAKE_PYTHON_* set only for this call. */
+async function withFake(mode: string, extra: Partial<TorchOptions> = {}, record?: string): Promise<TorchResult> {
+  return withFakeEnv(mode, record, () => runTorchBaselines(cells, { ...fakeOptions, ...extra }));
+}
+
+/** Opens a worker on the fake interpreter in `mode` (the mode sticks to the process it starts). */
+async function openFake(mode: string, extra: Partial<TorchOptions> = {}, record?: string): Promise<TorchWorkerOpen> {
+  return withFakeEnv(mode, record, () => openTorchWorker({ ...fakeOptions, ...extra }));
+}
+
+/** What FAKE_PYTHON_RECORD holds: one line per request the fake received. */
+interface Recorded {
+  argv: string[];
+  pid: number;
+  request: { cells: TorchCell[] } & Record<string, unknown>;
+}
+
+function recorded(file: string): Recorded[] {
+  if (!fs.existsSync(file)) return [];
+  return fs.readFileSync(file, 'utf8').trimEnd().split('\n').filter((l) => l !== '').map((l) => JSON.parse(l) as Recorded);
+}
+
+/** Whether process `pid` is still running. */
+function alive(pid: number): boolean {
+  try {
+    process.kill(pid, 0);
+    return true;
+  } catch {
+    return false;
+  }
+}
+
 function reasonOf(r: TorchResult): string {
   if (r.available) throw new Error('expected an unavailable result');
+  return r.reason;
+}
+
+/** Why an open failed; a worker that did start is closed before the test fails. */
+async function openReason(o: Promise<TorchWorkerOpen>): Promise<string> {
+  const r = await o;
+  if (r.available) {
+    await r.worker.close();
+    throw new Error('expected the worker not to start');
+  }
   return r.reason;
 }
 
@@ -64,10 +110,13 @@ describe('runTorchBaselines with a fake python', () => {
     expect(failed.msMedian).toBeNaN();
     expect(failed.peakBytes).toBeNaN();
 
-    // What the script received: its own path, and the request as the contract spells it.
-    const seen = JSON.parse(fs.readFileSync(record, 'utf8')) as { argv: string[]; request: unknown };
-    expect(seen.argv).toEqual([script]);
-    expect(seen.request).toEqual({ cells, backends: ['flash', 'cudnn'], warmup: 2, warmupMs: 0, repeats: 20, seed: 7, allowMaterializedMask: false });
+    // What the script received: its own path in worker mode, and one request as the contract spells it.
+    const seen = recorded(record);
+    expect(seen).toHaveLength(1);
+    expect(seen[0].argv).toEqual([script, '--serve']);
+    expect(seen[0].request).toEqual({ cells, backends: ['flash', 'cudnn'], warmup: 2, warmupMs: 0, repeats: 20, seed: 7, allowMaterializedMask: false });
+    // The worker was closed (EOF on its stdin) and has exited.
+    expect(alive(seen[0].pid)).toBe(false);
   });
 
   test('takes the interpreter from FLASH_ATTN_BENCH_PYTHON when opts.python is not given', async () => {
@@ -141,6 +190,152 @@ describe('runTorchBaselines with a fake python', () => {
   });
 });
 
+describe('openTorchWorker with a fake python', () => {
+  /** The worker of an open that must succeed. */
+  function workerOf(o: TorchWorkerOpen): TorchWorker {
+    if (!o.available) throw new Error(`unavailable: ${o.reason}`);
+    return o.worker;
+  }
+
+  test('one process answers request after request, each with its own rows and progress', async () => {
+    const record = path.join(tmp, 'worker-record.jsonl');
+    const progress: Array<[number, number]> = [];
+    const worker = workerOf(await openFake('progress', { seed: 3, onProgress: (d, t) => progress.push([d, t]) }, record));
+    try {
+      expect(worker.env).toMatchObject({ torch: '2.11.0+cu130', device: 'NVIDIA H100 80GB HBM3' });
+      const first = await worker.run([cells[1]]);
+      if (!first.available) throw new Error(first.reason);
+      expect(first.env).toEqual(worker.env);
+      expect(first.rows.map((x) => [x.id, x.backend, x.error === null])).toEqual([['b', 'flash', false], ['b', 'cudnn', true]]);
+      expect(progress).toEqual([[0, 2], [1, 2], [2, 2]]);
+      progress.length = 0;
+      const second = await worker.run(cells);
+      if (!second.available) throw new Error(second.reason);
+      // The fake numbers rows from 1 within each request: this is the second request's answer.
+      expect(second.rows.map((x) => [x.id, x.backend, x.msMin])).toEqual([['a', 'flash', 1], ['a', 'cudnn', 2], ['b', 'flash', NaN], ['b', 'cudnn', 4]]);
+      expect(progress).toEqual([[0, 4], [1, 4], [2, 4], [3, 4], [4, 4]]);
+    } finally {
+      await worker.close();
+    }
+    const seen = recorded(record);
+    expect(seen.map((r) => r.request.cells.map((c) => c.id))).toEqual([['b'], ['a', 'b']]);
+    expect(new Set(seen.map((r) => r.pid)).size).toBe(1);
+    expect(seen[0].argv).toEqual([script, '--serve']);
+    for (const r of seen) expect(r.request).toMatchObject({ backends: ['flash', 'cudnn'], warmup: 2, warmupMs: 0, repeats: 20, seed: 3 });
+    expect(alive(seen[0].pid)).toBe(false);
+  });
+
+  test('runs asked for at once are sent one after another, each answered with its own cells', async () => {
+    const worker = workerOf(await openFake('ok'));
+    try {
+      const results = await Promise.all([worker.run([cells[0]]), worker.run([cells[1]]), worker.run([])]);
+      expect(results.map((r) => (r.available ? r.rows.map((x) => `${x.id}/${x.backend}`) : r.reason))).toEqual([
+        ['a/flash', 'a/cudnn'], ['b/flash', 'b/cudnn'], [],
+      ]);
+    } finally {
+      await worker.close();
+    }
+  });
+
+  test('a crash mid-run: the rows already given stay, the reason names the exit and stderr, later runs give it again', async () => {
+    const record = path.join(tmp, 'crash-record.jsonl');
+    const worker = workerOf(await openFake('crash-later', {}, record));
+    try {
+      const first = await worker.run([cells[0]]);
+      expect(first.available).toBe(true);
+      const reason = reasonOf(await worker.run([cells[1]]));
+      expect(reason).toContain(`${fake} torch_sdpa.py exited with status 1`);
+      expect(reason).toContain('illegal memory access');
+      expect(reasonOf(await worker.run(cells))).toBe(reason);
+    } finally {
+      await worker.close();
+    }
+    // The run after the crash was not sent anywhere.
+    expect(recorded(record).map((r) => r.request.cells.map((c) => c.id))).toEqual([['a'], ['b']]);
+  });
+
+  test('a malformed answer mid-run kills the worker: not JSON, a missing row, a mistyped field', async () => {
+    for (const [mode, message] of [
+      ['garbage-answer', /^torch_sdpa\.py gave malformed output: output is not JSON/],
+      ['missing-row', /^torch_sdpa\.py gave malformed output: 1 cell\/backend pair\(s\) have no row, e\.g\. \(a, cudnn\)/],
+      ['bad-row', /^torch_sdpa\.py gave malformed output: rows\[0\]\.msMedian is not a number/],
+    ] as const) {
+      const record = path.join(tmp, `${mode}-record.jsonl`);
+      const worker = workerOf(await openFake(mode, {}, record));
+      try {
+        const reason = reasonOf(await worker.run([cells[0]]));
+        expect(reason).toMatch(message);
+        expect(reasonOf(await worker.run([cells[0]]))).toBe(reason);
+      } finally {
+        await worker.close();
+      }
+      const seen = recorded(record);
+      expect(seen).toHaveLength(1);
+      expect(alive(seen[0].pid)).toBe(false);
+    }
+  });
+
+  test('timeoutMs bounds each request, not the worker\'s life; a request past it kills the worker', async () => {
+    // Three requests with pauses between them, together longer than the limit: each is in time.
+    const worker = workerOf(await openFake('progress', { timeoutMs: 2000 }));
+    try {
+      for (let i = 0; i < 3; i++) {
+        await new Promise((resolve) => setTimeout(resolve, 800));
+        expect((await worker.run(cells)).available).toBe(true);
+      }
+    } finally {
+      await worker.close();
+    }
+    const record = path.join(tmp, 'hang-record.jsonl');
+    const hung = workerOf(await openFake('hang', { timeoutMs: 1000 }, record));
+    try {
+      const t0 = Date.now();
+      const reason = reasonOf(await hung.run(cells));
+      expect(Date.now() - t0).toBeLessThan(8000);
+      expect(reason).toMatch(/^torch_sdpa\.py did not finish within 1000 ms \(nothing on stderr\)$/);
+      expect(reasonOf(await hung.run(cells))).toBe(reason);
+    } finally {
+      await hung.close();
+    }
+    expect(alive(recorded(record)[0].pid)).toBe(false);
+  });
+
+  test('startup failures: exit 3, no env line in time, a malformed env line, no interpreter', async () => {
+    expect(await openReason(openFake('exit3'))).toBe('PyTorch is not installed for /usr/bin/python3');
+    expect(await openReason(openFake('hang-start', { timeoutMs: 1000 }))).toBe(
+      'torch_sdpa.py did not finish within 1000 ms (stderr: torch_sdpa: importing torch)');
+    expect(await openReason(openFake('bad-env'))).toMatch(/^torch_sdpa\.py gave malformed output: env\.device is not a string \(nothing on stderr\)$/);
+    const garbage = await openReason(openFake('garbage'));
+    expect(garbage).toMatch(/^torch_sdpa\.py gave malformed output: output is not JSON/);
+    expect(garbage).toContain('libcudnn.so.9');
+    const missing = path.join(tmp, 'no-such-python');
+    expect(await openReason(openFake('ok', { python: missing }))).toBe(`${missing} was not found (set FLASH_ATTN_BENCH_PYTHON)`);
+  });
+
+  test('close: the worker exits at EOF; later runs give a reason; closing twice is harmless', async () => {
+    const record = path.join(tmp, 'close-record.jsonl');
+    const worker = workerOf(await openFake('ok', {}, record));
+    expect((await worker.run([cells[0]])).available).toBe(true);
+    await worker.close();
+    const [{ pid }] = recorded(record);
+    expect(alive(pid)).toBe(false);
+    expect(reasonOf(await worker.run([cells[0]]))).toBe('the PyTorch worker (torch_sdpa.py --serve) was closed');
+    await worker.close();
+    expect(recorded(record)).toHaveLength(1);
+  });
+
+  test('close kills a worker that does not exit at EOF, after the grace period', async () => {
+    const record = path.join(tmp, 'linger-record.jsonl');
+    const worker = workerOf(await openFake('linger', {}, record));
+    expect((await worker.run([cells[0]])).available).toBe(true);
+    const t0 = Date.now();
+    await worker.close(300);
+    expect(Date.now() - t0).toBeGreaterThanOrEqual(250);
+    expect(Date.now() - t0).toBeLessThan(5000);
+    expect(alive(recorded(record)[0].pid)).toBe(false);
+  });
+});
+
 describe('validateTorchOutput', () => {
   const env = { torch: '2.11', cuda: '13.0', cudnn: null, device: 'GPU', capability: '9.0', driver: null, python: '3.12' };
   const row = { id: 'a', backend: 'math', msMedian: 1, msMin: 1, msMax: 1, peakBytes: 0, mask: 'causal', error: null };
@@ -205,6 +400,97 @@ describe('bench/torch_sdpa.py with this machine\'s python3', () => {
     const r = run([], request);
     expect(r.status).toBe(3);
     expect(JSON.parse(String(r.stdout))).toEqual({ error: expect.stringMatching(/^PyTorch is not installed for \//) });
+  });
+
+  (torchHere ? test.skip : test)('--serve without PyTorch: one {"error": ...} line on stdout and exit 3, before any request is read', () => {
+    const r = run(['--serve'], `${request}\n${request}\n`);
+    expect(r.status).toBe(3);
+    const lines = String(r.stdout).trimEnd().split('\n');
+    expect(lines).toHaveLength(1);
+    expect(JSON.parse(lines[0])).toEqual({ error: expect.stringMatching(/^PyTorch is not installed for \//) });
+  });
+
+  (torchHere ? test.skip : test)('openTorchWorker on the real script without PyTorch: the script\'s reason', async () => {
+    expect(await openReason(openTorchWorker({ backends: ['flash'], warmup: 1, repeats: 3, python: 'python3', timeoutMs: 60000 })))
+      .toMatch(/^PyTorch is not installed for \//);
+  });
+
+  test('--serve with --plan is refused: --plan is one-shot only', () => {
+    const r = run(['--serve', '--plan'], request);
+    expect(r.status).toBe(2);
+    expect(JSON.parse(String(r.stdout))).toEqual({ error: 'bad request: --plan is for the one-shot mode, not --serve' });
+  });
+
+  test('--serve\'s loop: the env line, one rows line per request (blank lines skipped), memory freed after each, exit 0 at EOF', () => {
+    // serve() with a fake torch and Runner.prepare faked (as in the interleaving test below).
+    const probe = [
+      'import importlib.util, json, sys, types',
+      'sys.dont_write_bytecode = True',
+      'spec = importlib.util.spec_from_file_location("torch_sdpa", sys.argv[1])',
+      'm = importlib.util.module_from_spec(spec); spec.loader.exec_module(m)',
+      'events = []',
+      'class OOM(Exception): pass',
+      'cuda = types.SimpleNamespace(synchronize=lambda: None, empty_cache=lambda: events.append("empty_cache"), OutOfMemoryError=OOM)',
+      'torch = types.SimpleNamespace(cuda=cuda, manual_seed=lambda s: None)',
+      'class Fake(m.Prepared):',
+      '    def time(self, n):',
+      '        self.times += [1.0] * n',
+      'class Runner(m.Runner):',
+      '    def __init__(self, torch, req):',
+      '        self.torch, self.req = torch, req',
+      '        events.append("request " + ",".join(c["id"] for c in req["cells"]))',
+      '    def prepare(self, cell, backend):',
+      '        return Fake(torch, cell, backend, "none", 7, None, None, [])',
+      'm.Runner = Runner',
+      'real_gc = m.gc.collect',
+      'm.gc.collect = lambda: events.append("gc") or real_gc()',
+      'code = m.serve(torch, {"torch": "fake"})',
+      'sys.stderr.write("events " + json.dumps(events) + "\\n")',
+      'sys.exit(code)',
+    ].join('\n');
+    const req = (ids: string[]) => JSON.stringify({ cells: cells.filter((c) => ids.includes(c.id)), backends: ['flash', 'math'], warmup: 0, repeats: 2 });
+    const r = spawnSync('python3', ['-c', probe, script], { input: `${req(['a'])}\n\n${req(['a', 'b'])}\n`, encoding: 'utf8', timeout: 60000 });
+    expect(r.status).toBe(0);
+    const out = r.stdout.trimEnd().split('\n').map((l) => JSON.parse(l) as Record<string, unknown>);
+    expect(out[0]).toEqual({ env: { torch: 'fake' } });
+    expect(out.slice(1).map((o) => Object.keys(o))).toEqual([['rows'], ['rows']]);
+    const ids = out.slice(1).map((o) => (o.rows as Array<{ id: string; backend: string }>).map((x) => `${x.id}/${x.backend}`));
+    expect(ids).toEqual([['a/flash', 'a/math'], ['a/flash', 'a/math', 'b/flash', 'b/math']]);
+    expect((out[1].rows as Array<Record<string, unknown>>)[0]).toEqual({
+      id: 'a', backend: 'flash', msMedian: 1, msMin: 1, msMax: 1, peakBytes: 7, mask: 'none', error: null,
+    });
+    const stderr = r.stderr.trimEnd().split('\n');
+    // Progress per request, each counted from 0; the runner empties the cache after each cell, serve
+    // collects and empties it again after each request.
+    expect(stderr.filter((l) => l.startsWith('progress'))).toEqual([
+      'progress 0 2', 'progress 1 2', 'progress 2 2', 'progress 0 4', 'progress 1 4', 'progress 2 4', 'progress 3 4', 'progress 4 4',
+    ]);
+    const events = JSON.parse(stderr[stderr.length - 1].replace(/^events /, '')) as string[];
+    expect(events).toEqual(['request a', 'empty_cache', 'gc', 'empty_cache', 'request a,b', 'empty_cache', 'empty_cache', 'gc', 'empty_cache']);
+  });
+
+  test('--serve\'s loop: a malformed request line gets {"error": "bad request: ..."} and exit 2, after the answers before it', () => {
+    const probe = [
+      'import importlib.util, sys, types',
+      'sys.dont_write_bytecode = True',
+      'spec = importlib.util.spec_from_file_location("torch_sdpa", sys.argv[1])',
+      'm = importlib.util.module_from_spec(spec); spec.loader.exec_module(m)',
+      'class Runner:',
+      '    def __init__(self, torch, req): pass',
+      '    def run(self): return []',
+      'm.Runner = Runner',
+      'torch = types.SimpleNamespace(cuda=types.SimpleNamespace(synchronize=lambda: None, empty_cache=lambda: None))',
+      'sys.exit(m.serve(torch, {"torch": "fake"}))',
+    ].join('\n');
+    const ok = JSON.stringify({ cells: [], backends: ['flash'], warmup: 0, repeats: 1 });
+    const bad = JSON.stringify({ cells, backends: ['flash'], warmup: 0, repeats: 0 });
+    const r = spawnSync('python3', ['-c', probe, script], { input: `${ok}\n${bad}\n${ok}\n`, encoding: 'utf8', timeout: 60000 });
+    expect(r.status).toBe(2);
+    const out = r.stdout.trimEnd().split('\n').map((l) => JSON.parse(l) as Record<string, unknown>);
+    expect(out).toEqual([{ env: { torch: 'fake' } }, { rows: [] }, { error: 'bad request: request: repeats must be an integer >= 1 (got 0)' }]);
+    const notJson = spawnSync('python3', ['-c', probe, script], { input: 'cells: []\n', encoding: 'utf8', timeout: 60000 });
+    expect(notJson.status).toBe(2);
+    expect(JSON.parse(notJson.stdout.trimEnd().split('\n')[1]).error).toMatch(/^bad request: request is not JSON: /);
   });
 
   test('a malformed request: {"error": "bad request: ..."} and exit 2 (checked before torch is imported)', () => {
