@@ -150,54 +150,42 @@ __device__ __forceinline__ RowStatsD row_stats_d(const typename Tr::T* xr, const
   Rows::sum(ss, scratch);
   return RowStatsD{mean, rsqrt(ss[0] * inv_cols + static_cast<double>(p.eps))};
 }
-// The row's dx in double (the rows one column dominates, above).
-template <typename Tr>
-__device__ __forceinline__ void row_dx_double(const NormParams& p, int64_t row, double inv_cols, double* scratch) {
-  using T = typename Tr::T;
-  using Rows = typename Tr::Rows;
-  constexpr int N = Tr::N;
-  const int64_t base = row * p.cols;
-  const T* xr = static_cast<const T*>(p.x) + base;
-  const T* dr = static_cast<const T*>(p.dout) + base;
-  const T* w = static_cast<const T*>(p.weight);
-  const RowStatsD st = row_stats_d<Tr>(xr, p, inv_cols, scratch);
-  double s[2] = {0.0, 0.0};  // sum g, sum g xhat
-  for (int64_t c = static_cast<int64_t>(Rows::rank()) * N; c < p.cols; c += Tr::kStep) {
-    float v[N], wv[N], gv[N];
-    ops::load_float<N>(xr + c, v);
-    ops::load_float<N>(w + c, wv);
-    ops::load_float<N>(dr + c, gv);
-#pragma unroll
-    for (int i = 0; i < N; ++i) {
-      const float g = __fmul_rn(gv[i], wv[i]);
-      s[0] += g;
-      s[1] += g * ((v[i] - st.mean) * st.rstd);
-    }
-  }
-  Rows::sum(s, scratch);
-  const double mean_g = Tr::kLayerNorm ? s[0] * inv_cols : 0.0;
-  const double mean_gx = s[1] * inv_cols;
-  for (int64_t c = static_cast<int64_t>(Rows::rank()) * N; c < p.cols; c += Tr::kStep) {
-    float v[N], wv[N], gv[N], d[N];
-    ops::load_float<N>(xr + c, v);
-    ops::load_float<N>(w + c, wv);
-    ops::load_float<N>(dr + c, gv);
-#pragma unroll
-    for (int i = 0; i < N; ++i) {
-      const double xhat = (v[i] - st.mean) * st.rstd;
-      d[i] = static_cast<float>(st.rstd * (__fmul_rn(gv[i], wv[i]) - mean_g - xhat * mean_gx));
-    }
-    ops::store_float<N>(static_cast<T*>(p.dx) + base + c, d);
-  }
-}
 // Whether a row's dx cancels by more than 2 (the criterion above), from max |xhat| over the row.
 template <bool kLayerNorm>
 __device__ __forceinline__ bool row_dominated(float xhat_max, float inv_cols) {
   return ((kLayerNorm ? 1.0f : 0.0f) + xhat_max * xhat_max) * inv_cols > 0.5f;
 }
-// One row's dx (the row group's share of it). scratch: Rows::kScratchValues doubles (none for a warp).
-template <typename Tr>
-__device__ __forceinline__ void row_dx(const NormParams& p, int64_t row, double inv_cols, double* scratch) {
+// The first pass's terms of N columns (g = dout w rounded on its own, as in the second pass): sum g,
+// sum g xhat and, kCheck, max |xhat|.
+template <int N, bool kCheck, typename A>
+__device__ __forceinline__ void add_dx_sums(const float (&v)[N], const float (&wv)[N], const float (&gv)[N], A mean,
+                                            A rstd, A (&s)[2], float& xhat_max) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) {
+    const float g = __fmul_rn(gv[i], wv[i]);
+    const A xhat = (v[i] - mean) * rstd;
+    s[0] += g;
+    s[1] += g * xhat;
+    if constexpr (kCheck) xhat_max = fmaxf(xhat_max, fabsf(xhat));
+  }
+}
+// dx of N columns from the row's sums: rstd (g - mean(g) - xhat mean(g xhat)), rounded once to float.
+template <int N, typename A>
+__device__ __forceinline__ void dx_values(const float (&v)[N], const float (&wv)[N], const float (&gv)[N], A mean,
+                                          A rstd, A mean_g, A mean_gx, float (&d)[N]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) {
+    const A xhat = (v[i] - mean) * rstd;
+    d[i] = static_cast<float>(rstd * (__fmul_rn(gv[i], wv[i]) - mean_g - xhat * mean_gx));
+  }
+}
+// dx of one row (the row group's share of it) in accumulator type A from the statistics mean and rstd:
+// the sums of g and g xhat, then dx, rounded once to T. kCheck (float): the first pass also takes
+// max |xhat|, and a dominated row returns false before anything is written. scratch:
+// Rows::kScratchValues values of A (none for a warp).
+template <typename Tr, typename A, bool kCheck>
+__device__ __forceinline__ bool row_dx_in(const NormParams& p, int64_t row, A mean, A rstd, double inv_cols,
+                                          A* scratch) {
   using T = typename Tr::T;
   using Rows = typename Tr::Rows;
   constexpr int N = Tr::N;
@@ -205,46 +193,45 @@ __device__ __forceinline__ void row_dx(const NormParams& p, int64_t row, double 
   const T* xr = static_cast<const T*>(p.x) + base;
   const T* dr = static_cast<const T*>(p.dout) + base;
   const T* w = static_cast<const T*>(p.weight);
-  float* const fscratch = reinterpret_cast<float*>(scratch);
-  const float mean = Tr::kLayerNorm ? p.mean_in[row] : 0.0f;
-  const float rstd = p.rstd_in[row];
-  float s[2] = {0.0f, 0.0f};  // sum g, sum g xhat
-  float xhat_max = 0.0f;      // max |xhat|
+  A s[2] = {0, 0};         // sum g, sum g xhat
+  float xhat_max = 0.0f;   // max |xhat| (kCheck)
   for (int64_t c = static_cast<int64_t>(Rows::rank()) * N; c < p.cols; c += Tr::kStep) {
     float v[N], wv[N], gv[N];
     ops::load_float<N>(xr + c, v);
     ops::load_float<N>(w + c, wv);
     ops::load_float<N>(dr + c, gv);
-#pragma unroll
-    for (int i = 0; i < N; ++i) {
-      const float g = __fmul_rn(gv[i], wv[i]);  // rounded: the same g as the second pass
-      const float xhat = (v[i] - mean) * rstd;
-      s[0] += g;
-      s[1] += g * xhat;
-      xhat_max = fmaxf(xhat_max, fabsf(xhat));
-    }
+    add_dx_sums<N, kCheck>(v, wv, gv, mean, rstd, s, xhat_max);
   }
-  Rows::sum(s, fscratch);
-  xhat_max = Rows::max(xhat_max, fscratch);
-  const float inv_cols_f = static_cast<float>(inv_cols);
-  if (row_dominated<Tr::kLayerNorm>(xhat_max, inv_cols_f)) {  // uniform across the row group
-    row_dx_double<Tr>(p, row, inv_cols, scratch);
-    return;
+  Rows::sum(s, scratch);
+  const A inv_cols_a = static_cast<A>(inv_cols);
+  if constexpr (kCheck) {
+    xhat_max = Rows::max(xhat_max, scratch);
+    if (row_dominated<Tr::kLayerNorm>(xhat_max, inv_cols_a)) return false;  // uniform across the row group
   }
-  const float mean_g = Tr::kLayerNorm ? s[0] * inv_cols_f : 0.0f;
-  const float mean_gx = s[1] * inv_cols_f;
+  const A mean_g = Tr::kLayerNorm ? s[0] * inv_cols_a : A(0);
+  const A mean_gx = s[1] * inv_cols_a;
   for (int64_t c = static_cast<int64_t>(Rows::rank()) * N; c < p.cols; c += Tr::kStep) {
     float v[N], wv[N], gv[N], d[N];
     ops::load_float<N>(xr + c, v);
     ops::load_float<N>(w + c, wv);
     ops::load_float<N>(dr + c, gv);
-#pragma unroll
-    for (int i = 0; i < N; ++i) {
-      const float xhat = (v[i] - mean) * rstd;
-      d[i] = rstd * (__fmul_rn(gv[i], wv[i]) - mean_g - xhat * mean_gx);
-    }
+    dx_values<N>(v, wv, gv, mean, rstd, mean_g, mean_gx, d);
     ops::store_float<N>(static_cast<T*>(p.dx) + base + c, d);
   }
+  return true;
+}
+// The row's dx in double from its own statistics (the rows one column dominates, above).
+template <typename Tr>
+__device__ __forceinline__ void row_dx_double(const NormParams& p, int64_t row, double inv_cols, double* scratch) {
+  const RowStatsD st = row_stats_d<Tr>(static_cast<const typename Tr::T*>(p.x) + row * p.cols, p, inv_cols, scratch);
+  row_dx_in<Tr, double, false>(p, row, st.mean, st.rstd, inv_cols, scratch);
+}
+// One row's dx: in float32 from the forward's statistics, or, on a dominated row, in double.
+template <typename Tr>
+__device__ __forceinline__ void row_dx(const NormParams& p, int64_t row, double inv_cols, double* scratch) {
+  const float mean = Tr::kLayerNorm ? p.mean_in[row] : 0.0f;
+  if (!row_dx_in<Tr, float, true>(p, row, mean, p.rstd_in[row], inv_cols, reinterpret_cast<float*>(scratch)))
+    row_dx_double<Tr>(p, row, inv_cols, scratch);
 }
 
 // ptxas (nvcc 13.0, sm_80 / sm_90a): 48-116 registers, 0 spills.
@@ -305,14 +292,7 @@ __global__ void __launch_bounds__(kRowBlockThreads, ops::kRowMinBlocks)
       ops::load_float<N>(x + base + c, v);
       ops::load_float<N>(w + c, wv);
       ops::load_float<N>(dout + base + c, gv);
-#pragma unroll
-      for (int i = 0; i < N; ++i) {
-        const float g = __fmul_rn(gv[i], wv[i]);  // rounded: the same g as the second pass
-        const float xhat = (v[i] - mean) * rstd;
-        s[0] += g;
-        s[1] += g * xhat;
-        xhat_max = fmaxf(xhat_max, fabsf(xhat));
-      }
+      add_dx_sums<N, true>(v, wv, gv, mean, rstd, s, xhat_max);
     }
     ops::WarpPerRow<kRowBlockThreads>::sum(s, static_cast<float*>(nullptr));
     xhat_max = ops::WarpPerRow<kRowBlockThreads>::max(xhat_max, nullptr);
@@ -327,11 +307,10 @@ __global__ void __launch_bounds__(kRowBlockThreads, ops::kRowMinBlocks)
       ops::load_float<N>(x + base + c, v);
       ops::load_float<N>(w + c, wv);
       ops::load_float<N>(dout + base + c, gv);
+      dx_values<N>(v, wv, gv, mean, rstd, mean_g, mean_gx, d);
 #pragma unroll
       for (int i = 0; i < N; ++i) {
-        const float xhat = (v[i] - mean) * rstd;
-        d[i] = rstd * (__fmul_rn(gv[i], wv[i]) - mean_g - xhat * mean_gx);
-        pw[k][i] += gv[i] * xhat;
+        pw[k][i] += gv[i] * ((v[i] - mean) * rstd);
         pb[k][i] += gv[i];
       }
       if (!dominated) ops::store_float<N>(dx + base + c, d);
