@@ -24,8 +24,8 @@ import {
   BenchEnv, BenchReport, cpuModel, formatCsv, formatJson, formatMarkdown, formatText, fmtMs, fmtTflops, packageVersion, presetText,
   REPORT_SCHEMA, reportSettings,
 } from './report';
-import { addRatios, BenchRow, kernelsRan, oursWork, resolveKernel, runOurs, sortRows, torchRows } from './runner';
-import { openTorchWorker, TorchEnv, TorchWorker } from './torch';
+import { addRatios, BenchRow, kernelsRan, oursWork, resolveKernel, RunHooks, runOurs, sortRows, torchRows } from './runner';
+import { openTorchWorker, TorchCellSession, TorchEnv, TorchResult, TorchWorker } from './torch';
 import { packageVersionFrom } from './version';
 
 /** Where the CLI writes; tests pass their own. */
@@ -92,6 +92,73 @@ function rowLine(r: BenchRow): string {
   if (r.status !== 'ok') return `${what}: ${r.status === 'oom' ? 'OOM' : r.status}${r.error ? ` (${r.error})` : ''}`;
   const ran = [r.kernel, r.algorithm].filter((x) => x !== null).join(' ');
   return `${what}: ${fmtMs(r.msMedian as number)} ms, ${fmtTflops(r.tflops as number)} TFLOP/s${ran ? ` (${ran})` : ''}`;
+}
+
+/** Where {@link torchTurns} reports to the CLI. */
+interface TorchTurnsSink {
+  /** The worker failed: nothing more is asked of it; `reason` says why. */
+  stop(reason: string): void;
+  /** PyTorch's rows of `cells` (one cell's session, or a group's untimed cells). */
+  answered(result: TorchResult & { available: true }, cells: readonly BenchCell[]): void;
+  /** Hands our pool's cached memory back to the driver, so that PyTorch's process can allocate it. */
+  emptyPool(): Promise<void> | void;
+}
+
+/**
+ * The {@link RunHooks} that time PyTorch on `worker` in turns with ours, cell by cell: our warm-ups,
+ * then PyTorch's session begins (its inputs and warm-ups); our round i, then PyTorch's round i; after
+ * our last round, PyTorch's end gives its rows of the cell. On CUDA both sides have the same repeats,
+ * hence the same rounds; ours on the CPU backend may have fewer, and PyTorch's rounds past ours'
+ * last then run back to back before its end. Our memory stays allocated meanwhile (both fit); after
+ * each input group our pool's cached memory goes back to the driver, and PyTorch times, in one
+ * request, the group's cells that ours did not time (no rounds to take turns with). After a failure
+ * nothing more is asked.
+ */
+function torchTurns(worker: TorchWorker, sink: TorchTurnsSink): Pick<RunHooks, 'beforeRounds' | 'afterRound' | 'afterRounds' | 'afterGroup'> {
+  /** The cell's session while it is open, and how many of its rounds have run. */
+  let open: { session: TorchCellSession; roundsRun: number } | null = null;
+  /** Cells whose session was asked for (ours reached their timed rounds). */
+  const begun = new Set<string>();
+  let stopped = false;
+  const fail = (reason: string): void => {
+    stopped = true;
+    open = null;
+    sink.stop(reason);
+  };
+  /** PyTorch's round `index` of the open cell, if it has one. */
+  const round = async (index: number): Promise<void> => {
+    if (open === null || index >= open.session.rounds.length) return;
+    const done = await open.session.round(index);
+    if (done.available) open.roundsRun = index + 1;
+    else fail(done.reason);
+  };
+  return {
+    beforeRounds: async (cell) => {
+      if (stopped) return;
+      begun.add(cell.id);
+      const started = await worker.begin(cell);
+      if (started.available) open = { session: started.session, roundsRun: 0 };
+      else fail(started.reason);
+    },
+    afterRound: (_cell, index) => round(index),
+    afterRounds: async (cell) => {
+      while (open !== null && open.roundsRun < open.session.rounds.length) await round(open.roundsRun);
+      if (open === null) return;
+      const result = await open.session.end();
+      open = null;
+      if (result.available) sink.answered(result, [cell]);
+      else fail(result.reason);
+    },
+    afterGroup: async (group) => {
+      if (stopped) return;
+      await sink.emptyPool();
+      const untimed = group.filter((c) => !begun.has(c.id));
+      if (untimed.length === 0) return;
+      const result = await worker.run(untimed);
+      if (result.available) sink.answered(result, untimed);
+      else fail(result.reason);
+    },
+  };
 }
 
 /** Runs the CLI on `argv` (without node and the script); resolves with the exit status. */
@@ -177,8 +244,8 @@ export async function main(argv: string[], io: CliIO = { stdout: process.stdout,
   const progress = makeProgress(io, o.quiet);
   let done = 0;
 
-  // --compare torch: one PyTorch worker for the whole grid, asked for each input group right after
-  // ours has timed it, so that a cell's two sides see the same GPU clocks and temperature.
+  // --compare torch: one PyTorch worker for the whole grid, each cell timed in turns with ours (the
+  // round hooks below), so that a cell's two sides run beside the same neighbours.
   let worker: TorchWorker | null = null;
   let torchEnv: TorchEnv | null = null;
   let torchUnavailable: string | null = null;
@@ -186,10 +253,11 @@ export async function main(argv: string[], io: CliIO = { stdout: process.stdout,
   if (s.compare.includes('torch')) {
     if (!o.quiet) io.stderr.write(`${NAME}: starting PyTorch SDPA (${s.torchBackends.join(', ')}) for ${cells.length} cells...\n`);
     const opened = await openTorchWorker({
-      // PyTorch runs on CUDA even beside a CPU run of ours: at least 20 repeats there.
+      // PyTorch runs on CUDA even beside a CPU run of ours: at least 20 repeats there. On CUDA both
+      // sides get --repeats (at least 20 there too), hence the same rounds (timedRounds).
       backends: s.torchBackends, warmup: s.warmup, warmupMs: s.warmupMs, repeats: Math.max(s.repeats, MIN_CUDA_REPEATS),
       python: o.python ?? undefined,
-      // The bar moves while PyTorch times a group; a log gets PyTorch's rows when they come.
+      // The bar moves while PyTorch times a list of cells; a log gets PyTorch's rows when they come.
       onProgress: io.stderr.isTTY ? (d) => progress.tick(done + d, 'torch') : undefined,
     });
     if (opened.available) {
@@ -207,38 +275,37 @@ export async function main(argv: string[], io: CliIO = { stdout: process.stdout,
   let total = oursWork(cells, s) + cells.length * torchPerCell;
   progress.total(total);
   /** PyTorch's side as the grid goes: its rows, the cells it answered, why it stopped (null while it serves). */
-  const torch: { rows: BenchRow[]; cellsDone: number; stopped: string | null } = { rows: [], cellsDone: 0, stopped: null };
-
-  /** PyTorch on one input group, which ours has just timed; after a failure, no more requests. */
-  const torchGroup = async (group: readonly BenchCell[]): Promise<void> => {
-    if (worker === null || torch.stopped !== null) return;
-    // Our pool keeps freed memory cached; hand it back so PyTorch's process can allocate it.
-    if (s.device === 'cuda') await emptyCache('cuda');
-    const result = await worker.run(group);
-    if (!result.available) {
-      torch.stopped = result.reason;
-      total -= (cells.length - torch.cellsDone) * torchPerCell;
-      progress.total(total);
-      return;
-    }
-    torch.cellsDone += group.length;
-    for (const r of torchRows(result, group, torchPeak)) {
-      torch.rows.push(r);
-      progress.tick(++done, `${r.impl} ${r.id}`, rowLine(r));
-    }
-  };
+  const torch: { rows: BenchRow[]; answered: Set<string>; stopped: string | null } = { rows: [], answered: new Set(), stopped: null };
 
   let rows: BenchRow[];
   try {
-    rows = await runOurs(cells, s, peak, { onRow: (r) => progress.tick(++done, `${r.impl} ${r.id}`, rowLine(r)), afterGroup: torchGroup });
+    const onRow = (r: BenchRow): void => progress.tick(++done, `${r.impl} ${r.id}`, rowLine(r));
+    rows = await runOurs(cells, s, peak, {
+      onRow,
+      ...(worker !== null ? torchTurns(worker, {
+        stop: (reason) => {
+          torch.stopped = reason;
+          total -= (cells.length - torch.answered.size) * torchPerCell;
+          progress.total(total);
+        },
+        answered: (result, answered) => {
+          for (const c of answered) torch.answered.add(c.id);
+          for (const r of torchRows(result, answered, torchPeak)) {
+            torch.rows.push(r);
+            progress.tick(++done, `${r.impl} ${r.id}`, rowLine(r));
+          }
+        },
+        emptyPool: s.device === 'cuda' ? () => emptyCache('cuda') : () => undefined,
+      }) : {}),
+    });
   } finally {
     progress.stop();
     await worker?.close();
   }
   rows.push(...torch.rows);
   if (torch.stopped !== null) {
-    const missing = cells.length - torch.cellsDone;
-    err(`--compare torch: PyTorch stopped after ${torch.cellsDone} of ${cells.length} cells: ${torch.stopped}; going on without it`);
+    const missing = cells.length - torch.answered.size;
+    err(`--compare torch: PyTorch stopped after ${torch.answered.size} of ${cells.length} cells: ${torch.stopped}; going on without it`);
     notes.push(`--compare torch: PyTorch SDPA stopped mid-run (${torch.stopped}): ${missing} of ${cells.length} cells have no PyTorch rows`);
   }
   if (torchEnv !== null && torch.rows.length > 0 && s.device === 'cpu') {
@@ -271,7 +338,7 @@ export async function main(argv: string[], io: CliIO = { stdout: process.stdout,
     settings: reportSettings(s, {
       preset: cmd.basePreset, presetOverrides: cmd.overrides, kernelResolved, peakTflops: peak,
       timing: (s.device === 'cuda' ? 'CUDA events, runs queued back to back' : 'host time to completion')
-        + (torchEnv !== null ? '; ours and PyTorch SDPA timed back to back per input group' : ''),
+        + (torchEnv !== null ? '; ours and PyTorch SDPA take turns round by round within each cell' : ''),
     }),
     notes, rows,
   };

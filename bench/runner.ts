@@ -9,8 +9,9 @@
  * {@link timeRepeatsOnDevice}: on CUDA queued back to back, each between its own pair of CUDA events,
  * as bench/torch_sdpa.py times SDPA (so neither side counts host work that overlaps the GPU's); on
  * the CPU, host time until each run finished. Where a cell has more than one of our rows (backward
- * variants, --compare naive), their timed runs take turns in {@link INTERLEAVE_ROUNDS} rounds.
- * Median, min and max are reported.
+ * variants, --compare naive), their timed runs take turns in the rounds of {@link timedRounds}; with
+ * the round hooks of {@link RunHooks} (where the CLI times PyTorch's round of the same cell between
+ * ours) every cell is timed in those rounds. Median, min and max are reported.
  * @packageDocumentation
  */
 import { backends, flashAttention, flashAttentionBackward, memory, resetPeakMemory, synchronize, Tensor } from '../lib';
@@ -234,15 +235,30 @@ export function measuredRow(
   };
 }
 
-/** What {@link runOurs} reports as it goes. */
+/**
+ * What {@link runOurs} reports as it goes, and where the caller may act between its steps. Every
+ * hook is awaited: nothing of ours runs meanwhile. The round hooks are called only for cells where
+ * at least one of our rows reached its timed runs (not for a cell whose inputs or every row failed
+ * before timing); with any of them given, each such cell is timed in the rounds of
+ * {@link timedRounds} even with one row.
+ */
 export interface RunHooks {
   /** After each measured (or failed) cell of ours or naive. */
   onRow?: (row: BenchRow) => void;
   /**
+   * After the cell's rows are prepared and warmed up, before the first timed round; `rounds` are
+   * the repeats of each round ({@link timedRounds} of the settings' repeats).
+   */
+  beforeRounds?: (cell: BenchCell, rounds: readonly number[]) => Promise<void> | void;
+  /** After our round `index` of the cell (0, 1, ...): every row of ours has timed its runs of that round. */
+  afterRound?: (cell: BenchCell, index: number) => Promise<void> | void;
+  /** After our last round of the cell, once the cell's rows are reported (`onRow`). */
+  afterRounds?: (cell: BenchCell) => Promise<void> | void;
+  /**
    * After each input group ({@link groupByInputs}: the cells that share inputs), once its rows are
    * measured and its inputs freed; awaited before the next group's inputs are made. `rows` are the
-   * group's rows. The CLI times PyTorch on the group here, so that ours and PyTorch are timed back
-   * to back per input group.
+   * group's rows. The CLI hands our pool's cached memory back here, and times PyTorch on the
+   * group's cells that had no rounds of ours to take turns with.
    */
   afterGroup?: (group: readonly BenchCell[], rows: readonly BenchRow[]) => Promise<void> | void;
 }
@@ -264,6 +280,23 @@ function naiveMeasuredSeparately(s: GridSettings): boolean {
 
 /** Rounds in which the timed runs of a cell's implementations take turns (see {@link runOurs}). */
 export const INTERLEAVE_ROUNDS = 5;
+
+/**
+ * Repeats per round when `repeats` are spread over `rounds` rounds: as even as can be, the first
+ * rounds one more (bench/torch_sdpa.py `round_sizes` is the same split).
+ */
+export function roundSizes(repeats: number, rounds: number): number[] {
+  return Array.from({ length: rounds }, (_, r) => Math.floor(repeats / rounds) + (r < repeats % rounds ? 1 : 0));
+}
+
+/**
+ * The timed rounds of a cell whose rows (or whose two sides, ours and PyTorch's) take turns:
+ * {@link INTERLEAVE_ROUNDS} rounds, fewer when there are fewer repeats, none of them empty. The same
+ * as bench/torch_sdpa.py `cell_rounds`, so that at equal repeats our rounds and PyTorch's match.
+ */
+export function timedRounds(repeats: number): number[] {
+  return roundSizes(repeats, Math.min(INTERLEAVE_ROUNDS, repeats));
+}
 
 /** One implementation of a cell while {@link runOurs} times it. */
 interface TimedImpl {
@@ -302,6 +335,7 @@ export async function runOurs(cells: readonly BenchCell[], s: GridSettings, peak
     if (oursIsNaive && r.impl === 'ours') rows.push({ ...r, impl: 'naive' }); // the same kernel: measured once
   };
   let seed = 1;
+  const roundHooks = hooks.beforeRounds !== undefined || hooks.afterRound !== undefined || hooks.afterRounds !== undefined;
 
   for (const group of groupByInputs(cells)) {
     const groupStart = rows.length;
@@ -342,9 +376,10 @@ export async function runOurs(cells: readonly BenchCell[], s: GridSettings, peak
     try {
       for (const cell of group) {
         // Each implementation of the cell: its memory run and warm-up, then the timed runs. With
-        // more than one (the backward variants), the timed runs go in INTERLEAVE_ROUNDS rounds that
-        // take turns, so that the GPU's clocks drifting under sustained load (on an H100 the same
-        // kernel read 7-17% slower as a cell's later row than as its first) weigh on every row alike.
+        // more than one (the backward variants), the timed runs go in timedRounds' rounds that take
+        // turns, so that the GPU's clocks drifting under sustained load (on an H100 the same kernel
+        // read 7-17% slower as a cell's later row than as its first) weigh on every row alike. The
+        // round hooks put the caller's turn (PyTorch's round of the cell) between our rounds.
         const timed: TimedImpl[] = [];
         for (const { impl, kernel, deterministic, algorithm } of kernels) {
           if ((deterministic || algorithm) && cell.pass === 'fwd') continue;  // backward options
@@ -409,10 +444,11 @@ export async function runOurs(cells: readonly BenchCell[], s: GridSettings, peak
           }
         }
         const live = () => timed.filter((t) => t.error === undefined);
-        const rounds = live().length > 1 ? Math.min(INTERLEAVE_ROUNDS, s.repeats) : 1;
-        for (let round = 0; round < rounds; round++) {
-          // Round r times repeats / rounds runs of each implementation (the first rounds one more).
-          const n = Math.floor(s.repeats / rounds) + (round < s.repeats % rounds ? 1 : 0);
+        // Only a cell that reaches its timed runs has rounds for the hooks to take turns with.
+        const hooked = live().length > 0 && roundHooks;
+        const rounds = live().length > 1 || hooked ? timedRounds(s.repeats) : [s.repeats];
+        if (hooked) await hooks.beforeRounds?.(cell, rounds);
+        for (const [round, n] of rounds.entries()) {
           for (const t of live()) {
             try {
               t.times.push(...(await timeRepeatsOnDevice(device, t.runOnce, n)));
@@ -420,6 +456,7 @@ export async function runOurs(cells: readonly BenchCell[], s: GridSettings, peak
               t.error = err;
             }
           }
+          if (hooked) await hooks.afterRound?.(cell, round);
         }
         for (const t of timed) {
           if (t.error === undefined) {
@@ -432,6 +469,7 @@ export async function runOurs(cells: readonly BenchCell[], s: GridSettings, peak
               cell.pass === 'fwd' ? null : t.algorithm));
           }
         }
+        if (hooked) await hooks.afterRounds?.(cell);
       }
     } finally {
       for (const f of forwards.values()) {

@@ -3,16 +3,19 @@
  * Python that has PyTorch, on the same shapes and dtypes as our cells, and returns its timings.
  *
  * The script runs as a worker (`--serve`): it imports PyTorch and checks CUDA once, writes one
- * `{"env": ...}` line, then answers each request line (cells, backends, warm-up, repeats) with one
- * `{"rows": [...]}` line, freeing its GPU memory after each. The bench opens one worker
- * ({@link openTorchWorker}) and asks it for one input group at a time, right after timing ours on the
- * same group, so that ours and PyTorch are timed back to back per input group (the GPU's clocks and
- * temperature drift over a grid of minutes). {@link runTorchBaselines} asks a worker once. The
- * script's docstring holds the contract (inputs, causal alignment, timing, cache rotation, peak
- * memory). It reports progress as `progress <done> <total>` lines on stderr, per request. Exit 3
- * with `{"error": "..."}` means PyTorch or CUDA is not usable there; that becomes `{ available:
- * false, reason }`, as does every other way the worker can fail (no interpreter, a crash, a
- * timeout, output that is not the contract).
+ * `{"env": ...}` line, then answers request lines, one line each, freeing its GPU memory after each
+ * request or cell. Two kinds of request: a list of cells (backends, warm-up, repeats), answered with
+ * their rows ({@link TorchWorker.run}; {@link runTorchBaselines} asks a worker once); and one cell
+ * timed in rounds the caller drives ({@link TorchWorker.begin}: a {@link TorchCellSession}, whose
+ * `round(i)` times round i on each backend and whose `end()` gives the cell's rows). The bench opens
+ * one worker ({@link openTorchWorker}) and times each cell in turns: our round 1, PyTorch's round 1,
+ * our round 2, ... so that both sides of a cell run beside the same neighbours (the GPU's clocks and
+ * power state drift with the kernels around a run). The script's docstring holds the contract
+ * (inputs, causal alignment, timing, cache rotation, peak memory, the cell requests). It reports
+ * progress as `progress <done> <total>` lines on stderr, per list request. Exit 3 with `{"error":
+ * "..."}` means PyTorch or CUDA is not usable there; that becomes `{ available: false, reason }`, as
+ * does every other way the worker can fail (no interpreter, a crash, a timeout, output that is not
+ * the contract).
  *
  * Python: `opts.python`, else the environment variable FLASH_ATTN_BENCH_PYTHON, else `python3`.
  * @packageDocumentation
@@ -77,8 +80,16 @@ export interface TorchEnv {
   python: string;
 }
 
+/** Why the worker gives no baselines: it could not start, failed, or was closed. */
+export interface TorchUnavailable {
+  /** Always false: no baselines (see `reason`). */
+  available: false;
+  /** The failure in a line (the script's own reason, an exit status with its stderr, a timeout...). */
+  reason: string;
+}
+
 /** The baselines, or why there are none. */
-export type TorchResult = { available: true; env: TorchEnv; rows: TorchRow[] } | { available: false; reason: string };
+export type TorchResult = { available: true; env: TorchEnv; rows: TorchRow[] } | TorchUnavailable;
 
 /** Options of {@link openTorchWorker} and {@link runTorchBaselines}: every request of a worker uses them. */
 export interface TorchOptions {
@@ -87,20 +98,24 @@ export interface TorchOptions {
   warmup: number;
   /** Then untimed runs until this many milliseconds have passed since the first (default 0). */
   warmupMs?: number;
-  /** Timed runs per cell and backend (the caller's default is 20 or more). */
+  /**
+   * Timed runs per cell and backend (the caller's default is 20 or more). A cell session splits them
+   * into {@link TorchCellSession.rounds} as bench/runner.ts `timedRounds` splits ours.
+   */
   repeats: number;
   /** Python interpreter; default: env FLASH_ATTN_BENCH_PYTHON, else `python3` on PATH. */
   python?: string;
   /**
    * Kill the script when starting it (importing PyTorch, checking CUDA) or answering one request
-   * takes longer than this many milliseconds (default: no limit).
+   * (a list of cells, or one begin, round or end of a cell session) takes longer than this many
+   * milliseconds (default: no limit).
    */
   timeoutMs?: number;
   /** Seed for torch.randn (default 0). */
   seed?: number;
   /** Time causal Sq != Sk cells on flash/cudnn/efficient with a dense mask when no fused bottom-right mask exists (default false: error row). */
   allowMaterializedMask?: boolean;
-  /** Called for each `progress <done> <total>` line the script prints (counted within the current request). */
+  /** Called for each `progress <done> <total>` line the script prints (counted within the current list request; cell sessions print none). */
   onProgress?: (done: number, total: number) => void;
   /** Called with every other stderr line (PyTorch warnings, diagnostics). */
   onLog?: (line: string) => void;
@@ -416,73 +431,207 @@ async function malformed(proc: ScriptProcess, what: string): Promise<string> {
 }
 
 /**
+ * One cell timed in rounds that the caller drives, on a worker ({@link TorchWorker.begin}): the cell
+ * is prepared on each backend (inputs, memory run, warm-up) when the session starts; then
+ * `round(0)`, `round(1)`, ... up to `rounds.length - 1`, each once and in order, each timing that
+ * round's repeats on every backend in turn; then `end()` gives the cell's rows and frees its memory.
+ * Between two rounds the caller times its own round of the cell, so that both sides take turns.
+ * While a session is open the worker takes no other request. A worker failure (crash, timeout,
+ * output outside the contract) gives `{ available: false, reason }` and ends the session and the
+ * worker; calls out of order reject with an Error and send nothing.
+ */
+export interface TorchCellSession {
+  /** The cell being timed. */
+  readonly cell: TorchCell;
+  /**
+   * Repeats per round, as the worker split the options' `repeats` (the same split as bench/runner.ts
+   * `timedRounds`: at equal repeats, ours and PyTorch's rounds are the same size).
+   */
+  readonly rounds: readonly number[];
+  /**
+   * Times round `index` (the next one: 0, 1, ...) on each backend in turn; resolves once the round
+   * is done. Rejects (nothing sent) for an index other than the next round's or after `end()`.
+   */
+  round(index: number): Promise<{ available: true } | TorchUnavailable>;
+  /**
+   * The cell's rows (one per backend, as {@link TorchWorker.run} gives them), once every round is
+   * done; the worker then frees the cell's memory and takes other requests. Rejects (nothing sent)
+   * before the last round or when called twice.
+   */
+  end(): Promise<TorchResult>;
+}
+
+/** A started {@link TorchCellSession}, or why the worker could not start one. */
+export type TorchCellBegin = { available: true; session: TorchCellSession } | TorchUnavailable;
+
+/**
  * A running `torch_sdpa.py --serve`: PyTorch imported and CUDA checked once, then any number of
- * requests, each timed when it is asked for (the bench asks for one input group at a time, right
- * after timing ours on it, so that both sides of a cell see the same GPU clocks and temperature).
- * Made by {@link openTorchWorker}; {@link TorchWorker.close} it when done.
+ * requests, each timed when it is asked for (the bench times each cell in a {@link
+ * TorchCellSession}, its rounds taking turns with ours, so that both sides of a cell see the same
+ * GPU clocks and power state). Requests queue behind each other. Made by {@link openTorchWorker};
+ * {@link TorchWorker.close} it when done.
  */
 export interface TorchWorker {
   /** Where the baselines run (the worker's env line). */
   readonly env: TorchEnv;
   /**
-   * Times `cells` on each of the options' backends (one request); runs queue behind each other.
-   * Rows as {@link runTorchBaselines} gives them. Never throws: when the worker crashes, times out
-   * (`timeoutMs`, per request) or answers outside the contract, the result is `{ available: false,
-   * reason }`, the worker is dead, and every later run gives the same reason.
+   * Times `cells` on each of the options' backends (one request). Rows as {@link
+   * runTorchBaselines} gives them. Never resolves with an exception for the worker's failures: when
+   * it crashes, times out (`timeoutMs`, per request) or answers outside the contract, the result is
+   * `{ available: false, reason }`, the worker is dead, and every later request gives the same
+   * reason. Rejects (nothing sent) while a cell session is open.
    */
   run(cells: readonly TorchCell[]): Promise<TorchResult>;
   /**
+   * Starts a {@link TorchCellSession} on `cell`: the worker prepares it on each backend and says how
+   * the repeats split into rounds. A backend that cannot run the cell keeps its error row for
+   * `end()`. Failures as {@link run}; rejects (nothing sent) while another session is open.
+   */
+  begin(cell: TorchCell): Promise<TorchCellBegin>;
+  /**
    * Closes the worker's stdin (its signal to exit), waits up to `graceMs` (default
-   * {@link TORCH_CLOSE_GRACE_MS}) for it to exit, then kills it. Later runs give `{ available:
+   * {@link TORCH_CLOSE_GRACE_MS}) for it to exit, then kills it. Later requests give `{ available:
    * false }`. Safe to call more than once, and on a dead worker.
    */
   close(graceMs?: number): Promise<void>;
 }
 
 /** A started {@link TorchWorker}, or why none could start (the reasons {@link runTorchBaselines} gives). */
-export type TorchWorkerOpen = { available: true; worker: TorchWorker } | { available: false; reason: string };
+export type TorchWorkerOpen = { available: true; worker: TorchWorker } | TorchUnavailable;
+
+/** The settings every request of a worker carries, as the script's docstring spells them. */
+function requestSettings(opts: TorchOptions): { [key: string]: Json } {
+  return {
+    backends: opts.backends, warmup: opts.warmup, warmupMs: opts.warmupMs ?? 0, repeats: opts.repeats, seed: opts.seed ?? 0,
+    allowMaterializedMask: opts.allowMaterializedMask ?? false,
+  };
+}
 
 /** The request line for `cells`, as the script's docstring spells it. */
 function requestLine(cells: readonly TorchCell[], opts: TorchOptions): string {
-  return JSON.stringify({
-    cells, backends: opts.backends, warmup: opts.warmup, warmupMs: opts.warmupMs ?? 0, repeats: opts.repeats, seed: opts.seed ?? 0,
-    allowMaterializedMask: opts.allowMaterializedMask ?? false,
-  });
+  return JSON.stringify({ cells, ...requestSettings(opts) });
+}
+
+/** The begin line of a cell session on `cell`. */
+function beginLine(cell: TorchCell, opts: TorchOptions): string {
+  return JSON.stringify({ op: 'begin', cell, ...requestSettings(opts) });
+}
+
+/** The answer to a begin: `{"ready": true, "rounds": [...]}`, rounds summing to `repeats`; throws an Error naming what is wrong. */
+function validateReady(answer: { [key: string]: Json }, repeats: number): number[] {
+  if (answer.ready !== true) throw new Error(`the answer to begin has ready ${JSON.stringify(answer.ready ?? null)}, expected true`);
+  const rounds = answer.rounds;
+  if (!Array.isArray(rounds) || rounds.length === 0 || !rounds.every((n) => typeof n === 'number' && Number.isInteger(n) && n >= 0)) {
+    throw new Error(`the answer to begin has rounds ${JSON.stringify(rounds ?? null)}, expected a non-empty list of integers >= 0`);
+  }
+  const sum = (rounds as number[]).reduce((a, b) => a + b, 0);
+  if (sum !== repeats) throw new Error(`the answer to begin has rounds ${JSON.stringify(rounds)} (${sum} repeats), expected ${repeats} repeats`);
+  return rounds as number[];
+}
+
+/** The answer to a round: `{"ok": true}`; throws an Error naming what is wrong. */
+function validateRoundDone(answer: { [key: string]: Json }, index: number): void {
+  if (answer.ok !== true) throw new Error(`the answer to round ${index} is ${JSON.stringify(answer)}, expected {"ok": true}`);
 }
 
 class Worker implements TorchWorker {
-  /** Why runs give no baselines any more (a failure, or close()); null while the worker serves. */
+  /** Why requests give no baselines any more (a failure, or close()); null while the worker serves. */
   private dead: string | null = null;
-  /** The last run asked for: the next one starts after it. */
+  /** The last request asked for: the next one starts after it. */
   private queue: Promise<unknown> = Promise.resolve();
+  /** The cell whose session has begun and not ended (nor been cut short by the worker's end). */
+  private openCell: TorchCell | null = null;
 
   constructor(private readonly proc: ScriptProcess, readonly env: TorchEnv, private readonly opts: TorchOptions) {}
 
-  run(cells: readonly TorchCell[]): Promise<TorchResult> {
-    const result = this.queue.then(() => this.request(cells));
+  async run(cells: readonly TorchCell[]): Promise<TorchResult> {
+    this.refuseWhileOpen('run');
+    return this.ask(requestLine(cells, this.opts), 'no answer to a request',
+      (answer) => ({ available: true, env: this.env, rows: validateRows(answer, cells, this.opts.backends) }));
+  }
+
+  async begin(cell: TorchCell): Promise<TorchCellBegin> {
+    this.refuseWhileOpen('begin');
+    if (this.dead === null) this.openCell = cell;
+    let rounds: readonly number[] = [];
+    let next = 0;
+    let ended = false;
+    /** Why a call of this session is out of order (at call time, so that calls not awaited count too), or null. */
+    const outOfOrder = (call: string): string | null => {
+      if (ended) return `${call}: the session of cell ${cell.id} has ended`;
+      if (call === 'end' && next < rounds.length) return `end: expected round ${next} first (${next} of the cell's ${rounds.length} rounds done)`;
+      return null;
+    };
+    const session: TorchCellSession = {
+      cell,
+      get rounds() {
+        return rounds;
+      },
+      round: async (index) => {
+        if (this.dead !== null) return { available: false, reason: this.dead };
+        const problem = outOfOrder(`round(${index})`) ?? (next >= rounds.length
+          ? `round: expected end (all ${rounds.length} rounds done) but received round ${index}`
+          : index !== next ? `round: expected index ${next} (the cell has ${rounds.length} rounds) but received ${index}` : null);
+        if (problem !== null) throw new Error(problem);
+        next += 1;
+        return this.ask(JSON.stringify({ op: 'round', index }), `no answer to round ${index}`, (answer) => {
+          validateRoundDone(answer, index);
+          return { available: true as const };
+        });
+      },
+      end: async () => {
+        if (this.dead !== null) return { available: false, reason: this.dead };
+        const problem = outOfOrder('end');
+        if (problem !== null) throw new Error(problem);
+        ended = true;
+        this.openCell = null;
+        return this.ask(JSON.stringify({ op: 'end' }), 'no answer to end',
+          (answer) => ({ available: true, env: this.env, rows: validateRows(answer, [cell], this.opts.backends) }));
+      },
+    };
+    return this.ask(beginLine(cell, this.opts), 'no answer to begin', (answer) => {
+      rounds = validateReady(answer, this.opts.repeats);
+      return { available: true, session };
+    });
+  }
+
+  /** Throws when a cell session is open: the script takes nothing but its rounds and end then. */
+  private refuseWhileOpen(call: 'run' | 'begin'): void {
+    if (this.dead === null && this.openCell !== null) {
+      throw new Error(`${call}: expected no open cell session but cell ${this.openCell.id}'s is open (end it first)`);
+    }
+  }
+
+  /**
+   * Sends `line` once the requests before it are answered and reads its answer, which `accept`
+   * turns into the result (throwing an Error where it breaks the contract). A dead worker sends
+   * nothing; a failure kills it. The one path of every request.
+   */
+  private ask<T>(line: string, missing: string, accept: (answer: { [key: string]: Json }) => T): Promise<T | TorchUnavailable> {
+    const result = this.queue.then(async (): Promise<T | TorchUnavailable> => {
+      if (this.dead !== null) return { available: false, reason: this.dead };
+      this.proc.send(line);
+      const answer = await readObject(this.proc, this.opts.timeoutMs, missing);
+      if ('reason' in answer) return this.die(answer.reason);
+      try {
+        return accept(answer.value);
+      } catch (e) {
+        return this.die(await malformed(this.proc, (e as Error).message));
+      }
+    });
     this.queue = result.then(() => undefined, () => undefined);
     return result;
   }
 
-  private async request(cells: readonly TorchCell[]): Promise<TorchResult> {
-    if (this.dead !== null) return { available: false, reason: this.dead };
-    this.proc.send(requestLine(cells, this.opts));
-    const answer = await readObject(this.proc, this.opts.timeoutMs, 'no answer to a request');
-    if ('reason' in answer) return this.die(answer.reason);
-    try {
-      return { available: true, env: this.env, rows: validateRows(answer.value, cells, this.opts.backends) };
-    } catch (e) {
-      return this.die(await malformed(this.proc, (e as Error).message));
-    }
-  }
-
-  private die(reason: string): TorchResult {
+  /** Marks the worker dead (the first reason sticks); an open cell session ends with it. */
+  private die(reason: string): TorchUnavailable {
     this.dead ??= reason;
+    this.openCell = null;
     return { available: false, reason: this.dead };
   }
 
   async close(graceMs: number = TORCH_CLOSE_GRACE_MS): Promise<void> {
-    this.dead ??= `the PyTorch worker (${SCRIPT} --serve) was closed`;
+    this.die(`the PyTorch worker (${SCRIPT} --serve) was closed`);
     await this.proc.stop(graceMs);
   }
 }

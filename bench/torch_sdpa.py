@@ -1,17 +1,19 @@
 #!/usr/bin/env python3
 """PyTorch SDPA baselines for flash-attn-bench (`--compare torch`); driven by bench/torch.ts.
 
-Two modes, one request format and one answer format:
+Two modes, one request format and one answer format (--serve adds the cell requests below):
   one-shot (no flag): reads ONE JSON request on stdin (to EOF) and writes ONE JSON object
     {"env": ..., "rows": ...} on stdout.
   --serve (a worker, what bench/torch.ts runs): imports torch and checks CUDA once, writes one
     line {"env": ...}, then reads requests, one JSON object per line on stdin (blank lines are
-    skipped), and answers each with one line {"rows": [...]}, stdout flushed after each. After each
-    request it frees what it allocated (tensors, then torch.cuda.empty_cache()) so that the bench's
-    own process can allocate for its next cell. EOF on stdin ends it (exit 0). The bench times ours
-    and PyTorch back to back per input group: ours on the group, then this worker on its cells.
+    skipped), and answers each with one line, stdout flushed after each. A request as below is
+    answered {"rows": [...]}; the cell requests ("Cell requests" below) time one cell in rounds that
+    the client drives. After a request (after a cell's "end") it frees what it allocated (tensors,
+    then torch.cuda.empty_cache()). EOF on stdin ends it (exit 0). The bench times each cell with
+    cell requests, ours and this worker taking turns round by round.
 Progress and diagnostics go to stderr only (`progress <done> <total>` lines, one per cell x backend
-of the current request, starting at `progress 0 <total>`, for the bridge).
+of the current request, starting at `progress 0 <total>`, for the bridge; cell requests write none:
+their client knows where it stands).
 
 Request:
   {"cells": [{"id": str, "batch": int, "seqlenQ": int, "seqlenK": int, "headsQ": int,
@@ -29,6 +31,22 @@ Answer (one-shot, exit 0):
   "mask" says how the causal mask was given to PyTorch (see below).
   --serve writes the "env" object once, as the line {"env": {...}}, and each request's "rows" as the
   line {"rows": [...]}.
+Cell requests (--serve only): one cell, its timed rounds taking turns with the client's own.
+  {"op": "begin", "cell": {...one cell as in "cells"...}, "backends", "warmup", "warmupMs",
+   "repeats", "seed", "allowMaterializedMask"}   (those keys as in a request)
+    prepares the cell on each backend as a request does before its timed rounds (inputs, causal
+    plan, the memory run, warm-up) and answers {"ready": true, "rounds": [int, ...]}: the repeats of
+    each round, cell_rounds(repeats) (min(INTERLEAVE_ROUNDS, repeats) rounds, as even as can be, the
+    first rounds one more), whatever number of backends prepared (a backend that failed, even all
+    of them, keeps its error row for "end").
+  {"op": "round", "index": i}   i = 0, 1, ... in order, each once
+    times round i's repeats on each prepared backend in turn; answers {"ok": true}.
+  {"op": "end"}   after the last round
+    answers {"rows": [...]}, the cell's rows as a request's, then frees the cell's tensors and
+    empties the cache.
+  Out of order (round or end with no cell begun, begin or a request while a cell is open, an index
+  other than the next round's, end before the last round) is a malformed request.
+
 Failure: one line {"error": str} on stdout, then exit 3 when PyTorch is missing or cannot use CUDA
 (--serve: at startup, before the env line); exit 2 for a malformed request (--serve: the first
 malformed line ends the worker).
@@ -55,9 +73,9 @@ dispatch (torch/nn/attention/bias.py) honours the sdpa_kernel selection and uses
 Timing: per backend, `warmup` untimed runs, then more in batches of 1, 2, 4, ... (synchronised after
 each) until `warmupMs` milliseconds have passed since the first; then `repeats` runs each bracketed by
 CUDA events (torch.cuda.Event(enable_timing=True)); median, min and max in milliseconds. A cell's
-backends are all warmed up first and their timed runs then take turns in INTERLEAVE_ROUNDS rounds
-(repeats split by round_sizes), so that GPU clocks drifting under sustained load do not favour the
-backend timed first.
+backends are all warmed up first and their timed runs then take turns in the rounds of
+cell_rounds(repeats) (a request with one backend that prepared times it in one round), so that GPU
+clocks drifting under sustained load do not favour the backend timed first.
   fwd:    out = sdpa(q, k, v) on inputs without requires_grad (inference forward).
   bwd:    the forward is run once per input set with requires_grad inputs; each repeat times
           torch.autograd.grad(out, (q, k, v), dout, retain_graph=True).
@@ -114,45 +132,47 @@ def _int(obj, key, where, minimum):
     return v
 
 
-def parse_request(text):
-    """Validates the request and returns it with defaults filled in; raises RequestError."""
+def load_object(text):
+    """The JSON object on a request line; raises RequestError."""
     try:
-        req = json.loads(text)
+        obj = json.loads(text)
     except ValueError as e:
         raise RequestError("request is not JSON: %s" % e)
-    if not isinstance(req, dict):
+    if not isinstance(obj, dict):
         raise RequestError("request must be a JSON object")
-    cells = req.get("cells")
-    if not isinstance(cells, list):
-        raise RequestError("cells must be a list")
-    out_cells = []
-    seen = set()
-    for i, c in enumerate(cells):
-        where = "cells[%d]" % i
-        if not isinstance(c, dict):
-            raise RequestError("%s must be an object" % where)
-        cid = c.get("id")
-        if not isinstance(cid, str) or not cid:
-            raise RequestError("%s: id must be a non-empty string" % where)
-        if cid in seen:
-            raise RequestError("%s: duplicate id %r" % (where, cid))
-        seen.add(cid)
-        cell = {"id": cid}
-        for key in ("batch", "seqlenQ", "seqlenK", "headsQ", "headsKV", "headDim"):
-            cell[key] = _int(c, key, where, 1)
-        if cell["headsQ"] % cell["headsKV"] != 0:
-            raise RequestError("%s: headsQ (%d) must be a multiple of headsKV (%d)"
-                               % (where, cell["headsQ"], cell["headsKV"]))
-        if not isinstance(c.get("causal"), bool):
-            raise RequestError("%s: causal must be true or false" % where)
-        cell["causal"] = c["causal"]
-        if c.get("dtype") not in DTYPES:
-            raise RequestError("%s: dtype must be one of %s (got %r)" % (where, ", ".join(DTYPES), c.get("dtype")))
-        cell["dtype"] = c["dtype"]
-        if c.get("pass") not in PASSES:
-            raise RequestError("%s: pass must be one of %s (got %r)" % (where, ", ".join(PASSES), c.get("pass")))
-        cell["pass"] = c["pass"]
-        out_cells.append(cell)
+    return obj
+
+
+def check_cell(c, where, seen=()):
+    """One cell of a request (or of a begin), checked, with only the keys of the contract; its id
+    must not be in `seen` (the ids of the request's cells before it)."""
+    if not isinstance(c, dict):
+        raise RequestError("%s must be an object" % where)
+    cid = c.get("id")
+    if not isinstance(cid, str) or not cid:
+        raise RequestError("%s: id must be a non-empty string" % where)
+    if cid in seen:
+        raise RequestError("%s: duplicate id %r" % (where, cid))
+    cell = {"id": cid}
+    for key in ("batch", "seqlenQ", "seqlenK", "headsQ", "headsKV", "headDim"):
+        cell[key] = _int(c, key, where, 1)
+    if cell["headsQ"] % cell["headsKV"] != 0:
+        raise RequestError("%s: headsQ (%d) must be a multiple of headsKV (%d)"
+                           % (where, cell["headsQ"], cell["headsKV"]))
+    if not isinstance(c.get("causal"), bool):
+        raise RequestError("%s: causal must be true or false" % where)
+    cell["causal"] = c["causal"]
+    if c.get("dtype") not in DTYPES:
+        raise RequestError("%s: dtype must be one of %s (got %r)" % (where, ", ".join(DTYPES), c.get("dtype")))
+    cell["dtype"] = c["dtype"]
+    if c.get("pass") not in PASSES:
+        raise RequestError("%s: pass must be one of %s (got %r)" % (where, ", ".join(PASSES), c.get("pass")))
+    cell["pass"] = c["pass"]
+    return cell
+
+
+def check_settings(req, where):
+    """What every cell of a request (or a begin's cell) is run with, checked, defaults filled in."""
     backends = req.get("backends")
     if (not isinstance(backends, list) or not backends
             or any(b not in BACKENDS for b in backends) or len(set(backends)) != len(backends)):
@@ -165,10 +185,45 @@ def parse_request(text):
     if not isinstance(allow, bool):
         raise RequestError("allowMaterializedMask must be true or false")
     return {
-        "cells": out_cells, "backends": list(backends), "warmup": _int(req, "warmup", "request", 0),
-        "warmupMs": _int(req, "warmupMs", "request", 0) if "warmupMs" in req else 0,
-        "repeats": _int(req, "repeats", "request", 1), "seed": seed, "allowMaterializedMask": allow,
+        "backends": list(backends), "warmup": _int(req, "warmup", where, 0),
+        "warmupMs": _int(req, "warmupMs", where, 0) if "warmupMs" in req else 0,
+        "repeats": _int(req, "repeats", where, 1), "seed": seed, "allowMaterializedMask": allow,
     }
+
+
+def check_request(req):
+    """A request object (cells and settings) checked, with defaults filled in; raises RequestError."""
+    cells = req.get("cells")
+    if not isinstance(cells, list):
+        raise RequestError("cells must be a list")
+    out_cells = []
+    seen = set()
+    for i, c in enumerate(cells):
+        cell = check_cell(c, "cells[%d]" % i, seen)
+        seen.add(cell["id"])
+        out_cells.append(cell)
+    return dict(check_settings(req, "request"), cells=out_cells)
+
+
+def parse_request(text):
+    """Validates the request and returns it with defaults filled in; raises RequestError."""
+    return check_request(load_object(text))
+
+
+def parse_serve_line(text):
+    """One --serve line: ("cells", request), ("begin", request of the one cell), ("round", index) or
+    ("end", None); raises RequestError. A line without "op" is a request as in one-shot mode."""
+    obj = load_object(text)
+    if "op" not in obj:
+        return "cells", check_request(obj)
+    op = obj["op"]
+    if op == "begin":
+        return "begin", dict(check_settings(obj, "begin"), cells=[check_cell(obj.get("cell"), "begin: cell")])
+    if op == "round":
+        return "round", _int(obj, "index", "round", 0)
+    if op == "end":
+        return "end", None
+    raise RequestError("op must be one of begin, round, end (got %r)" % (op,))
 
 
 def working_set_bytes(cell):
@@ -208,8 +263,15 @@ def kernel_reasons(messages):
 
 def round_sizes(repeats, rounds):
     """Repeats per round when `repeats` are spread over `rounds` rounds: as even as can be, the first
-    rounds one more (bench/runner.ts splits our rows' repeats the same way)."""
+    rounds one more (bench/runner.ts `roundSizes` is the same split)."""
     return [repeats // rounds + (1 if r < repeats % rounds else 0) for r in range(rounds)]
+
+
+def cell_rounds(repeats):
+    """The timed rounds of a cell whose backends (or whose two sides) take turns: INTERLEAVE_ROUNDS
+    rounds, fewer when there are fewer repeats, none of them empty. bench/runner.ts `timedRounds` is
+    the same, so that ours and a begin/round/end client agree round for round at equal repeats."""
+    return round_sizes(repeats, min(INTERLEAVE_ROUNDS, repeats))
 
 
 def error_row(cell, backend, message, mask):
@@ -362,50 +424,44 @@ class Runner:
                 batch *= 2
         return Prepared(torch, cell, backend, mask, int(peak), selected, once, sets)
 
-    def run(self):
-        """Every cell x backend. A cell's backends are prepared (inputs, memory run, warm-up) one
-        after another, then their timed repeats take turns in INTERLEAVE_ROUNDS rounds, so that the
-        GPU's clocks drifting under sustained load weigh on every backend alike (bench/runner.ts
-        times our rows the same way)."""
+    def open_cell(self, cell):
+        """`cell` prepared on each backend of the request, one after another (inputs, memory run,
+        warm-up: prepare), ready for its timed rounds: a CellTiming. A backend that refuses or fails
+        keeps its error row; one cell must never end the run."""
         torch = self.torch
-        cells, backends = self.req["cells"], self.req["backends"]
+        c = CellTiming(torch, cell, self.req["backends"])
+        for backend in self.req["backends"]:
+            torch.manual_seed(self.req["seed"])
+            try:
+                r = self.prepare(cell, backend)
+                if isinstance(r, dict):
+                    c.results[backend] = r
+                else:
+                    c.timed.append(r)
+            except torch.cuda.OutOfMemoryError:
+                c.results[backend] = error_row(cell, backend, "out of memory", None)
+            except Exception as e:
+                c.results[backend] = error_row(cell, backend, "%s: %s" % (type(e).__name__, one_line(e)), None)
+        return c
+
+    def run(self):
+        """Every cell x backend of the request. A cell's backends are prepared (open_cell), then
+        their timed repeats take turns in the rounds of cell_rounds, so that the GPU's clocks
+        drifting under sustained load weigh on every backend alike (bench/runner.ts times our rows
+        the same way); a cell with one backend left to time takes its repeats in one round."""
+        torch = self.torch
+        cells, backends, reps = self.req["cells"], self.req["backends"], self.req["repeats"]
         total, done = len(cells) * len(backends), 0
         rows = []
         log("progress 0 %d" % total)
         for cell in cells:
-            results = {}  # backend -> its row, once known
-            timed = []
-            for backend in backends:
-                torch.manual_seed(self.req["seed"])
-                try:
-                    r = self.prepare(cell, backend)
-                    if isinstance(r, dict):
-                        results[backend] = r
-                    else:
-                        timed.append(r)
-                except torch.cuda.OutOfMemoryError:
-                    results[backend] = error_row(cell, backend, "out of memory", None)
-                except Exception as e:  # one cell must never end the run
-                    results[backend] = error_row(cell, backend, "%s: %s" % (type(e).__name__, one_line(e)), None)
-            reps = self.req["repeats"]
-            rounds = min(INTERLEAVE_ROUNDS, reps) if len(timed) > 1 else 1
-            for n in round_sizes(reps, rounds):
-                for t in timed:
-                    if t.backend in results:  # failed in an earlier round
-                        continue
-                    try:
-                        t.time(n)
-                    except torch.cuda.OutOfMemoryError:
-                        results[t.backend] = error_row(cell, t.backend, "out of memory", t.mask)
-                    except Exception as e:
-                        results[t.backend] = error_row(cell, t.backend, "%s: %s" % (type(e).__name__, one_line(e)),
-                                                       t.mask)
-            for t in timed:
-                if t.backend not in results:
-                    results[t.backend] = t.row()
-            del timed
-            for backend in backends:
-                rows.append(results[backend])
+            c = self.open_cell(cell)
+            for n in (cell_rounds(reps) if len(c.timed) > 1 else [reps]):
+                c.time_round(n)
+            cell_rows = c.rows()
+            del c
+            for row in cell_rows:
+                rows.append(row)
                 done += 1
                 log("progress %d %d" % (done, total))
             # The cell's inputs (and graphs) are gone now; hand their memory back. If the device
@@ -422,6 +478,38 @@ class Runner:
                          if (c["id"], b) not in done_keys]
                 return rows
         return rows
+
+
+class CellTiming:
+    """One cell on each backend of a request, from Runner.open_cell to its rows: the backends that
+    refused or failed (their error rows, in `results`) and the Prepared ones (`timed`), which each
+    time_round times in turn. Both the whole requests and the begin/round/end requests time cells
+    through it."""
+
+    def __init__(self, torch, cell, backends):
+        self.torch, self.cell, self.backends = torch, cell, backends
+        self.results = {}  # backend -> its row, once known (a failure, until rows())
+        self.timed = []
+
+    def time_round(self, n):
+        """n timed repeats of each backend still timing, in the requested order; a backend that
+        fails keeps its error row and sits out the later rounds."""
+        torch = self.torch
+        for t in self.timed:
+            if t.backend in self.results:  # failed in an earlier round
+                continue
+            try:
+                t.time(n)
+            except torch.cuda.OutOfMemoryError:
+                self.results[t.backend] = error_row(self.cell, t.backend, "out of memory", t.mask)
+            except Exception as e:
+                self.results[t.backend] = error_row(self.cell, t.backend,
+                                                    "%s: %s" % (type(e).__name__, one_line(e)), t.mask)
+
+    def rows(self):
+        """One row per backend, in the requested order: its error, or its timings so far."""
+        timed = {t.backend: t for t in self.timed}
+        return [self.results[b] if b in self.results else timed[b].row() for b in self.backends]
 
 
 class Prepared:
@@ -497,10 +585,40 @@ def free_memory(torch):
         log("torch_sdpa: could not free the request's memory: %s" % one_line(e))
 
 
+class OpenCell:
+    """--serve's cell begun by a begin request and not yet ended: its CellTiming, the repeats of each
+    round (cell_rounds), and the index the next round request must have."""
+
+    def __init__(self, timing, sizes):
+        self.timing, self.sizes, self.next = timing, sizes, 0
+
+
+def out_of_order(kind, arg, open_cell):
+    """Why request `kind` (with its argument) cannot come now, or None: cell requests go begin,
+    round 0, 1, ... each once, end, and nothing else while a cell is open."""
+    if open_cell is None:
+        return "%s before begin (no cell is open)" % kind if kind in ("round", "end") else None
+    cid = open_cell.timing.cell["id"]
+    rounds = len(open_cell.sizes)
+    if kind in ("cells", "begin"):
+        expected = "round %d" % open_cell.next if open_cell.next < rounds else "end"
+        return "%s while cell %r is open: expected %s" % ("a request" if kind == "cells" else "begin", cid, expected)
+    if kind == "round" and open_cell.next == rounds:
+        return "round: expected end (cell %r has %d rounds, all done) but got index %d" % (cid, rounds, arg)
+    if kind == "round" and arg != open_cell.next:
+        return "round: expected index %d (cell %r has %d rounds) but got %d" % (open_cell.next, cid, rounds, arg)
+    if kind == "end" and open_cell.next < rounds:
+        return "end: expected round %d first (cell %r: %d of %d rounds done)" % (open_cell.next, cid, open_cell.next, rounds)
+    return None
+
+
 def serve(torch, env):
-    """--serve: the env line, then one {"rows": [...]} line per request line, until EOF on stdin.
-    A malformed request ends the worker: {"error": "bad request: ..."} and exit 2, as one-shot."""
+    """--serve: the env line, then one answer line per request line, until EOF on stdin: {"rows": [...]}
+    for a request, {"ready": ...}, {"ok": true} and {"rows": [...]} for a cell's begin, rounds and
+    end. A malformed or out-of-order request ends the worker: {"error": "bad request: ..."} and
+    exit 2, as one-shot."""
     write_line({"env": env})
+    open_cell = None
     while True:
         line = sys.stdin.readline()
         if line == "":  # EOF: the bridge closed our stdin
@@ -508,10 +626,27 @@ def serve(torch, env):
         if line.strip() == "":
             continue
         try:
-            req = parse_request(line)
+            kind, arg = parse_serve_line(line)
+            problem = out_of_order(kind, arg, open_cell)
+            if problem is not None:
+                raise RequestError(problem)
         except RequestError as e:
             fail("bad request: %s" % e, EXIT_BAD_REQUEST)
-        rows = Runner(torch, req).run()
+        if kind == "begin":
+            sizes = cell_rounds(arg["repeats"])
+            open_cell = OpenCell(Runner(torch, arg).open_cell(arg["cells"][0]), sizes)
+            write_line({"ready": True, "rounds": sizes})
+            continue
+        if kind == "round":
+            open_cell.timing.time_round(open_cell.sizes[arg])
+            open_cell.next += 1
+            write_line({"ok": True})
+            continue
+        if kind == "end":
+            rows = open_cell.timing.rows()
+            open_cell = None  # the cell's tensors: free_memory collects them
+        else:
+            rows = Runner(torch, arg).run()
         write_line({"rows": rows})
         del rows
         free_memory(torch)

@@ -754,12 +754,40 @@ describe('end to end on the CPU backend (child process)', () => {
   });
   afterAll(() => fs.rmSync(tmp, { recursive: true, force: true }));
 
-  function cli(argv: string[], env: Record<string, string> = {}): { status: number | null; stdout: string; stderr: string } {
+  /** Runs the CLI on `argv` in a child process, after `preamble` (JS run first in the child: a test's wrapper around a module). */
+  function cli(argv: string[], env: Record<string, string> = {}, preamble = ''): { status: number | null; stdout: string; stderr: string } {
     const r = runNodeChild(
-      `require('./bench/cli.ts').main(${JSON.stringify(argv)}).then((c) => { process.exitCode = c; }, (e) => { console.error(e); process.exitCode = 9; });`,
+      `${preamble}
+       require('./bench/cli.ts').main(${JSON.stringify(argv)}).then((c) => { process.exitCode = c; }, (e) => { console.error(e); process.exitCode = 9; });`,
       { cwd: root, env, timeoutMs: 60000 },
     );
     return { status: r.status, stdout: r.stdout, stderr: r.stderr };
+  }
+
+  /**
+   * A preamble that appends {"ours": n} to $FAKE_PYTHON_RECORD before each timed batch of ours,
+   * beside the fake python's own line per request: the file then holds both sides in the order
+   * they ran (each request is answered before the CLI goes on).
+   */
+  const recordOurs = `
+    const timing = require('./lib/timing.ts');
+    const timeRepeats = timing.timeRepeatsOnDevice;
+    timing.timeRepeatsOnDevice = (device, fn, n) => {
+      require('fs').appendFileSync(process.env.FAKE_PYTHON_RECORD, JSON.stringify({ ours: n }) + '\\n');
+      return timeRepeats(device, fn, n);
+    };`;
+
+  /** The record of a run with {@link recordOurs}: `ours <n>`, `begin <cell id>`, `round <i>`, `end`, or `list <cell ids>`. */
+  function turns(record: string): string[] {
+    return fs.readFileSync(record, 'utf8').trimEnd().split('\n').map((l) => {
+      const x = JSON.parse(l) as { ours?: number; request?: { op?: string; cell?: BenchCell; index?: number; cells?: BenchCell[] } };
+      if (x.ours !== undefined) return `ours ${x.ours}`;
+      const r = x.request ?? {};
+      if (r.op === 'begin') return `begin ${r.cell?.id}`;
+      if (r.op === 'round') return `round ${r.index}`;
+      if (r.op === 'end') return 'end';
+      return `list ${(r.cells ?? []).map((c) => c.id).join(',')}`;
+    });
   }
 
   /** Every number in `v` (recursively) is positive and finite. */
@@ -884,34 +912,43 @@ describe('end to end on the CPU backend (child process)', () => {
     for (const i of [5, 6]) expect(cols[i]).toMatch(/^[\d.]+x$/);
   });
 
-  test('--compare torch: one worker, one request per input group in grid order; the report as before', () => {
+  test('--compare torch: one worker; in each cell our round i, then PyTorch\'s round i (begin before, end after); the report as before', () => {
     const fake = path.join(__dirname, 'fixtures', 'fake-python', 'python3');
     fs.chmodSync(fake, 0o755);
-    const record = path.join(tmp, 'torch-groups.jsonl');
-    const argv = [...tiny, '--dtype', 'bf16', '--pass', 'fwd,bwd', '--causal', 'both', '--compare', 'torch', '--python', fake, '--json'];
-    const r = cli(argv, { FAKE_PYTHON_MODE: 'ok', FAKE_PYTHON_RECORD: record });
+    const record = path.join(tmp, 'torch-turns.jsonl');
+    // Not --quiet: the log's row lines show when each side's rows came. 5 repeats: as many rounds as PyTorch's 20.
+    const argv = [...tiny.filter((a) => a !== '--quiet'), '--repeats', '5', '--dtype', 'bf16', '--pass', 'fwd,bwd', '--causal', 'both', '--compare', 'torch',
+      '--python', fake, '--json'];
+    const r = cli(argv, { FAKE_PYTHON_MODE: 'ok', FAKE_PYTHON_RECORD: record }, recordOurs);
     expect(r.status).toBe(0);
     const cells = buildCells(settings(argv));
-    const groups = groupByInputs(cells);
-    expect(groups.map((g) => g.length)).toEqual([4, 4]);
-    const seen = fs.readFileSync(record, 'utf8').trimEnd().split('\n').map((l) => JSON.parse(l) as { argv: string[]; pid: number; request: { cells: BenchCell[] } });
-    expect(seen.map((x) => x.request.cells)).toEqual(groups);
+    expect(cells).toHaveLength(8);
+    const oneCell = (id: string): string[] => [`begin ${id}`, ...[0, 1, 2, 3, 4].flatMap((i) => ['ours 1', `round ${i}`]), 'end'];
+    expect(turns(record)).toEqual(cells.flatMap((c) => oneCell(c.id)));
+    const seen = fs.readFileSync(record, 'utf8').trimEnd().split('\n').map((l) => JSON.parse(l) as { argv?: string[]; pid?: number; request?: Record<string, unknown> })
+      .filter((x) => x.request !== undefined);
     expect(new Set(seen.map((x) => x.pid)).size).toBe(1);
     expect(seen[0].argv).toEqual([path.join(root, 'bench', 'torch_sdpa.py'), '--serve']);
-    expect(seen[0].request).toMatchObject({ backends: ['flash', 'cudnn', 'efficient'], warmup: 1, repeats: 20 });
+    // PyTorch keeps at least 20 repeats: 5 rounds of 4, as ours' 5 of 1.
+    expect(seen[0].request).toEqual({
+      op: 'begin', cell: cells[0], backends: ['flash', 'cudnn', 'efficient'], warmup: 1, warmupMs: 0, repeats: 20, seed: 0, allowMaterializedMask: false,
+    });
+    // The log: each cell's row of ours, then PyTorch's rows of it, before the next cell's.
+    const impls = ['ours', 'torch-flash', 'torch-cudnn', 'torch-efficient'];
+    const logged = r.stderr.split('\n').map((l) => /^\[\d+\/(\d+)\] (\S+) (\S+):/.exec(l)).filter((m) => m !== null) as RegExpExecArray[];
+    expect(logged.map((m) => `${m[3]} ${m[2]}`)).toEqual(cells.flatMap((c) => impls.map((i) => `${c.id} ${i}`)));
+    expect(new Set(logged.map((m) => m[1]))).toEqual(new Set(['32']));
 
     const report = JSON.parse(r.stdout) as BenchReport;
     expect(Object.keys(report)).toEqual(['tool', 'schema', 'env', 'settings', 'notes', 'rows']);
     expect(report.schema).toBe(2);
     expect(report.env).toMatchObject({ torch: { torch: '2.11.0+cu130', device: 'NVIDIA H100 80GB HBM3' }, torchUnavailable: null });
-    expect(report.settings.timing).toBe('host time to completion; ours and PyTorch SDPA timed back to back per input group');
+    expect(report.settings.timing).toBe('host time to completion; ours and PyTorch SDPA take turns round by round within each cell');
     expect(report.notes).toEqual(['PyTorch rows ran on NVIDIA H100 80GB HBM3 (CUDA); ours on the CPU backend']);
     // Cell by cell in grid order, ours then the SDPA backends, as sortRows orders them.
-    const impls = ['ours', 'torch-flash', 'torch-cudnn', 'torch-efficient'];
     expect(report.rows.map((x) => `${x.id} ${x.impl}`)).toEqual(cells.flatMap((c) => impls.map((i) => `${c.id} ${i}`)));
-    // The fake numbers its rows from 1 within each request: each group was its own request.
-    const torchMin = report.rows.filter((x) => x.impl !== 'ours').map((x) => x.msMin);
-    expect(torchMin).toEqual([...Array.from({ length: 12 }, (_, i) => i + 1), ...Array.from({ length: 12 }, (_, i) => i + 1)]);
+    // The fake numbers its rows from 1 within each answer: each cell's end gave its own.
+    expect(report.rows.filter((x) => x.impl !== 'ours').map((x) => x.msMin)).toEqual(cells.flatMap(() => [1, 2, 3]));
     for (const row of report.rows) {
       expect(row.status).toBe('ok');
       if (row.impl === 'ours') {
@@ -925,18 +962,50 @@ describe('end to end on the CPU backend (child process)', () => {
     }
   });
 
-  test('--compare torch: a worker that dies mid-grid keeps the rows it gave, and the report says how many cells lack them', () => {
+  test('--compare torch: cells ours could not time get PyTorch rows from one list request after their group', () => {
+    const fake = path.join(__dirname, 'fixtures', 'fake-python', 'python3');
+    fs.chmodSync(fake, 0o755);
+    const record = path.join(tmp, 'torch-untimed.jsonl');
+    // The first input ours makes (the first group's q) runs out of memory.
+    const failFirstInput = `
+      const { Tensor } = require('./lib/index.ts');
+      const fromFloat32Array = Tensor.fromFloat32Array;
+      let made = 0;
+      Tensor.fromFloat32Array = function (...args) {
+        if (made++ === 0) throw new Error('CUDA out of memory (test)');
+        return fromFloat32Array.apply(this, args);
+      };`;
+    const argv = [...tiny, '--dtype', 'bf16', '--pass', 'fwd', '--causal', 'both', '--compare', 'torch', '--python', fake, '--json'];
+    const r = cli(argv, { FAKE_PYTHON_MODE: 'ok', FAKE_PYTHON_RECORD: record }, failFirstInput + recordOurs);
+    expect(r.status).toBe(0);
+    const cells = buildCells(settings(argv));
+    expect(groupByInputs(cells).map((g) => g.map((c) => c.id))).toEqual([[cells[0].id, cells[1].id], [cells[2].id, cells[3].id]]);
+    // 2 repeats of ours, 20 of PyTorch: PyTorch's rounds past ours' two run back to back before its end.
+    const oneCell = (id: string): string[] => [`begin ${id}`, 'ours 1', 'round 0', 'ours 1', 'round 1', 'round 2', 'round 3', 'round 4', 'end'];
+    expect(turns(record)).toEqual([`list ${cells[0].id},${cells[1].id}`, ...oneCell(cells[2].id), ...oneCell(cells[3].id)]);
+    const report = JSON.parse(r.stdout) as BenchReport;
+    const impls = ['ours', 'torch-flash', 'torch-cudnn', 'torch-efficient'];
+    expect(report.rows.map((x) => `${x.id} ${x.impl} ${x.status}`)).toEqual(cells.flatMap((c, i) => impls.map((impl) =>
+      `${c.id} ${impl} ${impl === 'ours' && i < 2 ? 'oom' : 'ok'}`)));
+    expect(report.rows[0].error).toBe('inputs: CUDA out of memory (test)');
+    expect(report.notes).toEqual(['PyTorch rows ran on NVIDIA H100 80GB HBM3 (CUDA); ours on the CPU backend']);
+  });
+
+  test('--compare torch: a worker that dies mid-cell keeps the rows it gave, and the report says how many cells lack them', () => {
     const fake = path.join(__dirname, 'fixtures', 'fake-python', 'python3');
     fs.chmodSync(fake, 0o755);
     const record = path.join(tmp, 'torch-crash.jsonl');
     const argv = [...tiny, '--dtype', 'bf16', '--pass', 'fwd', '--causal', 'false', '--head-dim', '32,64', '--compare', 'torch', '--python', fake, '--json'];
-    const r = cli(argv, { FAKE_PYTHON_MODE: 'crash-later', FAKE_PYTHON_RECORD: record });
+    const r = cli(argv, { FAKE_PYTHON_MODE: 'crash-mid-cell', FAKE_PYTHON_RECORD: record }, recordOurs);
     expect(r.status).toBe(0);
     const cells = buildCells(settings(argv));
-    expect(groupByInputs(cells)).toHaveLength(4);
-    // The first group answered, the second crashed the worker, the last two were not asked for.
-    const seen = fs.readFileSync(record, 'utf8').trimEnd().split('\n').map((l) => JSON.parse(l) as { request: { cells: BenchCell[] } });
-    expect(seen.map((x) => x.request.cells.map((c) => c.id))).toEqual([[cells[0].id], [cells[1].id]]);
+    expect(cells).toHaveLength(4);
+    // The first cell answered; the second crashed the worker in its round 1; ours went on, PyTorch was not asked again.
+    expect(turns(record)).toEqual([
+      `begin ${cells[0].id}`, 'ours 1', 'round 0', 'ours 1', 'round 1', 'round 2', 'round 3', 'round 4', 'end',
+      `begin ${cells[1].id}`, 'ours 1', 'round 0', 'ours 1', 'round 1',
+      'ours 1', 'ours 1', 'ours 1', 'ours 1',
+    ]);
     expect(r.stderr).toMatch(/--compare torch: PyTorch stopped after 1 of 4 cells: .*torch_sdpa\.py exited with status 1 .*illegal memory access.*; going on without it/);
     const report = JSON.parse(r.stdout) as BenchReport;
     expect(report.env.torchUnavailable).toBeNull();

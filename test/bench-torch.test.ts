@@ -1,5 +1,5 @@
 /**
- * The PyTorch SDPA bridge (bench/torch.ts: the worker and runTorchBaselines) against a fake
+ * The PyTorch SDPA bridge (bench/torch.ts: the worker, its cell sessions and runTorchBaselines) against a fake
  * interpreter (test/fixtures/fake-python/python3, behaviour chosen by FAKE_PYTHON_MODE), and the real
  * bench/torch_sdpa.py as far as this machine's python3 (no PyTorch, no GPU) can run it.
  */
@@ -8,7 +8,8 @@ import * as fs from 'fs';
 import * as os from 'os';
 import * as path from 'path';
 import {
-  findTorchScript, openTorchWorker, runTorchBaselines, TorchCell, TorchOptions, TorchResult, TorchWorker, TorchWorkerOpen, validateTorchOutput,
+  findTorchScript, openTorchWorker, runTorchBaselines, TorchCell, TorchCellBegin, TorchCellSession, TorchOptions, TorchResult, TorchWorker,
+  TorchWorkerOpen, validateTorchOutput,
 } from '../bench/torch';
 
 const root = path.resolve(__dirname, '..');
@@ -70,7 +71,8 @@ function alive(pid: number): boolean {
   }
 }
 
-function reasonOf(r: TorchResult): string {
+/** Why a request gave no result (a list's, a begin's, a round's or an end's). */
+function reasonOf(r: TorchResult | TorchCellBegin | { available: true }): string {
   if (r.available) throw new Error('expected an unavailable result');
   return r.reason;
 }
@@ -190,13 +192,19 @@ describe('runTorchBaselines with a fake python', () => {
   });
 });
 
-describe('openTorchWorker with a fake python', () => {
-  /** The worker of an open that must succeed. */
-  function workerOf(o: TorchWorkerOpen): TorchWorker {
-    if (!o.available) throw new Error(`unavailable: ${o.reason}`);
-    return o.worker;
-  }
+/** The worker of an open that must succeed. */
+function workerOf(o: TorchWorkerOpen): TorchWorker {
+  if (!o.available) throw new Error(`unavailable: ${o.reason}`);
+  return o.worker;
+}
 
+/** The session of a begin that must succeed. */
+function sessionOf(b: TorchCellBegin): TorchCellSession {
+  if (!b.available) throw new Error(`unavailable: ${b.reason}`);
+  return b.session;
+}
+
+describe('openTorchWorker with a fake python', () => {
   test('one process answers request after request, each with its own rows and progress', async () => {
     const record = path.join(tmp, 'worker-record.jsonl');
     const progress: Array<[number, number]> = [];
@@ -333,6 +341,134 @@ describe('openTorchWorker with a fake python', () => {
     expect(Date.now() - t0).toBeGreaterThanOrEqual(250);
     expect(Date.now() - t0).toBeLessThan(5000);
     expect(alive(recorded(record)[0].pid)).toBe(false);
+  });
+});
+
+describe('cell sessions (begin, round, end) with a fake python', () => {
+  /** Every round of `session`, each of which must succeed. */
+  async function allRounds(session: TorchCellSession): Promise<void> {
+    for (let i = 0; i < session.rounds.length; i++) expect(await session.round(i)).toEqual({ available: true });
+  }
+
+  test('begin, round 0 .. n-1, end: the request lines as the contract spells them, the cell\'s rows, then other requests', async () => {
+    const record = path.join(tmp, 'session-record.jsonl');
+    const worker = workerOf(await openFake('ok', { seed: 5, repeats: 7 }, record));
+    try {
+      const session = sessionOf(await worker.begin(cells[1]));
+      expect(session.cell).toBe(cells[1]);
+      // 7 repeats over 5 rounds, the first rounds one more (the worker's split).
+      expect(session.rounds).toEqual([2, 2, 1, 1, 1]);
+      await allRounds(session);
+      const result = await session.end();
+      if (!result.available) throw new Error(result.reason);
+      expect(result.env).toEqual(worker.env);
+      expect(result.rows.map((x) => [x.id, x.backend, x.error === null, x.msMin])).toEqual([['b', 'flash', false, NaN], ['b', 'cudnn', true, 2]]);
+      // The session has ended: the worker takes a list, and another session.
+      const after = await worker.run([cells[0]]);
+      expect(after.available && after.rows.map((x) => `${x.id}/${x.backend}`)).toEqual(['a/flash', 'a/cudnn']);
+      const next = sessionOf(await worker.begin(cells[0]));
+      await allRounds(next);
+      expect((await next.end()).available).toBe(true);
+    } finally {
+      await worker.close();
+    }
+    const seen = recorded(record);
+    expect(new Set(seen.map((r) => r.pid)).size).toBe(1);
+    const settings = { backends: ['flash', 'cudnn'], warmup: 2, warmupMs: 0, repeats: 7, seed: 5, allowMaterializedMask: false };
+    const rounds = [0, 1, 2, 3, 4].map((index) => ({ op: 'round', index }));
+    expect(seen.map((r) => r.request)).toEqual([
+      { op: 'begin', cell: cells[1], ...settings }, ...rounds, { op: 'end' },
+      { cells: [cells[0]], ...settings },
+      { op: 'begin', cell: cells[0], ...settings }, ...rounds, { op: 'end' },
+    ]);
+  });
+
+  test('calls out of order reject with an Error naming what was expected, send nothing, and leave the session going', async () => {
+    const record = path.join(tmp, 'order-record.jsonl');
+    const worker = workerOf(await openFake('ok', {}, record));
+    try {
+      const session = sessionOf(await worker.begin(cells[0]));
+      expect(session.rounds).toEqual([4, 4, 4, 4, 4]);
+      await expect(worker.begin(cells[1])).rejects.toThrow("begin: expected no open cell session but cell a's is open (end it first)");
+      await expect(worker.run(cells)).rejects.toThrow("run: expected no open cell session but cell a's is open (end it first)");
+      await expect(session.round(1)).rejects.toThrow('round: expected index 0 (the cell has 5 rounds) but received 1');
+      await expect(session.end()).rejects.toThrow("end: expected round 0 first (0 of the cell's 5 rounds done)");
+      expect(await session.round(0)).toEqual({ available: true });
+      await expect(session.round(0)).rejects.toThrow('round: expected index 1 (the cell has 5 rounds) but received 0');
+      for (let i = 1; i < 5; i++) expect(await session.round(i)).toEqual({ available: true });
+      await expect(session.round(5)).rejects.toThrow('round: expected end (all 5 rounds done) but received round 5');
+      expect((await session.end()).available).toBe(true);
+      await expect(session.end()).rejects.toThrow('end: the session of cell a has ended');
+      await expect(session.round(0)).rejects.toThrow('round(0): the session of cell a has ended');
+      // Rounds asked for without awaiting each go out in order.
+      const second = sessionOf(await worker.begin(cells[1]));
+      const answers = await Promise.all(second.rounds.map((_, i) => second.round(i)));
+      expect(answers.every((a) => a.available)).toBe(true);
+      expect((await second.end()).available).toBe(true);
+    } finally {
+      await worker.close();
+    }
+    const ops = recorded(record).map((r) => (r.request.op === 'round' ? `round ${r.request.index}` : String(r.request.op)));
+    const cell = ['begin', 'round 0', 'round 1', 'round 2', 'round 3', 'round 4', 'end'];
+    expect(ops).toEqual([...cell, ...cell]);
+  });
+
+  test('a crash mid-cell: the cells before keep their rows; that round, its end, later sessions and lists give the reason', async () => {
+    const record = path.join(tmp, 'mid-cell-record.jsonl');
+    const worker = workerOf(await openFake('crash-mid-cell', {}, record));
+    try {
+      const first = sessionOf(await worker.begin(cells[0]));
+      await allRounds(first);
+      const rows = await first.end();
+      expect(rows.available && rows.rows.map((x) => `${x.id}/${x.backend}`)).toEqual(['a/flash', 'a/cudnn']);
+      const second = sessionOf(await worker.begin(cells[1]));
+      expect(await second.round(0)).toEqual({ available: true });
+      const reason = reasonOf(await second.round(1));
+      expect(reason).toContain(`${fake} torch_sdpa.py exited with status 1`);
+      expect(reason).toContain('illegal memory access');
+      expect(reasonOf(await second.end())).toBe(reason);
+      expect(await second.round(2)).toEqual({ available: false, reason });
+      expect(await worker.begin(cells[0])).toEqual({ available: false, reason });
+      expect(reasonOf(await worker.run(cells))).toBe(reason);
+    } finally {
+      await worker.close();
+    }
+    // Nothing was sent after the round that crashed it.
+    const seen = recorded(record);
+    expect(seen).toHaveLength(7 + 3);
+    expect(seen[seen.length - 1].request).toEqual({ op: 'round', index: 1 });
+    expect(alive(seen[0].pid)).toBe(false);
+  });
+
+  test('answers outside the contract kill the worker: rounds that do not add up to the repeats, an end missing a row', async () => {
+    const ready = workerOf(await openFake('bad-ready'));
+    try {
+      const reason = reasonOf(await ready.begin(cells[0]));
+      expect(reason).toMatch(/^torch_sdpa\.py gave malformed output: the answer to begin has rounds \[4,4,4,4,4,1\] \(21 repeats\), expected 20 repeats/);
+      expect(reasonOf(await ready.run(cells))).toBe(reason);
+    } finally {
+      await ready.close();
+    }
+    const missing = workerOf(await openFake('missing-row'));
+    try {
+      const session = sessionOf(await missing.begin(cells[0]));
+      await allRounds(session);
+      const reason = reasonOf(await session.end());
+      expect(reason).toMatch(/^torch_sdpa\.py gave malformed output: 1 cell\/backend pair\(s\) have no row, e\.g\. \(a, cudnn\)/);
+      // The session ended with the worker: a new one may not begin, and says why.
+      expect(await missing.begin(cells[1])).toEqual({ available: false, reason });
+    } finally {
+      await missing.close();
+    }
+  });
+
+  test('a session on a worker closed mid-cell gives the close reason', async () => {
+    const worker = workerOf(await openFake('ok', { timeoutMs: 2000 }));
+    const session = sessionOf(await worker.begin(cells[0]));
+    expect(await session.round(0)).toEqual({ available: true });
+    await worker.close();
+    expect(await session.round(1)).toEqual({ available: false, reason: 'the PyTorch worker (torch_sdpa.py --serve) was closed' });
+    expect(reasonOf(await session.end())).toBe('the PyTorch worker (torch_sdpa.py --serve) was closed');
   });
 });
 
@@ -491,6 +627,113 @@ describe('bench/torch_sdpa.py with this machine\'s python3', () => {
     const notJson = spawnSync('python3', ['-c', probe, script], { input: 'cells: []\n', encoding: 'utf8', timeout: 60000 });
     expect(notJson.status).toBe(2);
     expect(JSON.parse(notJson.stdout.trimEnd().split('\n')[1]).error).toMatch(/^bad request: request is not JSON: /);
+  });
+
+  /**
+   * serve() with a fake torch and Runner.prepare faked: math refuses every cell, the other backends
+   * time 1, 2, 3, ... ms per repeat; events (prepare, time, gc, empty_cache) go to stderr at the end.
+   */
+  const sessionProbe = [
+    'import importlib.util, json, sys, types',
+    'sys.dont_write_bytecode = True',
+    'spec = importlib.util.spec_from_file_location("torch_sdpa", sys.argv[1])',
+    'm = importlib.util.module_from_spec(spec); spec.loader.exec_module(m)',
+    'events = []',
+    'class OOM(Exception): pass',
+    'cuda = types.SimpleNamespace(synchronize=lambda: None, empty_cache=lambda: events.append("empty_cache"), OutOfMemoryError=OOM)',
+    'torch = types.SimpleNamespace(cuda=cuda, manual_seed=lambda s: None)',
+    'class Fake(m.Prepared):',
+    '    def time(self, n):',
+    '        events.append("time %s %s %d" % (self.cell["id"], self.backend, n))',
+    '        self.times += [float(len(self.times) + i + 1) for i in range(n)]',
+    'class Runner(m.Runner):',
+    '    def __init__(self, torch, req):',
+    '        self.torch, self.req = torch, req',
+    '    def prepare(self, cell, backend):',
+    '        events.append("prepare %s %s" % (cell["id"], backend))',
+    '        if backend == "math": return m.error_row(cell, backend, "refused", "none")',
+    '        return Fake(torch, cell, backend, "none", 7, None, None, [])',
+    'm.Runner = Runner',
+    'real_gc = m.gc.collect',
+    'm.gc.collect = lambda: events.append("gc") or real_gc()',
+    'code = 1',
+    'try:',
+    '    code = m.serve(torch, {"torch": "fake"})',
+    'finally:',
+    '    sys.stderr.write("events " + json.dumps(events) + "\\n")',
+    'sys.exit(code)',
+  ].join('\n');
+  /** Runs sessionProbe on `lines` (objects, one JSON line each): its exit status, stdout objects and events. */
+  const serveLines = (lines: object[]): { status: number | null; out: Record<string, unknown>[]; events: string[] } => {
+    const r = spawnSync('python3', ['-c', sessionProbe, script], { input: lines.map((l) => `${JSON.stringify(l)}\n`).join(''), encoding: 'utf8', timeout: 60000 });
+    const stderr = r.stderr.trimEnd().split('\n');
+    const last = stderr[stderr.length - 1];
+    if (!last.startsWith('events ')) throw new Error(`the probe failed: ${r.stderr}`);
+    return { status: r.status, out: r.stdout.trimEnd().split('\n').map((l) => JSON.parse(l) as Record<string, unknown>), events: JSON.parse(last.slice(7)) as string[] };
+  };
+  const settings = (backends: string[], repeats: number) => ({ backends, warmup: 0, repeats });
+  const begin = (cell: TorchCell, backends: string[], repeats: number) => ({ op: 'begin', cell, ...settings(backends, repeats) });
+  const round = (index: number) => ({ op: 'round', index });
+  const end = { op: 'end' };
+
+  test('--serve\'s cell requests: begin prepares every backend, each round times the prepared ones in turn, end gives the rows and frees the memory', () => {
+    const { status, out, events } = serveLines([
+      begin(cells[0], ['flash', 'cudnn', 'math'], 7), round(0), round(1), round(2), round(3), round(4), end,
+      // The same cell as one list request: the same rows, by the same code.
+      { cells: [cells[0]], ...settings(['flash', 'cudnn', 'math'], 7) },
+      // Every backend refuses: still ready, the rounds time nothing, end gives the error rows.
+      begin(cells[1], ['math'], 2), round(0), round(1), end,
+    ]);
+    expect(status).toBe(0);
+    expect(out.slice(0, 7)).toEqual([
+      { env: { torch: 'fake' } }, { ready: true, rounds: [2, 2, 1, 1, 1] }, { ok: true }, { ok: true }, { ok: true }, { ok: true }, { ok: true },
+    ]);
+    const rows = out[7].rows as Array<Record<string, unknown>>;
+    expect(rows).toEqual([
+      { id: 'a', backend: 'flash', msMedian: 4, msMin: 1, msMax: 7, peakBytes: 7, mask: 'none', error: null },
+      { id: 'a', backend: 'cudnn', msMedian: 4, msMin: 1, msMax: 7, peakBytes: 7, mask: 'none', error: null },
+      { id: 'a', backend: 'math', msMedian: null, msMin: null, msMax: null, peakBytes: null, mask: 'none', error: 'refused' },
+    ]);
+    expect(out[8]).toEqual({ rows });
+    expect(out.slice(9)).toEqual([
+      { ready: true, rounds: [1, 1] }, { ok: true }, { ok: true },
+      { rows: [{ id: 'b', backend: 'math', msMedian: null, msMin: null, msMax: null, peakBytes: null, mask: 'none', error: 'refused' }] },
+    ]);
+    const turns = (id: string, sizes: number[]): string[] => sizes.flatMap((n) => [`time ${id} flash ${n}`, `time ${id} cudnn ${n}`]);
+    expect(events).toEqual([
+      // begin: prepared (inputs, memory run, warm-up) before any round; each round both timed in turn; end frees.
+      'prepare a flash', 'prepare a cudnn', 'prepare a math', ...turns('a', [2, 2, 1, 1, 1]), 'gc', 'empty_cache',
+      // the list request: the runner empties the cache after its cell, serve collects and empties it again.
+      'prepare a flash', 'prepare a cudnn', 'prepare a math', ...turns('a', [2, 2, 1, 1, 1]), 'empty_cache', 'gc', 'empty_cache',
+      'prepare b math', 'gc', 'empty_cache',
+    ]);
+  });
+
+  test.each([
+    ['round before begin', [round(0)], 'bad request: round before begin (no cell is open)'],
+    ['end before begin', [end], 'bad request: end before begin (no cell is open)'],
+    ['begin twice', [begin(cells[0], ['flash'], 3), begin(cells[1], ['flash'], 3)], "bad request: begin while cell 'a' is open: expected round 0"],
+    ['a list request while a cell is open', [begin(cells[0], ['flash'], 3), round(0), { cells, ...settings(['flash'], 3) }],
+      "bad request: a request while cell 'a' is open: expected round 1"],
+    ['an index other than the next', [begin(cells[0], ['flash'], 20), round(0), round(2)], "bad request: round: expected index 1 (cell 'a' has 5 rounds) but got 2"],
+    ['a round after the last', [begin(cells[0], ['flash'], 2), round(0), round(1), round(2)],
+      "bad request: round: expected end (cell 'a' has 2 rounds, all done) but got index 2"],
+    ['end before the last round', [begin(cells[0], ['flash'], 20), round(0), end], "bad request: end: expected round 1 first (cell 'a': 1 of 5 rounds done)"],
+    ['begin without a cell', [{ op: 'begin', ...settings(['flash'], 3) }], 'bad request: begin: cell must be an object'],
+    ['begin with a bad cell', [begin({ ...cells[0], dtype: 'float64' as TorchCell['dtype'] }, ['flash'], 3)], /^bad request: begin: cell: dtype must be one of /],
+    ['begin with no repeats', [begin(cells[0], ['flash'], 0)], 'bad request: begin: repeats must be an integer >= 1 (got 0)'],
+    ['a negative index', [begin(cells[0], ['flash'], 3), round(-1)], 'bad request: round: index must be an integer >= 0 (got -1)'],
+    ['an unknown op', [{ op: 'pause' }], "bad request: op must be one of begin, round, end (got 'pause')"],
+  ] as [string, object[], string | RegExp][])('--serve\'s cell requests out of order or malformed: %s gets {"error"} and exit 2 after the answers before it', (_name, lines, message) => {
+    const { status, out } = serveLines([...lines, round(0), end]);
+    expect(status).toBe(2);
+    // The env line, one answer per line before the bad one, then the error: the line after it is never read.
+    expect(out).toHaveLength(1 + lines.length);
+    expect(out.slice(1, -1).every((o) => 'ready' in o || 'ok' in o)).toBe(true);
+    const last = out[out.length - 1];
+    expect(Object.keys(last)).toEqual(['error']);
+    if (typeof message === 'string') expect(last.error).toBe(message);
+    else expect(last.error).toMatch(message);
   });
 
   test('a malformed request: {"error": "bad request: ..."} and exit 2 (checked before torch is imported)', () => {
