@@ -557,17 +557,25 @@ describe('bench/torch_sdpa.py with this machine\'s python3', () => {
     expect(JSON.parse(String(r.stdout))).toEqual({ error: 'bad request: --plan is for the one-shot mode, not --serve' });
   });
 
+  /**
+   * The start of a Python probe that loads torch_sdpa.py as module m, with a fake torch whose
+   * empty_cache calls are recorded in `events`.
+   */
+  const fakeTorchProbe = [
+    'import importlib.util, json, sys, types',
+    'sys.dont_write_bytecode = True',
+    'spec = importlib.util.spec_from_file_location("torch_sdpa", sys.argv[1])',
+    'm = importlib.util.module_from_spec(spec); spec.loader.exec_module(m)',
+    'events = []',
+    'class OOM(Exception): pass',
+    'cuda = types.SimpleNamespace(synchronize=lambda: None, empty_cache=lambda: events.append("empty_cache"), OutOfMemoryError=OOM)',
+    'torch = types.SimpleNamespace(cuda=cuda, manual_seed=lambda s: None)',
+  ];
+
   test('--serve\'s loop: the env line, one rows line per request (blank lines skipped), memory freed after each, exit 0 at EOF', () => {
     // serve() with a fake torch and Runner.prepare faked (as in the interleaving test below).
     const probe = [
-      'import importlib.util, json, sys, types',
-      'sys.dont_write_bytecode = True',
-      'spec = importlib.util.spec_from_file_location("torch_sdpa", sys.argv[1])',
-      'm = importlib.util.module_from_spec(spec); spec.loader.exec_module(m)',
-      'events = []',
-      'class OOM(Exception): pass',
-      'cuda = types.SimpleNamespace(synchronize=lambda: None, empty_cache=lambda: events.append("empty_cache"), OutOfMemoryError=OOM)',
-      'torch = types.SimpleNamespace(cuda=cuda, manual_seed=lambda s: None)',
+      ...fakeTorchProbe,
       'class Fake(m.Prepared):',
       '    def time(self, n):',
       '        self.times += [1.0] * n',
@@ -634,14 +642,7 @@ describe('bench/torch_sdpa.py with this machine\'s python3', () => {
    * time 1, 2, 3, ... ms per repeat; events (prepare, time, gc, empty_cache) go to stderr at the end.
    */
   const sessionProbe = [
-    'import importlib.util, json, sys, types',
-    'sys.dont_write_bytecode = True',
-    'spec = importlib.util.spec_from_file_location("torch_sdpa", sys.argv[1])',
-    'm = importlib.util.module_from_spec(spec); spec.loader.exec_module(m)',
-    'events = []',
-    'class OOM(Exception): pass',
-    'cuda = types.SimpleNamespace(synchronize=lambda: None, empty_cache=lambda: events.append("empty_cache"), OutOfMemoryError=OOM)',
-    'torch = types.SimpleNamespace(cuda=cuda, manual_seed=lambda s: None)',
+    ...fakeTorchProbe,
     'class Fake(m.Prepared):',
     '    def time(self, n):',
     '        events.append("time %s %s %d" % (self.cell["id"], self.backend, n))',
