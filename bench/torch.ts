@@ -556,7 +556,7 @@ class Worker implements TorchWorker {
     let rounds: readonly number[] = [];
     let next = 0;
     let ended = false;
-    /** Why a call of this session is out of order (at call time, so that calls not awaited count too), or null. */
+    /** Why a call on this cell is out of order (at call time, so that calls not awaited count too), or null. */
     const outOfOrder = (call: string): string | null => {
       if (ended) return `${call}: the session of cell ${cell.id} has ended`;
       if (call === 'end' && next < rounds.length) return `end: expected round ${next} first (${next} of the cell's ${rounds.length} rounds done)`;
