@@ -156,12 +156,12 @@ describeEachDevice('kernel choice', (device) => {
         }
       });
 
-    // The backward's 'auto': the warp-specialized single kernel (12 warps) at head dims 65-128 (d128)
-    // from 512 queries and keys, causal or not, deterministic or not; at 33-64 (d64) from 1024 without
-    // a causal mask (2048 deterministic) and from 4096 causal, not deterministic (flash_configs.h
-    // bwd_ws_min_seqlen); the two kernels below those lengths, at head dim 64 causal with deterministic,
-    // and at head dim 32. The plan names the kernel.
-    const ws = (headDim: number): KernelPlan => ({ family: 'sm90-wgmma', headDim, blockM: 64, blockN: 128, warps: 12, stages: 2 });
+    // The backward's 'auto': the warp-specialized single kernel (12 warps; 128 query rows a step at
+    // head dims 33-64, 64 at 65-128) from 512 queries and keys, causal or not, deterministic or not
+    // (flash_configs.h kBwdWsMinSeqlen); the two kernels below that length and at head dim 32. The plan
+    // names the kernel.
+    const ws = (headDim: number): KernelPlan =>
+      ({ family: 'sm90-wgmma', headDim, blockM: headDim === 64 ? 128 : 64, blockN: 128, warps: 12, stages: 2 });
     const main = (headDim: number): KernelPlan => ({ family: 'sm90-wgmma', headDim, blockM: 64, blockN: 128, warps: 8, stages: 2 });
     test.each([
       [128, 512, false, false, 'single-kernel', ws(128)], [104, 512, false, false, 'single-kernel', ws(128)],
@@ -169,11 +169,11 @@ describeEachDevice('kernel choice', (device) => {
       [128, 512, true, false, 'single-kernel', ws(128)], [128, 511, true, false, 'two-kernel', main(128)],
       [128, 512, true, true, 'single-kernel', ws(128)], [128, 511, true, true, 'two-kernel', main(128)],
       [128, 511, false, true, 'two-kernel', main(128)], [128, 512, false, true, 'single-kernel', ws(128)],
-      [64, 1024, false, false, 'single-kernel', ws(64)], [40, 1024, false, false, 'single-kernel', ws(64)],
-      [64, 1023, false, false, 'two-kernel', main(64)], [64, 4096, true, false, 'single-kernel', ws(64)],
-      [64, 4095, true, false, 'two-kernel', main(64)], [64, 8192, true, true, 'two-kernel', main(64)],
-      [64, 2048, false, true, 'single-kernel', ws(64)], [64, 2047, false, true, 'two-kernel', main(64)],
-      [64, 512, false, false, 'two-kernel', main(64)], [96, 512, false, false, 'single-kernel', ws(128)],
+      [64, 512, false, false, 'single-kernel', ws(64)], [40, 1024, false, false, 'single-kernel', ws(64)],
+      [64, 511, false, false, 'two-kernel', main(64)], [64, 512, true, false, 'single-kernel', ws(64)],
+      [64, 511, true, false, 'two-kernel', main(64)], [64, 8192, true, true, 'single-kernel', ws(64)],
+      [64, 512, false, true, 'single-kernel', ws(64)], [64, 511, false, true, 'two-kernel', main(64)],
+      [64, 511, true, true, 'two-kernel', main(64)], [96, 512, false, false, 'single-kernel', ws(128)],
       [80, 512, true, true, 'single-kernel', ws(128)], [96, 511, true, false, 'two-kernel', main(128)],
       [32, 8192, false, false, 'two-kernel', main(32)],
     ] as const)('bfloat16, head dim %d, seqlen %d, causal %s, deterministic %s on Hopper: auto runs %s',

@@ -135,9 +135,9 @@ inline constexpr FlashConfig kBwdSm90Configs[] = {
 };
 // Backward, the warp-specialized single kernel (hopper/flash_bwd_ws_sm90_kernel.cuh) for head dims
 // 33-128 (rows 64 and 128; 65-96 run the d128 row zero-padded), causal or not: a producer warpgroup
-// (TMA, lse / D, dQ writer warps) and two consumer warpgroups of 64 keys; 64 query rows per step. It
-// replaces the main kernel there, and 'auto' takes it over the two kernels from bwd_ws_min_seqlen
-// queries and keys. Head dim 128, H100, bf16, B*S =
+// (TMA, lse / D, dQ writer warps) and two consumer warpgroups of 64 keys; 64 query rows per step at
+// head dim 128, 128 at 64. It replaces the main kernel there, and 'auto' takes it over the two kernels
+// from kBwdWsMinSeqlen queries and keys. Head dim 128, H100, bf16, B*S =
 // 16k, H*D = 2048, queued back to back (test/native/flash_bwd_check.cu), ms at seqlen 512 / 1k / 2k /
 // 8k, each line one run:
 //   2026-11-26, not causal: two kernels 0.670 / 1.057 / 1.872 / 6.974; this kernel (consumers in
@@ -153,34 +153,18 @@ inline constexpr FlashConfig kBwdSm90Configs[] = {
 //     1.467-1.481 / 2.72 against 0.654-0.659 / 1.049-1.058 / 1.868-1.889 / 3.48-3.50; causal 0.504-0.508 /
 //     0.665-0.668 / 1.004-1.009 / 1.74-1.80 against 0.534-0.535 / 0.745 / 1.20-1.22 / 2.04-2.08;
 //     deterministic at 512 0.628-0.635, causal 0.531 (the bench's FA2 grid: 0.555 against 0.655 ms).
-inline constexpr FlashConfig kBwdWsSm90Configs[] = {{64, 64, 128, 12, 2, 0, false}, {128, 64, 128, 12, 2, 0, false}};
-inline constexpr int64_t kBwdWsD128MinSeqlen = 512;
-// Head dim 64 (dQ split by keys), queued ms at 512 / 1k / 2k / 8k (H100, bf16, 2026-11-27): not causal
-// 0.866 / 1.242 / 2.026 / 6.908 against the two kernels' 0.793 / 1.286 / 2.284 / 8.301; causal 0.752 /
-// 0.976 / 1.441 / 4.101 against 0.658 / 0.889 / 1.424 / 4.450; another run at 1k / 2k / 4k: causal 0.969 /
-// 1.439 / 2.309 against 0.912 / 1.428 / 2.412. Deterministic (rotated walks) 1.26-1.34x its atomic
-// time with both consumers' dQ pieces reduced in turn (two links a K/V tile in one chain): slower than the
-// two kernels. With dK / dV through TMA
-// where it has them (causal), 512 / 1k / 2k / 4k, two runs: not causal 0.798 / 1.183-1.192 / 1.968-1.978
-// / 3.71-3.75 against 0.739-0.750 / 1.199-1.229 / 2.235-2.251 / 4.25-4.26; causal 0.638 / 0.873-0.880 /
-// 1.350-1.355 / 2.245-2.252 against 0.598 / 0.837-0.853 / 1.345-1.359 / 2.345-2.353. 'auto' takes it
-// without a causal mask from kBwdWsD64MinSeqlen, causal from kBwdWsD64CausalMinSeqlen.
-inline constexpr int64_t kBwdWsD64MinSeqlen = 1024;
-inline constexpr int64_t kBwdWsD64CausalMinSeqlen = 4096;
-// Deterministic (kDqSum: the consumers' dQ pieces summed in shared memory, one link a K/V tile), queued
-// ms at 1k / 2k / 4k / 8k / 16k (H100, bf16, 2026-11-27, four rounds in two runs): not causal
-// 1.255-1.263 / 2.187-2.200 / 4.156-4.194 / 8.188-8.202 / 15.44-15.52 against the two kernels'
-// 1.193-1.234 / 2.209-2.299 / 4.179-4.306 / 8.159-8.249 / 16.24-16.30; causal 2.41-2.45 / 4.49-4.50 /
-// 8.59-8.63 at 4k / 8k / 16k against 2.34-2.37 / 4.38-4.44 / 8.30-8.35: 'auto' takes it without a
-// causal mask from kBwdWsD64DeterministicMinSeqlen, never causal.
-inline constexpr int64_t kBwdWsD64DeterministicMinSeqlen = 2048;
-// The shortest sequence (queries and keys) from which 'auto' takes the warp-specialized kernel of a
-// head dim with a row over the two kernels, or 0 where it never does.
-constexpr int64_t bwd_ws_min_seqlen(int head_dim, bool causal, bool deterministic) {
-  if (head_dim != 64) return kBwdWsD128MinSeqlen;
-  if (deterministic) return causal ? 0 : kBwdWsD64DeterministicMinSeqlen;
-  return causal ? kBwdWsD64CausalMinSeqlen : kBwdWsD64MinSeqlen;
-}
+inline constexpr FlashConfig kBwdWsSm90Configs[] = {{64, 128, 128, 12, 2, 0, false}, {128, 64, 128, 12, 2, 0, false}};
+// Head dim 64: 128 query rows per step (S^T and dP^T 64 keys x 128 queries per consumer, dQ split by
+// rows). H200, bf16, B*S = 16k, H*D = 2048, queued TFLOP/s at 512 / 1k / 2k / 4k / 8k / 16k, two rounds
+// in turns with the build of 64-row steps (dQ split by keys), 2026-11-28: not causal 258 / 348 / 390 /
+// 438 / 465 / 479 against 232 / 301 / 322 / 356 / 374 / 386 (the two kernels 237 / 282 / 310 / 324 /
+// 334 / 337); causal 163 / 242 / 323 / 370 / 408 / 435 against 151 / 219 / 288 / 318 / 358 / 379 (two
+// kernels 146 / 203 / 249 / 292 / 314 / 331); deterministic not causal 254 / 331 / 382 / 410 / 425 /
+// 429 against 227 / 281 / 313 / 326 / 333 / 354, causal 153 / 229 / 302 / 350 / 384 / 402 against 141 /
+// 202 / 253 / 287 / 310 / 321.
+// 'auto' takes the kernel over the two kernels from kBwdWsMinSeqlen queries and keys, at both head
+// dims, causal or not, deterministic or not.
+inline constexpr int64_t kBwdWsMinSeqlen = 512;
 // Its deterministic mode: turn counters per query tile (one per consumer warpgroup's dQ columns).
 inline constexpr int kBwdWsDqTurnsPerTile = 2;
 inline constexpr FlashConfig kBwdDqSm90Configs[] = {

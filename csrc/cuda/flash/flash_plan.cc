@@ -58,13 +58,12 @@ BwdPlan plan_backward(const AttentionBwdParams& p, BwdAlgorithm algorithm) {
     if (plan.unsupported == nullptr) plan.workspace_bytes = flash_bwd_fp32_workspace_bytes(p);
   } else {
     // 'auto' takes the warp-specialized single kernel where it is faster (flash_configs.h
-    // bwd_ws_min_seqlen), else tries the two kernels first and falls back to the single kernel where
+    // kBwdWsMinSeqlen), else tries the two kernels first and falls back to the single kernel where
     // they cannot run.
     AttentionBwdParams q = p;
     q.two_kernel = false;
-    const auto from = [&](int64_t seqlen) { return p.seqlen_q >= seqlen && p.seqlen_k >= seqlen; };
-    const int64_t ws_from = flash::bwd_ws_min_seqlen(flash_bwd_sm90_padded(p.head_dim), p.causal, p.deterministic);
-    const bool single_faster = flash_bwd_runs_sm90(q) && flash_bwd_sm90_ws(q) && ws_from > 0 && from(ws_from);
+    const bool single_faster = flash_bwd_runs_sm90(q) && flash_bwd_sm90_ws(q) && p.seqlen_q >= flash::kBwdWsMinSeqlen &&
+                               p.seqlen_k >= flash::kBwdWsMinSeqlen;
     q.two_kernel = algorithm == BwdAlgorithm::kTwoKernel || (algorithm == BwdAlgorithm::kAuto && !single_faster);
     plan.unsupported = flash_bwd_unsupported_reason(q);
     if (algorithm == BwdAlgorithm::kAuto && plan.unsupported != nullptr) {

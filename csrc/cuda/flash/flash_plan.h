@@ -41,8 +41,8 @@ struct BwdPlan {
   // The algorithm: the two-kernel backward (dK/dV, then dQ without atomics) or the single kernel.
   // BwdAlgorithm::kAuto takes the two kernels wherever they exist (Hopper, fp16 / bf16): they need no
   // fp32 dq accumulator and are deterministic. Except the single kernel on Hopper where it is faster:
-  // the warp-specialized kernel at head dims 33-128 from the lengths of flash_configs.h
-  // bwd_ws_min_seqlen.
+  // the warp-specialized kernel at head dims 33-128 from flash_configs.h kBwdWsMinSeqlen queries and
+  // keys.
   bool two_kernel = false;
   const char* unsupported = nullptr;  // a sentence for an error message when family is kNone
   size_t workspace_bytes = 0;         // what the launch allocates on its stream (and frees)

@@ -12,6 +12,7 @@
 #include <cmath>
 
 #include "common/attention_params.h"
+#include "cuda/cuda_utils.cuh"
 #include "cuda/flash/ptx.cuh"
 
 namespace fa::cuda::flash {
@@ -94,6 +95,14 @@ __device__ __forceinline__ void p_to_a_operand(const float (&p)[kTiles][4], int 
   a[3] = pack2<Elem>(p[2 * ks + 1][2], p[2 * ks + 1][3]);
 }
 
+// Element (j, e) of an accumulator that p_to_a_operand packed into a (k-step j / 2), as the tensor
+// core reads it: rounded to Elem.
+template <typename Elem, int kAFrags>
+__device__ __forceinline__ float a_operand_elem(const uint32_t (&a)[kAFrags][4], int j, int e) {
+  const uint32_t w = a[j / 2][(j % 2) * 2 + e / 2];
+  return to_float(elem_from_bits<Elem>(static_cast<uint16_t>(e % 2 == 0 ? w & 0xffffu : w >> 16)));
+}
+
 // A per-query statistic (lse2, D) already subtracted inside the product's accumulator (the product
 // accumulated onto -stat): the helpers below then subtract 0.
 struct FoldedRowStat {};
@@ -129,6 +138,21 @@ __device__ __forceinline__ void bwd_ds_transposed(float (&dpt)[kTiles][4], const
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
       const float ds = pt[j][e] * (dpt[j][e] - row_stat(dvec, q_base + 8 * j + 2 * t + e % 2));
+      dpt[j][e] = (kMasked & mask.hidden(m0 + q_base + 8 * j + 2 * t + e % 2, key0 + 8 * (e / 2))) ? 0.0f : ds;
+    }
+}
+// The same with P^T from its A operand (p_to_a_operand of bwd_p_transposed's P^T), rounded to Elem as
+// the dV product read it, so that the fp32 P^T need not stay live until dP^T is ready.
+template <bool kMasked, typename Elem, int kTiles, int kAFrags, typename Mask, typename DRows>
+__device__ __forceinline__ void bwd_ds_transposed_packed_p(float (&dpt)[kTiles][4], const uint32_t (&pa)[kAFrags][4],
+                                                           const Mask& mask, const DRows& dvec, int m0, int q_base,
+                                                           int t, int key0) {
+  static_assert(2 * kAFrags == kTiles, "an A fragment per two accumulator tiles");
+#pragma unroll
+  for (int j = 0; j < kTiles; ++j)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const float ds = a_operand_elem<Elem>(pa, j, e) * (dpt[j][e] - row_stat(dvec, q_base + 8 * j + 2 * t + e % 2));
       dpt[j][e] = (kMasked & mask.hidden(m0 + q_base + 8 * j + 2 * t + e % 2, key0 + 8 * (e / 2))) ? 0.0f : ds;
     }
 }

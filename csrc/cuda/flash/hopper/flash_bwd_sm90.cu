@@ -131,13 +131,13 @@ cudaError_t launch_dq(const AttentionBwdParams& p, const float* d_rows, cudaStre
 // The warp-specialized single kernel (head dims 64 and 128).
 template <typename Elem, int kHeadDim, bool kIsCausal>
 cudaError_t launch_ws(const AttentionBwdParams& p, const flash::FlashBwdWorkspace& ws, cudaStream_t stream) {
-  using Traits = flash::sm90::FlashBwdWsSm90Traits<kHeadDim, Elem, kIsCausal>;
-  static_assert(flash::row_matches<Traits>(flash::config_for(flash::kBwdWsSm90Configs, kHeadDim)),
-                "the row reports the traits' tile");
+  constexpr flash::FlashConfig kRow = flash::config_for(flash::kBwdWsSm90Configs, kHeadDim);
+  using Traits = flash::sm90::FlashBwdWsSm90Traits<kHeadDim, Elem, kIsCausal, kRow.block_m>;
+  static_assert(flash::row_matches<Traits>(kRow), "the row reports the traits' tile");
   flash::sm90::BwdTensorMaps maps{};
   FA_CUDA_TRY(make_bwd_maps(&maps, p, Traits::kBlockM, Traits::kBlockN));
   FA_CUDA_TRY(make_accum_map(&maps.dq_accum, ws.dq_accum, kHeadDim, ws.dq_rows, p.heads_q, p.batch, ws.splits,
-                             ws.split_stride, Traits::kBlockM));
+                             ws.split_stride, Traits::kDqRows));
   const CUtensorMapDataType type = map_type(p);
   FA_CUDA_TRY(make_map(&maps.dk, type, p.dk, p.head_dim, p.seqlen_k, p.heads_kv, p.batch, p.dk_row_stride,
                        p.dk_head_stride, p.dk_batch_stride, Traits::kWgKeys));

@@ -80,7 +80,7 @@
 
 namespace fa::cuda::flash::sm90 {
 
-template <int kHeadDim_, typename Elem_, bool kIsCausal_>
+template <int kHeadDim_, typename Elem_, bool kIsCausal_, int kBlockM_ = 64>
 struct FlashBwdWsSm90Traits {
   using Elem = Elem_;
   static constexpr int kHeadDim = kHeadDim_;
@@ -90,7 +90,7 @@ struct FlashBwdWsSm90Traits {
   static constexpr int kConsumerThreads = 128 * kConsumers;
   static constexpr int kWgKeys = 64;                       // wgmma M of S^T: keys per consumer
   static constexpr int kBlockN = kWgKeys * kConsumers;     // keys per block
-  static constexpr int kBlockM = 64;                       // query rows per step
+  static constexpr int kBlockM = kBlockM_;                 // query rows per step (wgmma N of S^T)
   static constexpr int kStages = 2;                        // Q / dO / lse / D stages
   // setmaxnreg budgets: the launch gives each thread 168 registers (65,536 / 384, in steps of 8), and
   // what the producer gives up is all the consumers can take: 128 x 24 + 256 x 240 = 128 x 40 + 256 x
@@ -100,9 +100,18 @@ struct FlashBwdWsSm90Traits {
   static constexpr int kConsumerRegs = 240;
 
   // dQ = dS K split between the consumers: at head dim 128 by 64-column halves over the block's 128
-  // keys (each consumer needs both dS^T halves), at 64 by keys (kDqSplitKeys: each consumer its own
-  // 64 keys, all 64 columns, its own dS^T; the two pieces add to the same accumulator columns).
-  static constexpr bool kDqSplitKeys = kHeadDim == 64;
+  // keys (each consumer needs both dS^T halves); at 64 with 64-row steps by keys (kDqSplitKeys: each
+  // consumer its own 64 keys, all 64 columns, its own dS^T; the two pieces add to the same accumulator
+  // columns), with 128-row steps by rows (kDqSplitRows: consumer c rows [64 c, 64 c + 64) over the
+  // block's 128 keys, all 64 columns; both dS^T halves). A consumer's piece is kDqRows x kDqN.
+  static constexpr bool kDqSplitRows = kBlockM == 128;
+  static constexpr bool kDqSplitKeys = kHeadDim == 64 && !kDqSplitRows;
+  static constexpr int kDqRows = 64;                     // wgmma M of dQ
+  // Causal with 128-row steps: dS^T = P^T (dP^T - D) with P^T from its packed A operand (rounded as
+  // the dV product read it) rather than the fp32 P^T, which then dies at the packing: S^T and dP^T take
+  // 64 registers each, and ptxas (sm_90a, 240 registers) spills 168 / 248 bytes (stores / loads) with
+  // the fp32 P^T live, 20 / 24 with the packed one. Without a causal mask neither spills: fp32.
+  static constexpr bool kDsFromPackedP = kBlockM == 128 && kIsCausal;
   // Causal: the dQ terms of K's NaN / ±Inf elements (add_k_nonfinite_dq_terms, a rare path) called out
   // of line at head dim 128, inlined at 64. H100, bf16, queued ms, two rounds each, against the build
   // that inlined it everywhere (2026-11-27): d128 causal out of line 0.93-0.99x the time at 512-16k (4k
@@ -111,13 +120,14 @@ struct FlashBwdWsSm90Traits {
   // fell from 24 / 60 bytes to 8 / 8, inlined 0.98-0.99x.
   static constexpr bool kRareDqOutOfLine = kHeadDim == 128;
   // Causal: the dV terms of the flagged rows' dO elements (add_dv_nonfinite_rows, the rows' rare path)
-  // called out of line at head dim 64 (dV copied through local memory around the call), inlined at 128.
+  // called out of line at head dim 64 with 64-row steps (dV copied through local memory around the
+  // call), inlined at 128 and with 128-row steps (ptxas spills 20 / 24 bytes either way there).
   // H100, bf16, queued ms, three rounds each against the inlined build (2026-11-27): d64 causal
   // 0.93-0.99x the time at 512-16k (8k 3.86-3.92 against 4.02-4.03, 16k 7.30-7.36 against 7.51-7.58;
   // ptxas 8 / 8 bytes of spills against 24 / 60), deterministic 0.98-1.01x; at 128 the copy made the
   // spills worse (84 / 136 bytes against 36 / 80).
-  static constexpr bool kRareDvOutOfLine = kHeadDim == 64;
-  static constexpr int kDqN = kDqSplitKeys ? kHeadDim : kHeadDim / kConsumers;  // dQ columns per consumer
+  static constexpr bool kRareDvOutOfLine = kHeadDim == 64 && kBlockM == 64;
+  static constexpr int kDqN = kHeadDim == 64 ? kHeadDim : kHeadDim / kConsumers;  // dQ columns per consumer
   static constexpr int kMmaK = 16;
   static constexpr int kKSteps = kHeadDim / kMmaK;
   static constexpr int kQKSteps = kBlockM / kMmaK;
@@ -130,10 +140,11 @@ struct FlashBwdWsSm90Traits {
   static constexpr int kColBlocks = kHeadDim / 64;
   static constexpr size_t kKvTileBytes = static_cast<size_t>(kColBlocks) * kBlockN * 128;
   static constexpr size_t kQTileBytes = static_cast<size_t>(kColBlocks) * kBlockM * 128;
-  static constexpr size_t kDsBytes = static_cast<size_t>(kBlockN) * 128;  // dS^T [keys][64 queries]
-  // Both consumers' dQ pieces, kBlockM x kDqN fp32 each (d128: the step's 64 x 128 tile; d64: two 64 x 64
-  // partial tiles).
-  static constexpr size_t kDqStageBytes = static_cast<size_t>(kConsumers) * kBlockM * kDqN * sizeof(float);
+  // dS^T: [kBlockM / 64 query blocks][keys][64 queries] (ds_t_offset).
+  static constexpr size_t kDsBytes = static_cast<size_t>(kBlockM / 64) * kBlockN * 128;
+  // Both consumers' dQ pieces, kDqRows x kDqN fp32 each (d128: the step's 64 x 128 tile; d64 by keys:
+  // two 64 x 64 partial tiles; by rows: the step's 128 x 64 tile).
+  static constexpr size_t kDqStageBytes = static_cast<size_t>(kConsumers) * kDqRows * kDqN * sizeof(float);
   // Causal: K with its NaN / ±Inf elements zeroed, for dQ on the crossing steps (the rare path).
   static constexpr size_t kK0Bytes = kIsCausal ? kKvTileBytes : 0;
   // Layout: sK | sV | sQ [kStages] | sdO [kStages] | sdS [2] | sdQ | sK0 (each 1024-aligned) | lse2, D
@@ -141,8 +152,9 @@ struct FlashBwdWsSm90Traits {
   // full [kStages], Q empty [kStages], dQ full [kConsumers], dQ empty [kConsumers], dS full [2], dS
   // empty [2], Q loaded [kStages], K scanned; +1024 to align the dynamic base.
   static constexpr size_t kFloatBytes = 2 * kStages * kBlockM * sizeof(float);
-  static constexpr int kRowFlags = 0;                       // [kStages][2]: the step's flagged rows
-  static constexpr int kKRowFlags = 2 * kStages;            // [kBlockN / 32]: K rows holding NaN / ±Inf
+  static constexpr int kRowWords = kBlockM / 32;            // flag words of a step's rows
+  static constexpr int kRowFlags = 0;                       // [kStages][kRowWords]: the step's flagged rows
+  static constexpr int kKRowFlags = kRowWords * kStages;    // [kBlockN / 32]: K rows holding NaN / ±Inf
   static constexpr int kKFlag = kKRowFlags + kBlockN / 32;  // whether sK0 holds the zeroed copy
   static constexpr size_t kFlagBytes = kIsCausal ? 4 * static_cast<size_t>(kKFlag + 2) : 0;
   static constexpr size_t kBarrierBytes = 8 * (1 + 3 * kStages + 2 * kConsumers + 4 + 1 + 2);
@@ -155,25 +167,29 @@ struct FlashBwdWsSm90Traits {
 
 
   static_assert(sizeof(Elem) == 2, "the wgmma path takes fp16 or bf16");
-  static_assert(kHeadDim == 128 || kHeadDim == 64, "head dim 128 (dQ split by columns) or 64 (by keys)");
+  static_assert((kHeadDim == 128 && kBlockM == 64) || (kHeadDim == 64 && (kBlockM == 64 || kBlockM == 128)),
+                "head dim 128 with 64-row steps (dQ split by columns), 64 with 64 (by keys) or 128 (by rows)");
   static_assert(2 * kColBlocks * 8 <= 32, "the rare path's row zeroing gives one 16-byte chunk of a Q / dO row to a lane");
   static_assert(kFlagBytes % 8 == 0, "the mbarriers stay 8-byte aligned");
-  static_assert(kConsumers == kBwdWsDqTurnsPerTile, "deterministic mode: a turn per consumer's column half");
+  static_assert(kConsumers == kBwdWsDqTurnsPerTile, "deterministic mode: a turn per consumer's dQ piece");
   static_assert(128 * kProducerRegs + kConsumerThreads * kConsumerRegs <= kLaunchRegs * kNThreads,
                 "setmaxnreg: the consumers take only what the producer gives up");
   static_assert(kSmemBytes <= kSm90MaxSmemPerBlock, "shared memory exceeds the sm_90 per-block limit");
 };
 
-// The byte offset of dS^T element (key, query q) in a dS^T / P^T buffer: a key per 128-byte row, its 64
-// queries along it, 16-byte chunks swizzled with the key (the layout the dQ product reads).
+// The byte offset of dS^T element (key, query q) in a dS^T / P^T buffer of kKeys keys: blocks of 64
+// queries, each a key per 128-byte row with its 64 queries along it, 16-byte chunks swizzled with the
+// key (the layout the dQ product reads: an MN-major SW128 tile).
+template <int kKeys>
 __device__ __forceinline__ uint32_t ds_t_offset(int key, int q) {
-  return static_cast<uint32_t>(key * kSw128RowBytes + (((q / 8) ^ (key % 8)) * 16) + (q % 8) * 2);
+  return static_cast<uint32_t>((q / 64) * kKeys * kSw128RowBytes + key * kSw128RowBytes +
+                               ((((q % 64) / 8) ^ (key % 8)) * 16) + (q % 8) * 2);
 }
-// The element (key, query q) of the dS^T / P^T buffer at sdS_b, as the tensor core read it.
-template <typename Elem>
+// The element (key, query q) of the dS^T / P^T buffer of kKeys keys at sdS_b, as the tensor core read it.
+template <typename Elem, int kKeys>
 __device__ __forceinline__ float ds_t_read(uint32_t sdS_b, int key, int q) {
   uint16_t bits;
-  asm volatile("ld.shared.u16 %0, [%1];\n" : "=h"(bits) : "r"(sdS_b + ds_t_offset(key, q)));
+  asm volatile("ld.shared.u16 %0, [%1];\n" : "=h"(bits) : "r"(sdS_b + ds_t_offset<kKeys>(key, q)));
   return to_float(elem_from_bits<Elem>(bits));
 }
 
@@ -208,7 +224,7 @@ __device__ __forceinline__ void add_k_nonfinite_dq_terms(const uint32_t* key_fla
         for (int h = 0; h < 2; ++h) {
           const int q = q0 + 8 * h;
           if (mask.hidden(m0 + q, n0 + j)) continue;
-          atomicAdd(acc + 8 * h * Traits::kHeadDim + off, ds_t_read<Elem>(sdS_b, j, q) * x);
+          atomicAdd(acc + 8 * h * Traits::kHeadDim + off, ds_t_read<Elem, Traits::kBlockN>(sdS_b, j, q) * x);
         }
       }
     }
@@ -239,7 +255,8 @@ __device__ __forceinline__ void add_dv_nonfinite_rows(float (&dv)[Traits::kKvTil
   for (int i = 0; i < Traits::kBlockM; ++i) {
     if (((row_flags[i / 32] >> (i % 32)) & 1u) == 0u) continue;
     const int row = m0 + i;
-    const float pij[2] = {ds_t_read<Elem>(sdS_buf, key_row0, i), ds_t_read<Elem>(sdS_buf, key_row0 + 8, i)};
+    const float pij[2] = {ds_t_read<Elem, Traits::kBlockN>(sdS_buf, key_row0, i),
+                          ds_t_read<Elem, Traits::kBlockN>(sdS_buf, key_row0 + 8, i)};
     add_nonfinite_terms(dv, dout + static_cast<int64_t>(row) * do_row_stride, pij, t, head_dim,
                         [&](int h) { return !mask.hidden(row, n0 + key_row0 + 8 * h); });  // bwd_nonfinite.cuh
   }
@@ -305,11 +322,13 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
   float* sLse2 = reinterpret_cast<float*>(smem_ptr(float_base));
   float* sD = sLse2 + kStages * kBlockM;
   uint32_t* const sFlags = reinterpret_cast<uint32_t*>(smem_ptr(flag_base));
-  // Consumer c's first 32-column block of dQ (kDqSplitKeys: both pieces hold columns 0-63).
-  const auto dq_col_box = [](int c) { return Traits::kDqSplitKeys ? 0 : c * Traits::kDqBoxes; };
-  // Consumer c's dQ piece: column blocks [c kDqBoxes, (c + 1) kDqBoxes) of the staging tile.
+  // Consumer c's first 32-column block of dQ (head dim 64: every piece holds columns 0-63) and first
+  // row in the step's query tile (kDqSplitRows: 64 c).
+  const auto dq_col_box = [](int c) { return Traits::kDqN == kHeadDim ? 0 : c * Traits::kDqBoxes; };
+  const auto dq_row0 = [](int c) { return Traits::kDqSplitRows ? c * Traits::kDqRows : 0; };
+  // Consumer c's dQ piece: kDqBoxes column blocks of kDqRows rows.
   const auto sdq_piece = [&](int c) {
-    return sdQ + static_cast<uint32_t>(c * Traits::kDqBoxes * kBlockM * kSw128RowBytes);
+    return sdQ + static_cast<uint32_t>(c * Traits::kDqBoxes * Traits::kDqRows * kSw128RowBytes);
   };
 
   const int seqlen_q = static_cast<int>(p.seqlen_q), seqlen_k = static_cast<int>(p.seqlen_k);
@@ -385,8 +404,8 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
     const auto add_dq_piece = [&](int c, int m0, int head) {
 #pragma unroll
       for (int b = 0; b < Traits::kDqBoxes; ++b)
-        tma_reduce_add_5d(&maps.dq_accum, sdq_piece(c) + static_cast<uint32_t>(b * kBlockM * kSw128RowBytes),
-                          (dq_col_box(c) + b) * kSw128F32Cols, m0, head, static_cast<int>(batch), 0);
+        tma_reduce_add_5d(&maps.dq_accum, sdq_piece(c) + static_cast<uint32_t>(b * Traits::kDqRows * kSw128RowBytes),
+                          (dq_col_box(c) + b) * kSw128F32Cols, m0 + dq_row0(c), head, static_cast<int>(batch), 0);
       bulk_commit_group();
       bulk_wait_read<0>();
       mbarrier_arrive(empty_dq(c));
@@ -436,11 +455,14 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
             }
             if (lane == 0) {
 #pragma unroll
-              for (int h = 0; h < kBlockM / 32; ++h) sFlags[Traits::kRowFlags + st * 2 + h] = rows[h];
+              for (int h = 0; h < kBlockM / 32; ++h) sFlags[Traits::kRowFlags + st * Traits::kRowWords + h] = rows[h];
             }
             mbarrier_wait(loaded_q(st), (loaded_parity >> st) & 1u);
             loaded_parity ^= 1u << st;
-            if ((rows[0] | rows[1]) != 0u) {
+            uint32_t any_row = 0u;
+#pragma unroll
+            for (int h = 0; h < kBlockM / 32; ++h) any_row |= rows[h];
+            if (any_row != 0u) {
               // Lane l: 16-byte chunk l % 8 of column block (l / 8) % kColBlocks of the row in Q (l < 8
               // kColBlocks) or dO; lanes from 16 kColBlocks on have none.
               constexpr int kRowChunks = 8 * Traits::kColBlocks;
@@ -578,11 +600,16 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
   const uint32_t sK_wg = sK + static_cast<uint32_t>(cw * Traits::kWgKeys * kSw128RowBytes);
   const uint32_t sV_wg = sV + static_cast<uint32_t>(cw * Traits::kWgKeys * kSw128RowBytes);
   // The operands of this consumer's dQ = dS K: B, its 64 columns of K (column block cw of the K tile;
-  // kDqSplitKeys: its 64 keys, rows [64 cw, 64 cw + 64)), and the offset of A's rows of dS^T in a
-  // buffer (all 128 keys; kDqSplitKeys: its own 64).
-  const uint32_t sK_dq = sK + static_cast<uint32_t>(Traits::kDqSplitKeys ? cw * Traits::kWgKeys * kSw128RowBytes
-                                                                        : cw * kBlockN * kSw128RowBytes);
-  const uint32_t ds_dq_off = Traits::kDqSplitKeys ? static_cast<uint32_t>(cw * Traits::kWgKeys * kSw128RowBytes) : 0u;
+  // kDqSplitKeys: its 64 keys, rows [64 cw, 64 cw + 64); kDqSplitRows: the whole tile), and the offset of
+  // A in a dS^T buffer (all 128 keys of the step's 64 queries; kDqSplitKeys: its own 64 keys;
+  // kDqSplitRows: all 128 keys of query block cw, its rows).
+  const uint32_t sK_dq =
+      sK + static_cast<uint32_t>(Traits::kDqSplitKeys   ? cw * Traits::kWgKeys * kSw128RowBytes
+                                 : Traits::kDqSplitRows ? 0
+                                                        : cw * kBlockN * kSw128RowBytes);
+  const uint32_t ds_dq_off = static_cast<uint32_t>(Traits::kDqSplitKeys   ? cw * Traits::kWgKeys * kSw128RowBytes
+                                                   : Traits::kDqSplitRows ? cw * kBlockN * kSw128RowBytes
+                                                                          : 0);
   // Causal: whether dQ of the step from row m0 reads sK0, K with its NaN / ±Inf elements zeroed (a
   // crossing step, and the scan found some).
   const auto k_rare = [&](int m0) {
@@ -596,14 +623,20 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
   };
   // This thread's elements of a (64 keys, 64 queries) tile packed as A operands (P^T, dS^T) into buffer
   // sdS_b in ds_t_offset's layout.
+  // Element (key_row0 + 8 h, q = 8 j + 2 t) lies at row_base + (j / 8) kBlockN rows + 8 h rows + (16 (j %
+  // 8) ^ swz) (ds_t_offset, with key % 8 = g): the base and the swizzle are opaque to the compiler, which
+  // otherwise hoists an address per element out of the step loop and holds them all in registers.
   const auto store_ds_t = [&](uint32_t sdS_b, const uint32_t (&a)[Traits::kQKSteps][4]) {
+    uint32_t row_base = sdS_b + static_cast<uint32_t>(key_row0 * kSw128RowBytes + 4 * t);
+    uint32_t swz = static_cast<uint32_t>(g * 16);
+    asm volatile("" : "+r"(row_base), "+r"(swz));
 #pragma unroll
     for (int j = 0; j < kSTiles; ++j)
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
-        const int key = key_row0 + 8 * h, q = 8 * j + 2 * t;
-        asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(sdS_b + ds_t_offset(key, q)), "r"(a[j / 2][(j % 2) * 2 + h])
-                     : "memory");
+        const uint32_t addr = row_base + static_cast<uint32_t>((j / 8) * kBlockN * kSw128RowBytes + 8 * h * kSw128RowBytes) +
+                              ((16u * (j % 8)) ^ swz);
+        asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(addr), "r"(a[j / 2][(j % 2) * 2 + h]) : "memory");
       }
   };
 
@@ -641,19 +674,19 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
         const Elem* k_tile = static_cast<const Elem*>(p.k) + batch * p.k_batch_stride + head_kv * p.k_head_stride +
                              static_cast<int64_t>(n0) * p.k_row_stride;
         const int col0 = dq_col_box(cw) * kSw128F32Cols + 2 * t;
-        float* const acc = ws.dq_accum +
-                           ((batch * p.heads_q + step_head(k)) * ws.dq_rows + m0 + warp * 16 + g) * kHeadDim + col0;
+        const int q0 = dq_row0(cw) + warp * 16 + g;  // this thread's first dQ row in the step's tile
+        float* const acc = ws.dq_accum + ((batch * p.heads_q + step_head(k)) * ws.dq_rows + m0 + q0) * kHeadDim + col0;
         // The keys of this consumer's dQ product: all 128, kDqSplitKeys its own 64.
         constexpr int kDqKeyWords = (Traits::kDqSplitKeys ? Traits::kWgKeys : kBlockN) / 32;
         const int w0 = Traits::kDqSplitKeys ? cw * kDqKeyWords : 0;
         const uint32_t sdS_b = sdS + static_cast<uint32_t>((k % 2) * Traits::kDsBytes);
         if constexpr (Traits::kRareDqOutOfLine)
           add_k_nonfinite_dq_terms_call<Traits>(sFlags + Traits::kKRowFlags, w0, w0 + kDqKeyWords, k_tile,
-                                                p.k_row_stride, acc, sdS_b, col0, head_dim, warp * 16 + g, m0, n0,
+                                                p.k_row_stride, acc, sdS_b, col0, head_dim, q0, m0, n0,
                                                 seqlen_q, seqlen_k);
         else
           add_k_nonfinite_dq_terms<Traits>(sFlags + Traits::kKRowFlags, w0, w0 + kDqKeyWords, k_tile, p.k_row_stride,
-                                           acc, sdS_b, col0, head_dim, warp * 16 + g, m0, n0, mask);
+                                           acc, sdS_b, col0, head_dim, q0, m0, n0, mask);
       }
     }
     if constexpr (!Traits::kDqSplitKeys) mbarrier_arrive(empty_ds(k % 2));
@@ -668,6 +701,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
       mbarrier_wait(staged_dq(dq_buf), dq_use & 1u);
     else
       mbarrier_wait(empty_dq(dq_buf), (dq_use & 1u) ^ 1u);
+    // Row warp * 16 + g of the piece (kDqRows rows a column block).
     uint32_t row_base = sdq_piece(dq_buf) + static_cast<uint32_t>((warp * 16 + g) * kSw128RowBytes + (t % 2) * 8);
     uint32_t swz = static_cast<uint32_t>(((t / 2) ^ g) * 16);
     asm volatile("" : "+r"(row_base), "+r"(swz));
@@ -676,7 +710,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         const uint32_t addr = row_base +
-                              static_cast<uint32_t>((j / 4) * kBlockM * kSw128RowBytes + 8 * h * kSw128RowBytes) +
+                              static_cast<uint32_t>((j / 4) * Traits::kDqRows * kSw128RowBytes + 8 * h * kSw128RowBytes) +
                               ((32u * (j % 4)) ^ swz);
         float x = dq[j][2 * h], y = dq[j][2 * h + 1];
         if (add_onto) {
@@ -700,8 +734,16 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
     const float* lse2 = sLse2 + st * kBlockM;
     const float* dvec = sD + st * kBlockM;
     // Causal: a crossing step with rows that the producer flagged (their Q / dO zeroed there).
-    const bool rows_rare = Traits::kIsCausal && crossing(m0) &&
-                           (sFlags[Traits::kRowFlags + 2 * st] | sFlags[Traits::kRowFlags + 2 * st + 1]) != 0u;
+    const uint32_t* const row_flags = sFlags + Traits::kRowFlags + st * Traits::kRowWords;
+    bool rows_rare = false;
+    if constexpr (Traits::kIsCausal) {
+      if (crossing(m0)) {
+        uint32_t any_row = 0u;
+#pragma unroll
+        for (int h = 0; h < Traits::kRowWords; ++h) any_row |= row_flags[h];
+        rows_rare = any_row != 0u;
+      }
+    }
 
     // S^T = K_w Q^T and dP^T - D = V_w dO^T - D: (64 keys, 64 queries), committed separately; the dP
     // product accumulates onto -D (element (j, e): query 8 j + 2 t + e % 2), so that D is read before
@@ -755,7 +797,6 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
         named_barrier_sync(Traits::kRareBarrier0 + cw, 128);  // this consumer's P^T is in place
         const Elem* dout =
             static_cast<const Elem*>(p.dout) + batch * p.do_batch_stride + step_head(it) * p.do_head_stride;
-        const uint32_t* const row_flags = sFlags + Traits::kRowFlags + 2 * st;
         if constexpr (Traits::kRareDvOutOfLine) {
           float dv_local[kKvTiles][4];
 #pragma unroll
@@ -778,7 +819,11 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
     wgmma_wait<1>();  // dP^T is ready; dV may still run
     fence_operands(dp_t);
     by_mask([&](auto masked) {
-      bwd_ds_transposed<decltype(masked)::value>(dp_t, s_t, mask, FoldedRowStat{}, m0, 0, t, n0 + key_row0);
+      if constexpr (Traits::kDsFromPackedP)
+        bwd_ds_transposed_packed_p<decltype(masked)::value, Elem>(dp_t, pa, mask, FoldedRowStat{}, m0, 0, t,
+                                                                  n0 + key_row0);
+      else
+        bwd_ds_transposed<decltype(masked)::value>(dp_t, s_t, mask, FoldedRowStat{}, m0, 0, t, n0 + key_row0);
     });
 #pragma unroll
     for (int ks = 0; ks < Traits::kQKSteps; ++ks) p_to_a_operand<Elem>(dp_t, ks, dsa[ks]);
@@ -850,7 +895,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
       if (iters > 1) mbarrier_wait(empty_q((last - 1) % kStages), static_cast<uint32_t>(((last - 1) / kStages) & 1));
     }
     static_assert(kStages >= Traits::kConsumers, "a Q / dO stage per consumer for its dK / dV");
-    static_assert(Traits::kQTileBytes == static_cast<size_t>(Traits::kColBlocks) * Traits::kWgKeys * kSw128RowBytes,
+    static_assert(Traits::kQTileBytes >= static_cast<size_t>(Traits::kColBlocks) * Traits::kWgKeys * kSw128RowBytes,
                   "a stage's Q tile holds a consumer's dK");
     constexpr uint32_t kBlockBytes = static_cast<uint32_t>(Traits::kWgKeys * kSw128RowBytes);
     const uint32_t sdK_wg = sQ + static_cast<uint32_t>(cw * Traits::kQTileBytes);
