@@ -1,11 +1,12 @@
 // Launcher of the Hopper FA2 backward's kernels: the call's tensor maps (q, dout, k, v; the single
 // kernel's dQ accumulator), the dtype x head dim x causal dispatch, dynamic shared-memory attribute,
-// launch. The single kernel at head dims 97-128 is the warp-specialized one (flash_bwd_ws_sm90_kernel.cuh;
-// ptxas: 168 registers at launch, setmaxnreg 24 / 240; spill stores 20 bytes, causal 72 bytes); the
-// main kernel everywhere else. Compiled for every target; the kernel has a body only in the sm_90a pass,
-// and flash_bwd_sm90_built() tells the dispatcher whether that pass was part of the build.
+// launch. The single kernel at head dims 33-128 is the warp-specialized one (flash_bwd_ws_sm90_kernel.cuh,
+// its row of flash::kBwdWsSm90Configs; ptxas: 168 registers at launch, setmaxnreg 24 / 240; spill loads
+// d128 4 bytes, causal 8; d64 4, causal 24); the main kernel elsewhere. Compiled for every target; the
+// kernels have a body only in the sm_90a pass, and flash_bwd_sm90_built() tells the dispatcher whether
+// that pass was part of the build.
 //
-// Configuration: 64 query rows per step, 128 keys per block (2 warpgroups x 64); dQ split by 64-column
+// The main kernel: 64 query rows per step, 128 keys per block (2 warpgroups x 64); dQ split by 64-column
 // halves at head dim 128, warpgroup 0's at 32 and 64. Deterministic calls launch ws.splits blocks per
 // KV head, each taking every splits-th K/V tile. The two-kernel backward (p.two_kernel) launches the
 // same kernel without dQ, then the dQ kernel (128 query rows per block, 64-key K/V tiles; 32-key at
@@ -157,16 +158,7 @@ cudaError_t launch_ws(const AttentionBwdParams& p, const flash::FlashBwdWorkspac
     kernel<<<static_cast<unsigned>(blocks), Traits::kNThreads, Traits::kSmemBytes, stream>>>(p, maps, ws);
     return cudaGetLastError();
   };
-  // Head dim 64, deterministic: the consumers sum their dQ pieces (kDqSum), a step one link of each
-  // query tile's chain (measured in the kernel's header).
-  if constexpr (Traits::kDqSplitKeys) {
-    if (p.deterministic) {
-      if constexpr (!kIsCausal) {
-        if (rotated) return launch(flash::sm90::flash_bwd_ws_sm90_kernel<Traits, true, true>);
-      }
-      return launch(flash::sm90::flash_bwd_ws_sm90_kernel<Traits, false, true>);
-    }
-  } else if constexpr (!kIsCausal) {
+  if constexpr (!kIsCausal) {
     if (rotated) return launch(flash::sm90::flash_bwd_ws_sm90_kernel<Traits, true>);
   }
   return launch(flash::sm90::flash_bwd_ws_sm90_kernel<Traits, false>);

@@ -1,22 +1,21 @@
 // FlashAttention-2 backward, Hopper warp-specialized single kernel (sm_90a): FA3's layout for head dims
-// 64 and 128, causal or not; deterministic mode by ordered dQ reductions. At head dim 64 each consumer
-// computes dQ over its own 64 keys and all 64 columns from its own dS^T (kDqSplitKeys): no dS^T
-// exchange, and both pieces of a step add to the same accumulator columns (deterministic: kDqSum, the
-// pieces summed in shared memory and one turn counter a query tile).
+// 64 and 128, causal or not; deterministic mode by ordered dQ reductions. Query tiles of 64 rows at
+// head dim 128, 128 at 64 (kBlockM: the wgmma N of S^T and dP^T).
 //
 // One thread block per (K/V tile of kBlockN = 128 keys, KV head, batch), as flash_bwd_sm90_kernel.cuh;
-// the loop runs over the query heads of the KV head's group and their 64-row query tiles.
+// the loop runs over the query heads of the KV head's group and their query tiles.
 // Warpgroup 0 is the producer: it gives up registers (setmaxnreg). Its warp 0 issues the TMA loads
 // (K and V once; per step Q_i and dO_i into two stages, each stage refilled once the consumers
-// release it on its empty barrier) and loads the step's lse / D rows (lane r rows r and r + 32), all
+// release it on its empty barrier) and loads the step's lse / D rows (lane r rows r, r + 32, ...), all
 // completing the stage's full barrier. Its warp 1 writes dQ: per step and consumer warpgroup, once
 // the warpgroup has staged its dQ piece, one bulk reduction per 32-column block into the fp32
 // accumulator, then it frees the staging piece (deterministic mode: warp 1 consumer 0's pieces and
-// warp 3 consumer 1's, each column half taking its own turns; kDqSum: warp 1 the summed piece).
+// warp 3 consumer 1's, each piece's place taking its own turns).
 // Warpgroups 1 and 2 are the consumers: warpgroup 1 + w owns keys [64 w, 64 w + 64) of the tile, its
 // dK and dV in registers. Per step: S^T and dP^T (committed separately), P^T while dP^T runs, dV
 // issued, dS^T, dK issued, dS^T into shared memory (double-buffered; full / empty mbarriers of both
-// consumers), then a dQ half of the columns = dS K_j: consumer 1 this step's, consumer 0 the previous
+// consumers), then its dQ piece = dS K_j (d128: a half of the columns; d64: a half of the rows, all 64
+// columns) over the block's 128 keys: consumer 1 this step's, consumer 0 the previous
 // step's, so that neither waits for the other's dS^T of the same step and consumer 1 may run up to a
 // step behind (no barrier holds them in lockstep). Then the stage is released and the dQ piece staged
 // for the writer. The producer runs a stage ahead. At the end each consumer stages its dK / dV in a
@@ -48,14 +47,10 @@
 // 0.928-0.936 / 1.54-1.58 / 5.24-5.25). Causal (queued, 512 / 1k / 2k / 8k): 0.553-0.566 / 0.725-0.734 /
 // 1.078 / 3.21-3.27 ms against the two kernels' 0.547-0.552 / 0.750-0.759 / 1.18 / 3.75-3.77;
 // deterministic with descending turns 1.04-1.11x the atomic time (ascending: 1.35-1.92x).
-// Head dim 64, deterministic (H100, bf16, queued, 512 / 1k / 2k / 4k / 8k / 16k, two runs of two rounds,
-// 2026-11-27): kDqSum takes 0.85-0.89x the time of both pieces reduced in turn (two links a K/V tile in
-// each query tile's chain) without a causal mask and 0.89-0.94x causal: 1.00 / 1.05-1.07 / 1.09-1.10 /
-// 1.09-1.15 / 1.12-1.14 / 1.10-1.12x the atomic kernel's time (before: 1.16-1.31x), causal 1.03-1.06 /
-// 1.02-1.05 / 1.04-1.08 / 1.07-1.10 / 1.09-1.10 / 1.13-1.14x (1.14-1.22x). Summed in the atomic kernel
-// too it cost 3-6% from 4k (the consumers then wait on each other every step; 3-5% faster at 512):
-// kDqSum is deterministic mode's alone, and the other instantiations compile to the PTX they had
-// without it. Summed by the writer warp instead (24 registers, 16 KB a step): 1.2-1.5x the time.
+// Head dim 64 with 128-row steps (the dQ product M = 64 rows, K = 128 keys: half the dQ reductions a
+// FLOP of 64-row steps, whose consumers each reduced a 64 x 64 piece over their own 64 keys): H200,
+// bf16, queued, 1.11-1.24x the TFLOP/s of 64-row steps without a causal mask, 1.08-1.16x causal,
+// deterministic 1.12-1.28x (flash_configs.h kBwdWsSm90Configs).
 #pragma once
 #include <cuda_runtime.h>
 
@@ -80,7 +75,7 @@
 
 namespace fa::cuda::flash::sm90 {
 
-template <int kHeadDim_, typename Elem_, bool kIsCausal_, int kBlockM_ = 64>
+template <int kHeadDim_, typename Elem_, bool kIsCausal_, int kBlockM_>
 struct FlashBwdWsSm90Traits {
   using Elem = Elem_;
   static constexpr int kHeadDim = kHeadDim_;
@@ -99,13 +94,10 @@ struct FlashBwdWsSm90Traits {
   static constexpr int kProducerRegs = 24;
   static constexpr int kConsumerRegs = 240;
 
-  // dQ = dS K split between the consumers: at head dim 128 by 64-column halves over the block's 128
-  // keys (each consumer needs both dS^T halves); at 64 with 64-row steps by keys (kDqSplitKeys: each
-  // consumer its own 64 keys, all 64 columns, its own dS^T; the two pieces add to the same accumulator
-  // columns), with 128-row steps by rows (kDqSplitRows: consumer c rows [64 c, 64 c + 64) over the
-  // block's 128 keys, all 64 columns; both dS^T halves). A consumer's piece is kDqRows x kDqN.
+  // dQ = dS K over the block's 128 keys, split between the consumers (each needs both dS^T halves): at
+  // head dim 128 (64-row steps) by 64-column halves, at 64 (128-row steps) by rows (kDqSplitRows:
+  // consumer c rows [64 c, 64 c + 64), all 64 columns). A consumer's piece is kDqRows x kDqN.
   static constexpr bool kDqSplitRows = kBlockM == 128;
-  static constexpr bool kDqSplitKeys = kHeadDim == 64 && !kDqSplitRows;
   static constexpr int kDqRows = 64;                     // wgmma M of dQ
   // Causal with 128-row steps: dS^T = P^T (dP^T - D) with P^T from its packed A operand (rounded as
   // the dV product read it) rather than the fp32 P^T, which then dies at the packing: S^T and dP^T take
@@ -119,19 +111,14 @@ struct FlashBwdWsSm90Traits {
   // deterministic 0.95-0.99x; d64 causal out of line 1.03x at 8k and 1.06x at 16k although its spills
   // fell from 24 / 60 bytes to 8 / 8, inlined 0.98-0.99x.
   static constexpr bool kRareDqOutOfLine = kHeadDim == 128;
-  // Causal: the dV terms of the flagged rows' dO elements (add_dv_nonfinite_rows, the rows' rare path)
-  // called out of line at head dim 64 with 64-row steps (dV copied through local memory around the
-  // call), inlined at 128 and with 128-row steps (ptxas spills 20 / 24 bytes either way there).
-  // H100, bf16, queued ms, three rounds each against the inlined build (2026-11-27): d64 causal
-  // 0.93-0.99x the time at 512-16k (8k 3.86-3.92 against 4.02-4.03, 16k 7.30-7.36 against 7.51-7.58;
-  // ptxas 8 / 8 bytes of spills against 24 / 60), deterministic 0.98-1.01x; at 128 the copy made the
-  // spills worse (84 / 136 bytes against 36 / 80).
-  static constexpr bool kRareDvOutOfLine = kHeadDim == 64 && kBlockM == 64;
-  static constexpr int kDqN = kHeadDim == 64 ? kHeadDim : kHeadDim / kConsumers;  // dQ columns per consumer
+  // The dV terms of the flagged rows' dO elements (add_dv_nonfinite_rows, causal) stay inlined: out of
+  // line, with dV copied through local memory around the call, ptxas spills as much at d64 (20 / 24
+  // bytes) and more at d128.
+  static constexpr int kDqN = kDqSplitRows ? kHeadDim : kHeadDim / kConsumers;  // dQ columns per consumer
   static constexpr int kMmaK = 16;
   static constexpr int kKSteps = kHeadDim / kMmaK;
   static constexpr int kQKSteps = kBlockM / kMmaK;
-  static constexpr int kDqKSteps = (kDqSplitKeys ? kWgKeys : kBlockN) / kMmaK;
+  static constexpr int kDqKSteps = kBlockN / kMmaK;
   static constexpr int kSTiles = kBlockM / 8;
   static constexpr int kKvTiles = kHeadDim / 8;
   static constexpr int kDqTiles = kDqN / 8;
@@ -142,8 +129,8 @@ struct FlashBwdWsSm90Traits {
   static constexpr size_t kQTileBytes = static_cast<size_t>(kColBlocks) * kBlockM * 128;
   // dS^T: [kBlockM / 64 query blocks][keys][64 queries] (ds_t_offset).
   static constexpr size_t kDsBytes = static_cast<size_t>(kBlockM / 64) * kBlockN * 128;
-  // Both consumers' dQ pieces, kDqRows x kDqN fp32 each (d128: the step's 64 x 128 tile; d64 by keys:
-  // two 64 x 64 partial tiles; by rows: the step's 128 x 64 tile).
+  // Both consumers' dQ pieces, kDqRows x kDqN fp32 each (the step's 64 x 128 tile at d128, 128 x 64 at
+  // d64).
   static constexpr size_t kDqStageBytes = static_cast<size_t>(kConsumers) * kDqRows * kDqN * sizeof(float);
   // Causal: K with its NaN / ±Inf elements zeroed, for dQ on the crossing steps (the rare path).
   static constexpr size_t kK0Bytes = kIsCausal ? kKvTileBytes : 0;
@@ -157,18 +144,17 @@ struct FlashBwdWsSm90Traits {
   static constexpr int kKRowFlags = kRowWords * kStages;    // [kBlockN / 32]: K rows holding NaN / ±Inf
   static constexpr int kKFlag = kKRowFlags + kBlockN / 32;  // whether sK0 holds the zeroed copy
   static constexpr size_t kFlagBytes = kIsCausal ? 4 * static_cast<size_t>(kKFlag + 2) : 0;
-  static constexpr size_t kBarrierBytes = 8 * (1 + 3 * kStages + 2 * kConsumers + 4 + 1 + 2);
+  static constexpr size_t kBarrierBytes = 8 * (1 + 3 * kStages + 2 * kConsumers + 4 + 1);
   static constexpr size_t kSmemBytes = 2 * kKvTileBytes + 2 * kStages * kQTileBytes + 2 * kDsBytes + kDqStageBytes +
                                        kK0Bytes + kFloatBytes + kFlagBytes + kBarrierBytes + 1024;
   static constexpr int kScanBarrier = 1;   // named barrier of the producer's warps 2 and 3 (the K scan)
   static constexpr int kRareBarrier0 = 2;  // + consumer: the rare path's P^T exchange
-  static constexpr int kDsBarrier0 = 4;    // + consumer, kDqSplitKeys: its dS^T is in place for its dQ
-  static constexpr int kEpilogueBarrier0 = 6;  // + consumer: its dK / dV staged for the TMA store
+  static constexpr int kEpilogueBarrier0 = 4;  // + consumer: its dK / dV staged for the TMA store
 
 
   static_assert(sizeof(Elem) == 2, "the wgmma path takes fp16 or bf16");
-  static_assert((kHeadDim == 128 && kBlockM == 64) || (kHeadDim == 64 && (kBlockM == 64 || kBlockM == 128)),
-                "head dim 128 with 64-row steps (dQ split by columns), 64 with 64 (by keys) or 128 (by rows)");
+  static_assert((kHeadDim == 128 && kBlockM == 64) || (kHeadDim == 64 && kBlockM == 128),
+                "head dim 128 with 64-row steps (dQ split by columns) or 64 with 128 (by rows)");
   static_assert(2 * kColBlocks * 8 <= 32, "the rare path's row zeroing gives one 16-byte chunk of a Q / dO row to a lane");
   static_assert(kFlagBytes % 8 == 0, "the mbarriers stay 8-byte aligned");
   static_assert(kConsumers == kBwdWsDqTurnsPerTile, "deterministic mode: a turn per consumer's dQ piece");
@@ -262,20 +248,9 @@ __device__ __forceinline__ void add_dv_nonfinite_rows(float (&dv)[Traits::kKvTil
   }
 }
 
-// The same, out of line (Traits::kRareDvOutOfLine): dv in local memory, the mask rebuilt here.
-template <typename Traits>
-__device__ __noinline__ void add_dv_nonfinite_rows_call(float (&dv)[Traits::kKvTiles][4], const uint32_t* row_flags,
-                                                        const typename Traits::Elem* dout, int64_t do_row_stride,
-                                                        uint32_t sdS_buf, int key_row0, int t, int head_dim, int m0,
-                                                        int n0, int seqlen_q, int seqlen_k) {
-  const AttentionMask<Traits::kIsCausal> mask(seqlen_q, seqlen_k);
-  add_dv_nonfinite_rows<Traits>(dv, row_flags, dout, do_row_stride, sdS_buf, key_row0, t, head_dim, m0, n0, mask);
-}
 
 // kRotated (deterministic, not causal): the blocks walk the query tiles rotated (tile_scheduler.cuh).
-// kDqSum (kDqSplitKeys, deterministic; the launcher's choice): the consumers sum their dQ pieces in
-// shared memory, one reduction a step (see stage_dq).
-template <typename Traits, bool kRotated = false, bool kDqSum = false>
+template <typename Traits, bool kRotated = false>
 __global__ void __launch_bounds__(Traits::kNThreads, 1)
     flash_bwd_ws_sm90_kernel(const __grid_constant__ AttentionBwdParams p, const __grid_constant__ BwdTensorMaps maps,
                              const FlashBwdWorkspace ws) {
@@ -314,10 +289,6 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
     return full_kv + 8u * static_cast<uint32_t>(1 + 2 * kStages + 2 * Traits::kConsumers + 4 + st);
   };
   const uint32_t k_scanned = full_kv + 8u * static_cast<uint32_t>(1 + 3 * kStages + 2 * Traits::kConsumers + 4);
-  // kDqSum: dQ buffer b holds consumer 1's piece (consumer 0 then adds its own onto it).
-  const auto staged_dq = [&](int b) {
-    return full_kv + 8u * static_cast<uint32_t>(1 + 3 * kStages + 2 * Traits::kConsumers + 5 + b);
-  };
   const auto smem_ptr = [&](uint32_t addr) { return smem_raw + (addr - smem_u32(smem_raw)); };
   float* sLse2 = reinterpret_cast<float*>(smem_ptr(float_base));
   float* sD = sLse2 + kStages * kBlockM;
@@ -352,7 +323,6 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
   const int iters = m_count * group;
   // Rotated: each query head's walk starts at the block's rotated_start and wraps around.
   static_assert(!(kRotated && Traits::kIsCausal), "the causal walks are not rotated");
-  static_assert(!kDqSum || Traits::kDqSplitKeys, "the consumers sum their pieces where they share columns");
   const int m_start = kRotated ? rotated_start(n_tile, n_blocks, m_count) : 0;
   // Step it's query head, query tile and first row, and whether the tile crosses the causal diagonal.
   const auto step_head = [&](int it) { return head_kv * group + it / m_count; };
@@ -373,10 +343,8 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
     }
 #pragma unroll
     for (int c = 0; c < Traits::kConsumers; ++c) {
-      // kDqSum: c is the buffer, full once consumer 0 has added its piece.
       mbarrier_init(full_dq(c), 128);  // every thread of consumer c, after its fence
       mbarrier_init(empty_dq(c), 1);   // the writer, once its reductions have read the piece
-      if constexpr (kDqSum) mbarrier_init(staged_dq(c), 128);  // every thread of consumer 1
     }
 #pragma unroll
     for (int b = 0; b < 2; ++b) {
@@ -491,26 +459,6 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
         }
         mbarrier_arrive(full_q(st));
       }
-    } else if (warp == 1 && kDqSum) {
-      // dQ writer, kDqSum: per step the buffer both consumers have added to (step it's: it % 2),
-      // one bulk reduction per 32-column block, and the buffer is free again once they have read it.
-      // Deterministic: this K/V tile's turn at the query tile (one chain a query tile, one link a K/V
-      // tile), held until the reductions are complete; the other buffer lets the consumers run a step on
-      // while it waits.
-      for (int it = 0; it < iters; ++it) {
-        const int head = step_head(it), m0 = step_m0(it), b = it % 2;
-        mbarrier_wait(full_dq(b), static_cast<uint32_t>((it / 2) & 1));
-        if (lane == 0) {
-          int* const turn = ws.dq_turns + ((batch * p.heads_q + head) * m_blocks + step_m_block(it)) * Traits::kConsumers;
-          if (p.deterministic) ordered_turn_wait(turn, dq_turn_position(it));
-          add_dq_piece(b, m0, head);
-          if (p.deterministic) {
-            bulk_wait<0>();
-            ordered_turn_pass(turn);
-          }
-        }
-        __syncwarp();
-      }
     } else if (warp == 1 && !p.deterministic) {
       // dQ writer: per step, each consumer's piece once staged (its full barrier, parity of use it),
       // added by bulk reductions; the piece is free again once they have read it.
@@ -559,7 +507,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
         }
         mbarrier_arrive(k_scanned);
       }
-      if (!kDqSum && p.deterministic && warp % 2 == 1) {
+      if (p.deterministic && warp % 2 == 1) {
         // Deterministic: a dQ writer per consumer (warp 1: consumer 0's columns, warp 3: consumer 1's),
         // each column half a chain of its own. The K/V tiles of the KV head add to a query tile's half
         // in tile order, descending when causal (tma.cuh ordered turns; the block of the tile before in
@@ -567,19 +515,16 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
         // each reduction completed before the turn passes on. One
         // writer and one turn a step for both halves held the turn from consumer 0's piece to the
         // completion of consumer 1's: 1.13-1.26x the atomic time at d128 without a causal mask (H100).
-        // kDqSplitKeys without kDqSum: both pieces add to the same columns, consumer 0's then 1's, two
-        // links a K/V tile in one chain (1.16-1.29x the atomic time).
         const int c = warp / 2;
         for (int it = 0; it < iters; ++it) {
           const int head = step_head(it), m0 = step_m0(it);
           mbarrier_wait(full_dq(c), static_cast<uint32_t>(it & 1));
           if (lane == 0) {
             const int pos = dq_turn_position(it);
-            // The counter of this query tile's column half (kDqSplitKeys: one counter).
-            int* const turn = ws.dq_turns + ((batch * p.heads_q + head) * m_blocks + step_m_block(it)) *
-                                                Traits::kConsumers +
-                              (Traits::kDqSplitKeys ? 0 : c);
-            ordered_turn_wait(turn, Traits::kDqSplitKeys ? Traits::kConsumers * pos + c : pos);
+            // The counter of this query tile's piece c.
+            int* const turn =
+                ws.dq_turns + ((batch * p.heads_q + head) * m_blocks + step_m_block(it)) * Traits::kConsumers + c;
+            ordered_turn_wait(turn, pos);
             add_dq_piece(c, m0, head);
             bulk_wait<0>();
             ordered_turn_pass(turn);
@@ -600,16 +545,10 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
   const uint32_t sK_wg = sK + static_cast<uint32_t>(cw * Traits::kWgKeys * kSw128RowBytes);
   const uint32_t sV_wg = sV + static_cast<uint32_t>(cw * Traits::kWgKeys * kSw128RowBytes);
   // The operands of this consumer's dQ = dS K: B, its 64 columns of K (column block cw of the K tile;
-  // kDqSplitKeys: its 64 keys, rows [64 cw, 64 cw + 64); kDqSplitRows: the whole tile), and the offset of
-  // A in a dS^T buffer (all 128 keys of the step's 64 queries; kDqSplitKeys: its own 64 keys;
-  // kDqSplitRows: all 128 keys of query block cw, its rows).
-  const uint32_t sK_dq =
-      sK + static_cast<uint32_t>(Traits::kDqSplitKeys   ? cw * Traits::kWgKeys * kSw128RowBytes
-                                 : Traits::kDqSplitRows ? 0
-                                                        : cw * kBlockN * kSw128RowBytes);
-  const uint32_t ds_dq_off = static_cast<uint32_t>(Traits::kDqSplitKeys   ? cw * Traits::kWgKeys * kSw128RowBytes
-                                                   : Traits::kDqSplitRows ? cw * kBlockN * kSw128RowBytes
-                                                                          : 0);
+  // kDqSplitRows: the whole tile), and the offset of A in a dS^T buffer (the step's 64 queries;
+  // kDqSplitRows: query block cw, its rows).
+  const uint32_t sK_dq = sK + static_cast<uint32_t>(Traits::kDqSplitRows ? 0 : cw * kBlockN * kSw128RowBytes);
+  const uint32_t ds_dq_off = static_cast<uint32_t>(Traits::kDqSplitRows ? cw * kBlockN * kSw128RowBytes : 0);
   // Causal: whether dQ of the step from row m0 reads sK0, K with its NaN / ±Inf elements zeroed (a
   // crossing step, and the scan found some).
   const auto k_rare = [&](int m0) {
@@ -621,9 +560,8 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
       return false;
     }
   };
-  // This thread's elements of a (64 keys, 64 queries) tile packed as A operands (P^T, dS^T) into buffer
-  // sdS_b in ds_t_offset's layout.
-  // Element (key_row0 + 8 h, q = 8 j + 2 t) lies at row_base + (j / 8) kBlockN rows + 8 h rows + (16 (j %
+  // This thread's elements of a (64 keys, kBlockM queries) tile packed as A operands (P^T, dS^T) into
+  // buffer sdS_b in ds_t_offset's layout. Element (key_row0 + 8 h, q = 8 j + 2 t) lies at row_base + (j / 8) kBlockN rows + 8 h rows + (16 (j %
   // 8) ^ swz) (ds_t_offset, with key % 8 = g): the base and the swizzle are opaque to the compiler, which
   // otherwise hoists an address per element out of the step loop and holds them all in registers.
   const auto store_ds_t = [&](uint32_t sdS_b, const uint32_t (&a)[Traits::kQKSteps][4]) {
@@ -651,7 +589,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
   // k's dS^T are in place (buffer k % 2, use k / 2); committed, not waited for.
   const auto issue_dq = [&](float (&dq)[Traits::kDqTiles][4], int k) {
     const int b = k % 2;
-    if constexpr (!Traits::kDqSplitKeys) mbarrier_wait(full_ds(b), static_cast<uint32_t>((k / 2) & 1));
+    mbarrier_wait(full_ds(b), static_cast<uint32_t>((k / 2) & 1));
     const uint32_t sdS_b = sdS + static_cast<uint32_t>(b * Traits::kDsBytes) + ds_dq_off;
     const uint32_t sK_b = k_rare(step_m0(k)) ? sK0 + (sK_dq - sK) : sK_dq;
     wgmma_fence();
@@ -676,33 +614,21 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
         const int col0 = dq_col_box(cw) * kSw128F32Cols + 2 * t;
         const int q0 = dq_row0(cw) + warp * 16 + g;  // this thread's first dQ row in the step's tile
         float* const acc = ws.dq_accum + ((batch * p.heads_q + step_head(k)) * ws.dq_rows + m0 + q0) * kHeadDim + col0;
-        // The keys of this consumer's dQ product: all 128, kDqSplitKeys its own 64.
-        constexpr int kDqKeyWords = (Traits::kDqSplitKeys ? Traits::kWgKeys : kBlockN) / 32;
-        const int w0 = Traits::kDqSplitKeys ? cw * kDqKeyWords : 0;
+        constexpr int kDqKeyWords = kBlockN / 32;  // the keys of this consumer's dQ product: all 128
         const uint32_t sdS_b = sdS + static_cast<uint32_t>((k % 2) * Traits::kDsBytes);
         if constexpr (Traits::kRareDqOutOfLine)
-          add_k_nonfinite_dq_terms_call<Traits>(sFlags + Traits::kKRowFlags, w0, w0 + kDqKeyWords, k_tile,
+          add_k_nonfinite_dq_terms_call<Traits>(sFlags + Traits::kKRowFlags, 0, kDqKeyWords, k_tile,
                                                 p.k_row_stride, acc, sdS_b, col0, head_dim, q0, m0, n0,
                                                 seqlen_q, seqlen_k);
         else
-          add_k_nonfinite_dq_terms<Traits>(sFlags + Traits::kKRowFlags, w0, w0 + kDqKeyWords, k_tile, p.k_row_stride,
+          add_k_nonfinite_dq_terms<Traits>(sFlags + Traits::kKRowFlags, 0, kDqKeyWords, k_tile, p.k_row_stride,
                                            acc, sdS_b, col0, head_dim, q0, m0, n0, mask);
       }
     }
-    if constexpr (!Traits::kDqSplitKeys) mbarrier_arrive(empty_ds(k % 2));
-    // kDqSum: step k's buffer k % 2 (use k / 2); consumer 1 stores its piece there once the writer
-    // has read the buffer's previous use, and consumer 0 adds its own onto it (the same fragment
-    // layout: each thread reads back the elements it adds to), so that the writer reduces one piece a
-    // step (a K/V tile one link of a query tile's deterministic chain, not two).
-    const bool add_onto = kDqSum && cw == 0;
-    const int dq_buf = kDqSum ? k % 2 : cw;
-    const uint32_t dq_use = kDqSum ? static_cast<uint32_t>(k / 2) : static_cast<uint32_t>(k);
-    if (add_onto)
-      mbarrier_wait(staged_dq(dq_buf), dq_use & 1u);
-    else
-      mbarrier_wait(empty_dq(dq_buf), (dq_use & 1u) ^ 1u);
+    mbarrier_arrive(empty_ds(k % 2));
+    mbarrier_wait(empty_dq(cw), (static_cast<uint32_t>(k) & 1u) ^ 1u);
     // Row warp * 16 + g of the piece (kDqRows rows a column block).
-    uint32_t row_base = sdq_piece(dq_buf) + static_cast<uint32_t>((warp * 16 + g) * kSw128RowBytes + (t % 2) * 8);
+    uint32_t row_base = sdq_piece(cw) + static_cast<uint32_t>((warp * 16 + g) * kSw128RowBytes + (t % 2) * 8);
     uint32_t swz = static_cast<uint32_t>(((t / 2) ^ g) * 16);
     asm volatile("" : "+r"(row_base), "+r"(swz));
 #pragma unroll
@@ -712,16 +638,11 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
         const uint32_t addr = row_base +
                               static_cast<uint32_t>((j / 4) * Traits::kDqRows * kSw128RowBytes + 8 * h * kSw128RowBytes) +
                               ((32u * (j % 4)) ^ swz);
-        float x = dq[j][2 * h], y = dq[j][2 * h + 1];
-        if (add_onto) {
-          float a, b;
-          asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];\n" : "=f"(a), "=f"(b) : "r"(addr) : "memory");
-          x += a, y += b;
-        }
-        asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(addr), "f"(x), "f"(y) : "memory");
+        asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(addr), "f"(dq[j][2 * h]), "f"(dq[j][2 * h + 1])
+                     : "memory");
       }
     fence_proxy_async_smem();
-    mbarrier_arrive(kDqSum && cw == 1 ? staged_dq(dq_buf) : full_dq(dq_buf));
+    mbarrier_arrive(full_dq(cw));
   };
 
   const float inv_scale_log2 = 1.0f / p.scale_log2;
@@ -790,29 +711,15 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
         // bytes of spills.)
         const int buf = it % 2;
         const uint32_t sdS_buf = sdS + static_cast<uint32_t>(buf * Traits::kDsBytes);
-        if constexpr (!Traits::kDqSplitKeys) mbarrier_wait(empty_ds(buf), static_cast<uint32_t>(((it / 2) & 1) ^ 1));
+        mbarrier_wait(empty_ds(buf), static_cast<uint32_t>(((it / 2) & 1) ^ 1));
         store_ds_t(sdS_buf, pa);
         wgmma_wait<0>();
         fence_operands(dv);
         named_barrier_sync(Traits::kRareBarrier0 + cw, 128);  // this consumer's P^T is in place
         const Elem* dout =
             static_cast<const Elem*>(p.dout) + batch * p.do_batch_stride + step_head(it) * p.do_head_stride;
-        if constexpr (Traits::kRareDvOutOfLine) {
-          float dv_local[kKvTiles][4];
-#pragma unroll
-          for (int j = 0; j < kKvTiles; ++j)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) dv_local[j][e] = dv[j][e];
-          add_dv_nonfinite_rows_call<Traits>(dv_local, row_flags, dout, p.do_row_stride, sdS_buf, key_row0, t, head_dim,
-                                             m0, n0, seqlen_q, seqlen_k);
-#pragma unroll
-          for (int j = 0; j < kKvTiles; ++j)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) dv[j][e] = dv_local[j][e];
-        } else {
-          add_dv_nonfinite_rows<Traits>(dv, row_flags, dout, p.do_row_stride, sdS_buf, key_row0, t, head_dim, m0, n0,
-                                        mask);
-        }
+        add_dv_nonfinite_rows<Traits>(dv, row_flags, dout, p.do_row_stride, sdS_buf, key_row0, t, head_dim, m0, n0,
+                                      mask);
         named_barrier_sync(Traits::kRareBarrier0 + cw, 128);  // read before dS^T overwrites it
       }
     }
@@ -832,28 +739,21 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
     wgmma_rs_mn_major<kHeadDim, kBlockM, Traits::kQKSteps, Elem>(dk, dsa, sQs);
     wgmma_commit();
 
-    // dS^T into sdS[it % 2] (flash_bwd_sm90_kernel.cuh's layout: a key per 128-byte row, its 64 queries
-    // along it, 16-byte chunks swizzled with the key), once both consumers' dQ products of step it - 2
-    // are done with the buffer (its empty barrier, use it / 2 - 1). kDqSplitKeys: only this consumer's
-    // own dQ product reads its rows, and it completed within step it - 2; a named barrier of the
-    // consumer then passes its rows to its dQ product.
+    // dS^T into sdS[it % 2] (ds_t_offset's layout), once both consumers' dQ products of step it - 2
+    // are done with the buffer (its empty barrier, use it / 2 - 1).
     const int buf = it % 2;
-    if constexpr (!Traits::kDqSplitKeys) mbarrier_wait(empty_ds(buf), static_cast<uint32_t>(((it / 2) & 1) ^ 1));
+    mbarrier_wait(empty_ds(buf), static_cast<uint32_t>(((it / 2) & 1) ^ 1));
     store_ds_t(sdS + static_cast<uint32_t>(buf * Traits::kDsBytes), dsa);
     fence_proxy_async_smem();
-    if constexpr (Traits::kDqSplitKeys)
-      named_barrier_sync(Traits::kDsBarrier0 + cw, 128);
-    else
-      mbarrier_arrive(full_ds(buf));
+    mbarrier_arrive(full_ds(buf));
 
     // dQ: consumer 1 takes this step's, consumer 0 the previous step's, so that consumer 1 runs up to a
-    // step behind consumer 0 and their softmax phases need not coincide (kDqSplitKeys: both this
-    // step's, as neither reads the other's dS^T).
+    // step behind consumer 0 and their softmax phases need not coincide.
     // This thread is done with the stage once dV and dK are: its products have read Q and dO, its
     // lse / D reads are done. Every thread arrives, not one a warp after __syncwarp: compute-sanitizer's
     // racecheck then sees the producer's next lse / D writes ordered after each thread's reads (one a
     // warp: 312 hazards).
-    const int dq_it = Traits::kDqSplitKeys || cw == 1 ? it : it - 1;
+    const int dq_it = cw == 1 ? it : it - 1;
     if (dq_it >= 0) {
       float dq[Traits::kDqTiles][4];
       issue_dq(dq, dq_it);
@@ -869,7 +769,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
       mbarrier_arrive(empty_q(st));
     }
   }
-  if (!Traits::kDqSplitKeys && cw == 0 && iters > 0) {  // consumer 0's last dQ
+  if (cw == 0 && iters > 0) {  // consumer 0's last dQ
     float dq[Traits::kDqTiles][4];
     issue_dq(dq, iters - 1);
     wgmma_wait<0>();
