@@ -85,7 +85,8 @@ inline constexpr int64_t kFwdSm90WsLongMinSeqlen = 4096;
 // 300 / 364 / 400 / 448 (d96), 206 / 268 / 338 / 443 / 472 / 524 (d128), 173 / 245 / 390 / 492 / 535 /
 // 585 (d192) and 162 / 235 / 387 / 488 / 531 / 588 (d256): the counter wins up to 4k and matches the
 // walk within the run-to-run spread (3-7%, the same kernel timed twice) from 8k.
-// ptxas spills in the causal d192 n96 (32 bytes) and d256 n80 (604) consumers; they win regardless.
+// (Measured while ptxas spilled in the causal d192 n96 and d256 n80 consumers; with the epilogue's
+// rare path out of line they spill nothing: flash_fwd_sm90_ws_kernel.cuh kNonfiniteVOutOfLine.)
 inline constexpr FlashConfig kFwdSm90WsCausalConfigs[] = {
     {64, 192, 128, 16, 3, 1, false},
     {96, 128, 128, 12, 2, 1, false},

@@ -118,4 +118,29 @@ __device__ __forceinline__ void add_nonfinite_v(float (&o)[kOTiles][4], const El
   }
 }
 
+// add_nonfinite_v called out of line, o copied through local memory around the call: the copies run on
+// this rare path only. For kernels whose main loop the inlined loops above crowd (the warp-specialized
+// Hopper forward).
+template <typename Elem, int kOTiles, typename Mask>
+__device__ __noinline__ void add_nonfinite_v_call(float (&o)[kOTiles][4], const Elem* v, int64_t row_stride,
+                                                  int key_begin, int key_end, int row0, const Mask mask, int head_dim,
+                                                  int lane) {
+  add_nonfinite_v<Elem, kOTiles>(o, v, row_stride, key_begin, key_end, row0, mask, head_dim, lane);
+}
+template <typename Elem, int kOTiles, typename Mask>
+__device__ __forceinline__ void add_nonfinite_v_out_of_line(float (&o)[kOTiles][4], const Elem* v, int64_t row_stride,
+                                                            int key_begin, int key_end, int row0, const Mask& mask,
+                                                            int head_dim, int lane) {
+  float o_local[kOTiles][4];
+#pragma unroll
+  for (int j = 0; j < kOTiles; ++j)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) o_local[j][e] = o[j][e];
+  add_nonfinite_v_call<Elem, kOTiles, Mask>(o_local, v, row_stride, key_begin, key_end, row0, mask, head_dim, lane);
+#pragma unroll
+  for (int j = 0; j < kOTiles; ++j)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) o[j][e] = o_local[j][e];
+}
+
 }  // namespace fa::cuda::flash

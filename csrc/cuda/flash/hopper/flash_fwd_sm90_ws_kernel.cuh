@@ -74,6 +74,12 @@ struct FlashFwdSm90WsTraits {
   // does not). Three consumers: 128 x 32 + 384 x 160 = 512 x 128.
   static constexpr int kProducerRegs = kConsumers == 2 ? 40 : 32;
   static constexpr int kConsumerRegs = kConsumers == 2 ? 232 : 160;
+  // Causal: the epilogue's rare path that adds V's NaN / ±Inf elements back (nonfinite_pv.cuh
+  // add_nonfinite_v) is called out of line above head dim 128, O copied through local memory around
+  // the call. Inlined, its unrolled loops over O's columns made ptxas (sm_90a) spill 360 / 572 bytes
+  // (stores / loads) in the d256 n80 consumers and 28 / 28 at d192 n96; out of line none. At head dims
+  // 64-128 neither spills (d64 three consumers: 12 / 8 bytes either way).
+  static constexpr bool kNonfiniteVOutOfLine = kHeadDim > 128;
 
   static constexpr int kMmaK = 16;
   static constexpr int kKSteps = kHeadDim / kMmaK;
@@ -427,7 +433,11 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
     const int n_end = mask.template query_tile_keys<kBlockM, kBlockN>(m0).end;
     if (v_nonfinite_from < n_end) {
       const Elem* v = static_cast<const Elem*>(p.v) + w.batch * p.v_batch_stride + w.head_kv * p.v_head_stride;
-      add_nonfinite_v<Elem, kOTiles>(o, v, p.v_row_stride, v_nonfinite_from, n_end, row0, mask, head_dim, lane);
+      if constexpr (Traits::kNonfiniteVOutOfLine)
+        add_nonfinite_v_out_of_line<Elem, kOTiles>(o, v, p.v_row_stride, v_nonfinite_from, n_end, row0, mask, head_dim,
+                                                   lane);
+      else
+        add_nonfinite_v<Elem, kOTiles>(o, v, p.v_row_stride, v_nonfinite_from, n_end, row0, mask, head_dim, lane);
     }
     float* lse = p.lse + (w.batch * p.heads_q + w.head) * p.seqlen_q;
     if (Traits::kStagedO && q_use >= 0) {
