@@ -44,6 +44,36 @@ struct BwdDqTensorMaps {
   CUtensorMap q, dout, k, v;
 };
 
+// The rare path's terms (the kernel below): for each key j of the tile from n0 (below seqlen_k) whose K
+// row holds NaN / ±Inf, dQ_i[c] += dS_ij K_j[c] at this thread's rows row0, row0 + 8 that see key j, K
+// from global memory (k_tile: the tile's first row), dS from dp (the warp's m16n8-layout tile; dS of
+// row h, key j sits in lane (g, (j % 8) / 2) of this quad, rounded as the tensor core reads it).
+// Out of line, dq and dp copied through local memory around the call (on the rare path only): inlined,
+// its loops made ptxas (sm_90a) spill 112 / 204 bytes (stores / loads) in the d256 causal kernel's
+// main loop, and its registers rose from 234 to 255.
+template <typename Traits, typename Mask>
+__device__ __noinline__ void add_k_nonfinite_dq(float (&dq)[Traits::kDqTiles][4], const float (&dp)[Traits::kSTiles][4],
+                                                const typename Traits::Elem* k_tile, int64_t k_row_stride, int n0,
+                                                int seqlen_k, int row0, int lane, int head_dim, const Mask mask) {
+  using Elem = typename Traits::Elem;
+  const int t = lane % 4;
+  // Key j = 8 jq + r: the tile index jq is a compile-time constant (a runtime index into dp would move
+  // it to a slower local-memory walk), r a runtime one.
+#pragma unroll
+  for (int jq = 0; jq < Traits::kSTiles; ++jq)
+#pragma unroll 1
+    for (int r = 0; r < 8; ++r) {
+      const int j = 8 * jq + r;
+      if (n0 + j >= seqlen_k) break;
+      const float own[2] = {r % 2 ? dp[jq][1] : dp[jq][0], r % 2 ? dp[jq][3] : dp[jq][2]};
+      const int src = (lane & ~3) | (r / 2);
+      const float ds[2] = {as_operand<Elem>(__shfl_sync(0xffffffffu, own[0], src)),
+                           as_operand<Elem>(__shfl_sync(0xffffffffu, own[1], src))};
+      add_nonfinite_terms(dq, k_tile + static_cast<int64_t>(j) * k_row_stride, ds, t, head_dim,
+                          [&](int h) { return !mask.off_band(row0 + 8 * h, n0 + j); });
+    }
+}
+
 template <typename Traits, bool kIsCausal>
 __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSm)
     flash_bwd_dq_sm90_kernel(const __grid_constant__ AttentionBwdParams p, const __grid_constant__ BwdDqTensorMaps maps,
@@ -201,22 +231,20 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSm)
         fence_proxy_async_smem();
         const Elem* k_tile = static_cast<const Elem*>(p.k) + batch * p.k_batch_stride + head_kv * p.k_head_stride +
                              static_cast<int64_t>(n0) * p.k_row_stride;
-        // dS (row h, key j) for this thread's rows sits in lane (g, (j % 8) / 2) of this quad.
-        // Key j = 8 jq + r: the tile index jq is a compile-time constant (a runtime index into dp would
-        // move dp to local memory), r a runtime one.
+        float dq_local[kDqTiles][4], dp_local[kSTiles][4];
 #pragma unroll
-        for (int jq = 0; jq < kSTiles; ++jq)
-#pragma unroll 1
-        for (int r = 0; r < 8; ++r) {
-          const int j = 8 * jq + r;
-          if (n0 + j >= seqlen_k) break;
-          const float own[2] = {r % 2 ? dp[jq][1] : dp[jq][0], r % 2 ? dp[jq][3] : dp[jq][2]};
-          const int src = (lane & ~3) | (r / 2);
-          const float ds[2] = {as_operand<Elem>(__shfl_sync(0xffffffffu, own[0], src)),
-                               as_operand<Elem>(__shfl_sync(0xffffffffu, own[1], src))};
-          add_nonfinite_terms(dq, k_tile + static_cast<int64_t>(j) * p.k_row_stride, ds, t, head_dim,
-                              [&](int h) { return !mask.off_band(row0 + 8 * h, n0 + j); });
-        }
+        for (int j = 0; j < kDqTiles; ++j)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) dq_local[j][e] = dq[j][e];
+#pragma unroll
+        for (int j = 0; j < kSTiles; ++j)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) dp_local[j][e] = dp[j][e];
+        add_k_nonfinite_dq<Traits>(dq_local, dp_local, k_tile, p.k_row_stride, n0, seqlen_k, row0, lane, head_dim, mask);
+#pragma unroll
+        for (int j = 0; j < kDqTiles; ++j)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) dq[j][e] = dq_local[j][e];
         __syncthreads();  // the zeroed tile is in place for the tensor cores
       }
       uint32_t dsa[Traits::kDqKSteps][4];

@@ -14,7 +14,7 @@
 // per block, warpgroup 0 accumulating dV and warpgroup 1 dK). ptxas (sm_90a, non-causal / causal
 // registers, spill stores): single kernel d64 201 / 222, d128 255 (4 bytes) / 255 (168 bytes); dK/dV
 // kernel d128 238 / 254, no spills; wide dK/dV kernel d192 166 / 218, d256 199 / 254, no spills; dQ
-// kernel d192 190 / 255 (44 bytes causal), d256 187 / 255 (112 bytes causal).
+// kernel d192 190 / 218, d256 187 / 234, no spills (its causal rare path out of line).
 // Other head dims of the single kernel run the mma.sync kernel (flash_bwd.cu).
 #include "cuda/flash/hopper/flash_bwd_sm90.h"
 
