@@ -151,12 +151,11 @@ export interface AttentionBackwardOptions extends AttentionOptions {
    *   zero-padded); elsewhere a RangeError says why.
    * - `'auto'` (default): `'two-kernel'` where it exists (float16 and bfloat16 on Hopper), else
    *   `'single-kernel'`; on Hopper `'single-kernel'` also where it is faster, where the single kernel
-   *   is a warp-specialized one: head dims 65–128 from 512 queries and keys, causal or not,
-   *   deterministic or not; head dims 33–64 from 1024 without a causal mask (2048 deterministic)
-   *   and from 4096 causal (not deterministic). On an H100 (bf16, 16k tokens per batch, 2026-11-27) the
-   *   warp-specialized kernel took 0.86 / 0.82 / 0.79 / 0.78× the two kernels' time at head dim 128,
-   *   seqlen 512 / 1k / 2k / 4k (0.94 / 0.89 / 0.84 / 0.85× causal), and 0.99 / 0.88 / 0.87× at head
-   *   dim 64 from 1k (0.96× causal at 4k); the two need no float32 dq accumulator and are
+   *   is a warp-specialized one: head dims 33–128 from 512 queries and keys, causal or not,
+   *   deterministic or not. On an H100 (bf16, 16k tokens per batch, 2026-11-27) the warp-specialized
+   *   kernel took 0.86 / 0.82 / 0.79 / 0.78× the two kernels' time at head dim 128, seqlen 512 / 1k /
+   *   2k / 4k (0.94 / 0.89 / 0.84 / 0.85× causal); on an H200 (2026-11-28) 0.92 / 0.81 / 0.79 / 0.74× at
+   *   head dim 64 (0.90 / 0.84 / 0.77 / 0.79× causal). The two need no float32 dq accumulator and are
    *   deterministic.
    *
    * The result's `algorithm` says which ran. The naive kernel and the CPU backend have one structure
@@ -168,8 +167,8 @@ export interface AttentionBackwardOptions extends AttentionOptions {
    * FlashAttention-2 backward adds each query tile's dq contributions with fp32 atomics, so dq's
    * summation order (and its last bits) can change from run to run. With `true` the Hopper
    * warp-specialized kernel adds the K/V tiles' dq terms to each query tile in a fixed order (turn
-   * counters; 1.09× its atomic time over the bf16 FA2 grid on an H100, 1.01–1.28× per cell,
-   * 2026-11-27), and the other single kernels give
+   * counters; 1.08× its atomic time over the bf16 FA2 grid on an H200, 1.02–1.18× per cell,
+   * 2026-11-28), and the other single kernels give
    * each thread block its own fp32 accumulator slice, summed in order (up to 8 slices, or with few heads up to 64 within 256 MiB: that many times the
    * accumulator's memory, 4·batch·headsQ·seqlenQ·headDim bytes each). The two-kernel backward (see
    * `algorithm`, 'auto' on Hopper) is deterministic either way, at no extra cost.
