@@ -50,7 +50,7 @@
 // Head dim 64 with 128-row steps (the dQ product M = 64 rows, K = 128 keys: half the dQ reductions a
 // FLOP of 64-row steps, whose consumers each reduced a 64 x 64 piece over their own 64 keys): H200,
 // bf16, queued, 1.11-1.24x the TFLOP/s of 64-row steps without a causal mask, 1.08-1.16x causal,
-// deterministic 1.12-1.28x (flash_configs.h kBwdWsSm90Configs).
+// deterministic 1.09-1.28x (flash_configs.h kBwdWsSm90Configs).
 #pragma once
 #include <cuda_runtime.h>
 
@@ -89,7 +89,7 @@ struct FlashBwdWsSm90Traits {
   static constexpr int kStages = 2;                        // Q / dO / lse / D stages
   // setmaxnreg budgets: the launch gives each thread 168 registers (65,536 / 384, in steps of 8), and
   // what the producer gives up is all the consumers can take: 128 x 24 + 256 x 240 = 128 x 40 + 256 x
-  // 232 = 384 x 168. ptxas (sm_90a): 28 bytes of spill stores at 24 / 240.
+  // 232 = 384 x 168. ptxas (sm_90a) at 24 / 240: 0-20 bytes of spill stores, 0-24 of loads.
   static constexpr int kLaunchRegs = (65536 / kNThreads) / 8 * 8;
   static constexpr int kProducerRegs = 24;
   static constexpr int kConsumerRegs = 240;
