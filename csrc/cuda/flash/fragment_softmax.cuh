@@ -73,6 +73,16 @@ struct OnlineSoftmax {
   }
 };
 
+// dst = src, element by element (an accumulator copied to or from local memory around an out-of-line
+// call, so that the original stays in registers).
+template <int kTiles>
+__device__ __forceinline__ void copy_fragments(float (&dst)[kTiles][4], const float (&src)[kTiles][4]) {
+#pragma unroll
+  for (int j = 0; j < kTiles; ++j)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) dst[j][e] = src[j][e];
+}
+
 // Multiplies rows h of an m16n8-layout accumulator by scale[h].
 template <int kTiles>
 __device__ __forceinline__ void scale_rows(float (&o)[kTiles][4], const float (&scale)[2]) {

@@ -26,6 +26,7 @@
 #include <cstdint>
 
 #include "cuda/cuda_utils.cuh"
+#include "cuda/flash/fragment_softmax.cuh"
 #include "cuda/flash/nonfinite_tile.cuh"
 #include "cuda/flash/ptx.cuh"
 
@@ -132,15 +133,9 @@ __device__ __forceinline__ void add_nonfinite_v_out_of_line(float (&o)[kOTiles][
                                                             int key_begin, int key_end, int row0, const Mask& mask,
                                                             int head_dim, int lane) {
   float o_local[kOTiles][4];
-#pragma unroll
-  for (int j = 0; j < kOTiles; ++j)
-#pragma unroll
-    for (int e = 0; e < 4; ++e) o_local[j][e] = o[j][e];
+  copy_fragments(o_local, o);
   add_nonfinite_v_call<Elem, kOTiles, Mask>(o_local, v, row_stride, key_begin, key_end, row0, mask, head_dim, lane);
-#pragma unroll
-  for (int j = 0; j < kOTiles; ++j)
-#pragma unroll
-    for (int e = 0; e < 4; ++e) o[j][e] = o_local[j][e];
+  copy_fragments(o, o_local);
 }
 
 }  // namespace fa::cuda::flash

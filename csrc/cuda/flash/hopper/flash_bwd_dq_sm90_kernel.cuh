@@ -232,19 +232,10 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSm)
         const Elem* k_tile = static_cast<const Elem*>(p.k) + batch * p.k_batch_stride + head_kv * p.k_head_stride +
                              static_cast<int64_t>(n0) * p.k_row_stride;
         float dq_local[kDqTiles][4], dp_local[kSTiles][4];
-#pragma unroll
-        for (int j = 0; j < kDqTiles; ++j)
-#pragma unroll
-          for (int e = 0; e < 4; ++e) dq_local[j][e] = dq[j][e];
-#pragma unroll
-        for (int j = 0; j < kSTiles; ++j)
-#pragma unroll
-          for (int e = 0; e < 4; ++e) dp_local[j][e] = dp[j][e];
+        copy_fragments(dq_local, dq);
+        copy_fragments(dp_local, dp);
         add_k_nonfinite_dq<Traits>(dq_local, dp_local, k_tile, p.k_row_stride, n0, seqlen_k, row0, lane, head_dim, mask);
-#pragma unroll
-        for (int j = 0; j < kDqTiles; ++j)
-#pragma unroll
-          for (int e = 0; e < 4; ++e) dq[j][e] = dq_local[j][e];
+        copy_fragments(dq, dq_local);
         __syncthreads();  // the zeroed tile is in place for the tensor cores
       }
       uint32_t dsa[Traits::kDqKSteps][4];
