@@ -167,7 +167,7 @@ export interface AttentionBackwardOptions extends AttentionOptions {
    * FlashAttention-2 backward adds each query tile's dq contributions with fp32 atomics, so dq's
    * summation order (and its last bits) can change from run to run. With `true` the Hopper
    * warp-specialized kernel adds the K/V tiles' dq terms to each query tile in a fixed order (turn
-   * counters; 1.08× its atomic time over the bf16 FA2 grid on an H200, 1.02–1.18× per cell,
+   * counters; 1.06× its atomic time over the bf16 FA2 grid on an H200, 1.00–1.15× per cell,
    * 2026-11-28), and the other single kernels give
    * each thread block its own fp32 accumulator slice, summed in order (up to 8 slices, or with few heads up to 64 within 256 MiB: that many times the
    * accumulator's memory, 4·batch·headsQ·seqlenQ·headDim bytes each). The two-kernel backward (see
