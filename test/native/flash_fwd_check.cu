@@ -139,14 +139,14 @@ cudaError_t sm90_variant(const fa::AttentionFwdParams& p, cudaStream_t stream) {
 // The warp-specialized Hopper kernel (flash_fwd_sm90_ws_kernel.cuh): keys per tile, stages, consumer
 // warpgroups (64 query rows each), the causal items' L2 sections (KiB of K/V, at most kMaxHeads heads;
 // 0: the traits' 32 MiB and 32 heads), Q buffers (0: the traits' choice); kTmaStoreO false: O stored
-// from registers; kOverlapEpilogue: the next item's first S issued before the epilogue. bf16 only.
+// from registers. bf16 only.
 template <int kHeadDim, int kBlockN, int kStages, int kConsumers = 2, uint32_t kSectionKiB = 0,
-          uint32_t kMaxHeads = 0, int kQStages = 0, bool kTmaStoreO = true, bool kOverlapEpilogue = false>
+          uint32_t kMaxHeads = 0, int kQStages = 0, bool kTmaStoreO = true>
 cudaError_t sm90_ws_variant(const fa::AttentionFwdParams& p, cudaStream_t stream) {
   using Default = fa::cuda::flash::sm90::FlashFwdSm90WsTraits<kHeadDim, kBlockN, kStages, __nv_bfloat16, kConsumers>;
   using Traits = fa::cuda::flash::sm90::FlashFwdSm90WsTraits<
       kHeadDim, kBlockN, kStages, __nv_bfloat16, kConsumers, kSectionKiB != 0 ? kSectionKiB : Default::kL2SectionKiB,
-      kQStages, kTmaStoreO, kMaxHeads != 0 ? kMaxHeads : Default::kL2SectionMaxHeads, kOverlapEpilogue>;
+      kQStages, kTmaStoreO, kMaxHeads != 0 ? kMaxHeads : Default::kL2SectionMaxHeads>;
   if (p.dtype != DType::kBFloat16 || p.head_dim != kHeadDim) return cudaErrorNotSupported;
   return p.causal ? fa::cuda::launch_flash_fwd_sm90_ws<Traits, true>(p, stream)
                   : fa::cuda::launch_flash_fwd_sm90_ws<Traits, false>(p, stream);
@@ -380,13 +380,11 @@ int main(int argc, char** argv) {
       {"ws-d128n128s2-q2d", 128, sm90_ws_variant<128, 128, 2, 2, 0, 0, 2, false>},
       {"ws-d128n128s2-h1", 128, sm90_ws_variant<128, 128, 2, 2, kOneHead>},
       {"ws-d128n128s2-all", 128, sm90_ws_variant<128, 128, 2, 2, kAllHeads, kAllHeads>},
-      {"ws-d128n128s2-oe", 128, sm90_ws_variant<128, 128, 2, 2, 0, 0, 0, true, true>},
       {"ws-d128n176s2", 128, sm90_ws_variant<128, 176, 2>},
       {"ws-d128n176s2-d", 128, sm90_ws_variant<128, 176, 2, 2, 0, 0, 0, false>},
       {"d64n64w2s3b2", 64, sm90_variant<64, 64, 2, 3, 2>},
       {"d64n64w2s3b2-d", 64, sm90_variant<64, 64, 2, 3, 2, false>},
       {"ws-d64n128s2", 64, sm90_ws_variant<64, 128, 2>},
-      {"ws-d64n128s2-oe", 64, sm90_ws_variant<64, 128, 2, 2, 0, 0, 0, true, true>},
       {"ws-d64n128s2c3", 64, sm90_ws_variant<64, 128, 2, 3>},
       {"ws-d64n128s3c3", 64, sm90_ws_variant<64, 128, 3, 3>},
       {"ws-d64n128s3c3-q1", 64, sm90_ws_variant<64, 128, 3, 3, 0, 0, 1>},

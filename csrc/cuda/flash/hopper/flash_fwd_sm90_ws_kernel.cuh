@@ -46,7 +46,7 @@ namespace fa::cuda::flash::sm90 {
 
 template <int kHeadDim_, int kBlockN_, int kStages_, typename Elem_, int kConsumers_ = 2,
           uint32_t kL2SectionKiB_ = kCausalSectionKiB, int kQStages_ = 0, bool kTmaStoreO_ = true,
-          uint32_t kL2SectionMaxHeads_ = kCausalSectionMaxHeads, bool kOverlapEpilogue_ = false>
+          uint32_t kL2SectionMaxHeads_ = kCausalSectionMaxHeads>
 struct FlashFwdSm90WsTraits {
   using Elem = Elem_;
   static constexpr int kHeadDim = kHeadDim_;
@@ -110,12 +110,6 @@ struct FlashFwdSm90WsTraits {
   // store has read it: with two buffers after the warpgroup's first S of its next item, with one at
   // once (the next Q waits for it). kTmaStoreO_ false: every thread stores its fragments from registers.
   static constexpr bool kStagedO = kTmaStoreO_;
-  // The next work item's first S = Q K^T issued before this item's epilogue, so that the tensor cores
-  // run it while the consumers store O (with both consumer warpgroups of a tile in their epilogue at
-  // once they idle otherwise: timed without the O stores, the causal d128 kernel ran 1.10x at 512
-  // keys, H200). Needs the next item's Q in the second buffer and O staged through the first.
-  static constexpr bool kOverlapEpilogue = kOverlapEpilogue_;
-  static_assert(!kOverlapEpilogue || (kQStages == 2 && kStagedO), "the overlap needs two Q buffers and staged O");
 
   // Named barriers (0 is __syncthreads'): the consumers' turns, one per warpgroup, and the V checkers'
   // vote (the producer warpgroup's warps 1-3).
@@ -343,24 +337,13 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
     named_barrier_arrive(Traits::kTurnBarrier0 + (cw + 1) % Traits::kConsumers, kTurnThreads);
   };
   bool turns_started = false;
-  // The first turn is warpgroup 0's: the last warpgroup passes it before its first issue.
-  const auto start_turns = [&] {
-    if (!turns_started && cw == Traits::kConsumers - 1) pass_turn();
-    turns_started = true;
-  };
 
   int g = 0, q_uses = 0;
   uint32_t cross_phase = 0;  // bit st: parity of stage st's next "checked" completion
   // Staged O: each warpgroup's first thread issues its stores, and releases the Q buffer of use u - 1
   // in use u.
   const auto store_thread = [&] { return threadIdx.x % 128 == 0; };
-  // kOverlapEpilogue: S_0 of the item in hand was issued (into s_carried) before the previous item's
-  // epilogue.
-  float s_carried[kSTiles][4];
-  bool s0_issued = false;
-  // kOverlapEpilogue reads each item ahead (peeked): the first here, the next before the epilogue.
-  uint32_t peeked = Traits::kOverlapEpilogue ? read_item(0) : 0;
-  for (uint32_t round = 0, item; (item = Traits::kOverlapEpilogue ? peeked : read_item(round)) < items; ++round) {
+  for (uint32_t round = 0, item; (item = read_item(round)) < items; ++round) {
     const QueryTileWork w = item_tile(item);
     const int m0 = w.m0;
     const int n_blocks = mask.template query_tile_keys<kBlockM, kBlockN>(m0).tiles;
@@ -390,32 +373,25 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
 
     int q_use = -1;
     if (n_blocks > 0) {
-      const bool issued = Traits::kOverlapEpilogue && s0_issued;  // Q counted and waited for then
-      if (!issued) start_turns();
-      if constexpr (Traits::kOverlapEpilogue)
-        q_use = issued ? q_uses - 1 : q_uses++;
-      else
-        q_use = q_uses++;
+      // The first turn is warpgroup 0's: the last warpgroup passes it before its first tile.
+      if (!turns_started && cw == Traits::kConsumers - 1) pass_turn();
+      turns_started = true;
+      q_use = q_uses++;
       const uint32_t sQ_wg = sQ_wg0 + q_off(q_use);
-      if (!issued) mbarrier_wait(full_q(q_buf(q_use)), q_parity(q_use));
-      float s_item[kSTiles][4];
-      float(&s)[kSTiles][4] = Traits::kOverlapEpilogue ? s_carried : s_item;
+      mbarrier_wait(full_q(q_buf(q_use)), q_parity(q_use));
+      float s[kSTiles][4];
       uint32_t pa[Traits::kPvKSteps][4];  // P_{nb-1} as the A operand of the P V k-steps
       for (int nb = 0; nb < n_blocks; ++nb) {
         const int n0 = nb * kBlockN;
         if (nb > 0) wait_v(nb - 1);
-        if (issued && nb == 0) {
-          release(empty_k(g0 % kStages));  // S_0 ran during the previous item's epilogue
-        } else {
-          mbarrier_wait(full_k((g0 + nb) % kStages), use_parity(g0 + nb));
-          take_turn();
-          issue_s_then_pv<Traits, Elem>(s, o, pa, sQ_wg, sK + stage_off(g0 + nb), sV + stage_off(g0 + nb - 1), nb > 0);
-          // The turn passes once S_nb is done (P_{nb-1} V_{nb-1} may still run): passed between the
-          // commit and the wait, ptxas serialized the wgmma (C7514, non-wgmma instructions reading
-          // accumulators).
-          pass_turn();
-          release(empty_k((g0 + nb) % kStages));
-        }
+        mbarrier_wait(full_k((g0 + nb) % kStages), use_parity(g0 + nb));
+        take_turn();
+        issue_s_then_pv<Traits, Elem>(s, o, pa, sQ_wg, sK + stage_off(g0 + nb), sV + stage_off(g0 + nb - 1), nb > 0);
+        // The turn passes once S_nb is done (P_{nb-1} V_{nb-1} may still run): passed between the
+        // commit and the wait, ptxas serialized the wgmma (C7514, non-wgmma instructions reading
+        // accumulators).
+        pass_turn();
+        release(empty_k((g0 + nb) % kStages));
         if constexpr (Traits::kStagedO) {
           // The previous Q use's O store has long read its buffer: the producer may refill it.
           if (kQStages == 2 && nb == 0 && q_use > 0 && store_thread()) {
@@ -463,51 +439,20 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
       else
         add_nonfinite_v<Elem, kOTiles>(o, v, p.v_row_stride, v_nonfinite_from, n_end, row0, mask, head_dim, lane);
     }
-    const auto epilogue = [&] {
-      float* lse = p.lse + (w.batch * p.heads_q + w.head) * p.seqlen_q;
-      if (Traits::kStagedO && q_use >= 0) {
-        // Through this warpgroup's rows of the item's Q buffer (flash_fwd_sm90_kernel.cuh); with one
-        // buffer it is released as soon as the store has read it.
-        if (store_fwd_rows_tma<Traits>(o, softmax, mask, row0, t, warp * 16 + g_row, sQ_wg0 + q_off(q_use),
-                                       Traits::kEpilogueBarrier0 + cw, &maps.o, m0 + cw * Traits::kWgRows, w.head,
-                                       static_cast<int>(w.batch), lse) &&
-            kQStages == 1) {
-          bulk_wait_read<0>();
-          mbarrier_arrive(empty_q(0));
-        }
-      } else {
-        Elem* out = static_cast<Elem*>(p.out) + w.batch * p.o_batch_stride + w.head * p.o_head_stride;
-        write_fwd_rows<Elem>(o, softmax, mask, row0, t, out, p.o_row_stride, lse, head_dim);
-      }
-    };
-    // kOverlapEpilogue: the next item's S_0 goes to the tensor cores before this item's epilogue, and
-    // completes after it (the turn passes at once: the epilogue does not touch s). Issue, epilogue and
-    // wait sit in one branch: with the wait in a branch of its own (or after the loop's back edge, where
-    // s's copies are made) ptxas found paths with the product in flight and serialized every wgmma of
-    // the kernel (C7515).
-    s0_issued = false;
-    if constexpr (Traits::kOverlapEpilogue) {
-      peeked = read_item(round + 1);
-      if (peeked < items && mask.template query_tile_keys<kBlockM, kBlockN>(item_tile(peeked).m0).tiles > 0) {
-        start_turns();
-        const int next_q = q_uses++;
-        mbarrier_wait(full_q(q_buf(next_q)), q_parity(next_q));
-        mbarrier_wait(full_k(g % kStages), use_parity(g));
-        take_turn();
-        wgmma_fence();
-        wgmma_ss_k_major<kBlockN, kBlockM, kBlockN, Traits::kKSteps, Elem>(s_carried, sQ_wg0 + q_off(next_q),
-                                                                            sK + stage_off(g));
-        wgmma_commit();
-        pass_turn();
-        s0_issued = true;
-        epilogue();
-        wgmma_wait<0>();
-        fence_operands(s_carried);
-      } else {
-        epilogue();
+    float* lse = p.lse + (w.batch * p.heads_q + w.head) * p.seqlen_q;
+    if (Traits::kStagedO && q_use >= 0) {
+      // Through this warpgroup's rows of the item's Q buffer (flash_fwd_sm90_kernel.cuh); with one
+      // buffer it is released as soon as the store has read it.
+      if (store_fwd_rows_tma<Traits>(o, softmax, mask, row0, t, warp * 16 + g_row, sQ_wg0 + q_off(q_use),
+                                     Traits::kEpilogueBarrier0 + cw, &maps.o, m0 + cw * Traits::kWgRows, w.head,
+                                     static_cast<int>(w.batch), lse) &&
+          kQStages == 1) {
+        bulk_wait_read<0>();
+        mbarrier_arrive(empty_q(0));
       }
     } else {
-      epilogue();
+      Elem* out = static_cast<Elem*>(p.out) + w.batch * p.o_batch_stride + w.head * p.o_head_stride;
+      write_fwd_rows<Elem>(o, softmax, mask, row0, t, out, p.o_row_stride, lse, head_dim);
     }
   }
   // The last O stores: complete before the block's shared memory goes.
