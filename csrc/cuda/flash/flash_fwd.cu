@@ -49,8 +49,9 @@ cudaError_t launch_sm80(const AttentionFwdParams& p, cudaStream_t stream) {
   auto kernel = flash::flash_fwd_kernel<Traits, kIsCausal>;
   FA_CUDA_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                    static_cast<int>(Traits::kSmemBytes)));
-  const int64_t blocks = ceil_div<int64_t>(p.seqlen_q, Traits::kBlockM) * p.heads_q * p.batch;
-  kernel<<<static_cast<unsigned>(blocks), Traits::kNThreads, Traits::kSmemBytes, stream>>>(p);
+  flash::QueryTileScheduler sched;  // one block per work item
+  FA_CUDA_TRY(flash::make_query_tile_scheduler<Traits::kBlockM>(&sched, p));
+  kernel<<<sched.items, Traits::kNThreads, Traits::kSmemBytes, stream>>>(p, sched);
   return cudaGetLastError();
 }
 

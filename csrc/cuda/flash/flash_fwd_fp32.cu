@@ -105,8 +105,9 @@ cudaError_t launch_flash_fwd_fp32(const AttentionFwdParams& p, cudaStream_t stre
   auto kernel = flash::flash_fwd_fp32_kernel<Traits, kIsCausal, kPrecision>;
   FA_CUDA_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                    static_cast<int>(Traits::kSmemBytes)));
-  const dim3 grid(static_cast<unsigned>(grid_blocks(p, Traits::kBlockM)));
-  kernel<<<grid, Traits::kNThreads, Traits::kSmemBytes, stream>>>(p);
+  flash::QueryTileScheduler sched;  // one block per work item
+  FA_CUDA_TRY(flash::make_query_tile_scheduler<Traits::kBlockM>(&sched, p));
+  kernel<<<sched.items, Traits::kNThreads, Traits::kSmemBytes, stream>>>(p, sched);
   return cudaGetLastError();
 }
 

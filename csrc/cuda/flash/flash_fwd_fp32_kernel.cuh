@@ -53,7 +53,7 @@ __device__ __forceinline__ void load_q_frag(uint32_t (&a)[4], const float* sQ, i
 
 template <typename Traits, bool kIsCausal, Fp32Precision kPrecision>
 __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSm)
-    flash_fwd_fp32_kernel(const AttentionFwdParams p) {
+    flash_fwd_fp32_kernel(const AttentionFwdParams p, const QueryTileScheduler sched) {
   constexpr int kBlockM = Traits::kBlockM, kBlockN = Traits::kBlockN, kPitch = Traits::kSmemPitch;
   constexpr int kKSteps = Traits::kKSteps, kSTiles = Traits::kSTiles, kOTiles = Traits::kOTiles;
   constexpr int kMmaK = Traits::kMmaK, kMmaN = Traits::kMmaN;
@@ -66,7 +66,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSm)
 
   const int seqlen_q = static_cast<int>(p.seqlen_q), seqlen_k = static_cast<int>(p.seqlen_k);
   const int head_dim = static_cast<int>(p.head_dim);
-  const QueryTileWork tile = query_tile_work<kBlockM, kIsCausal>(p);  // tile_scheduler.cuh
+  const QueryTileWork tile = sched.work<kBlockM, kIsCausal>(blockIdx.x);  // tile_scheduler.cuh
   const int m0 = tile.m0, head = tile.head, head_kv = tile.head_kv;
   const int64_t batch = tile.batch;
   const AttentionMask<kIsCausal> mask(seqlen_q, seqlen_k);  // mask.cuh

@@ -36,7 +36,8 @@
 namespace fa::cuda::flash {
 
 template <typename Traits, bool kIsCausal>
-__global__ void __launch_bounds__(Traits::kNThreads) flash_fwd_kernel(const AttentionFwdParams p) {
+__global__ void __launch_bounds__(Traits::kNThreads) flash_fwd_kernel(const AttentionFwdParams p,
+                                                                       const QueryTileScheduler sched) {
   using Elem = typename Traits::Elem;
   constexpr int kBlockM = Traits::kBlockM, kBlockN = Traits::kBlockN, kPitch = Traits::kSmemPitch;
   constexpr int kRowTiles = Traits::kRowTiles, kKSteps = Traits::kKSteps, kSTiles = Traits::kSTiles;
@@ -49,7 +50,7 @@ __global__ void __launch_bounds__(Traits::kNThreads) flash_fwd_kernel(const Atte
 
   const int seqlen_q = static_cast<int>(p.seqlen_q), seqlen_k = static_cast<int>(p.seqlen_k);
   const int head_dim = static_cast<int>(p.head_dim);
-  const QueryTileWork tile = query_tile_work<kBlockM, kIsCausal>(p);  // tile_scheduler.cuh
+  const QueryTileWork tile = sched.work<kBlockM, kIsCausal>(blockIdx.x);  // tile_scheduler.cuh
   const int m0 = tile.m0, head = tile.head, head_kv = tile.head_kv;
   const int64_t batch = tile.batch;
   const AttentionMask<kIsCausal> mask(seqlen_q, seqlen_k);  // mask.cuh

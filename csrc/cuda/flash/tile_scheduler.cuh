@@ -1,17 +1,47 @@
-// The FA2 tile schedulers: the tile of the head a thread block owns, from its flat blockIdx.x (the
-// grids are flat: batch x heads may exceed gridDim.y / z's 65535). The divisions are 32-bit: the
-// launchers keep grids below 2^31 blocks, and a 64-bit division is a slow call.
+// The FA2 tile schedulers: the tile of the head a work item (a thread block's flat blockIdx.x, or a
+// persistent block's item) stands for (the grids are flat: batch x heads may exceed gridDim.y / z's
+// 65535). The divisions are 32-bit: the launchers keep grids below 2^31 blocks, and a 64-bit division
+// is a slow call; the query-tile grids divide by FastDivmods built on the host.
 #pragma once
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstdint>
 
 #include "common/attention_params.h"
 
 namespace fa::cuda::flash {
 
-// Grids of query tiles (the forward kernels, the two-kernel backward's dQ kernel): one block per
-// (query tile of kBlockM rows, query head, batch), query tiles fastest so that the blocks of a head
+// Division by a divisor fixed for a launch: a multiply-high and a shift, the multiplier found on the
+// host. Exact for dividends in [0, 2^31) and divisors in [1, 2^31): with k the least integer such
+// that 2^k >= d and m = ceil(2^(31 + k) / d) (< 2^32), n m / 2^(31 + k) = n / d + e with
+// 0 <= e < n / 2^(31 + k) < 2^-k <= 1 / d, so its floor is n's quotient. The integer division it
+// replaces is a dependent chain of some 25 instructions through the MUFU and conversion pipes.
+struct FastDivmod {
+  uint32_t divisor = 1;
+  uint32_t multiplier = 0;  // 0: divisor 1
+  uint32_t shift = 0;       // k - 1
+
+  FastDivmod() = default;
+  __host__ explicit FastDivmod(uint32_t d) : divisor(d) {
+    if (d <= 1) return;  // the builders below never pass 0
+    uint32_t k = 0;
+    while ((uint64_t{1} << k) < d) ++k;
+    multiplier = static_cast<uint32_t>(((uint64_t{1} << (31 + k)) + d - 1) / d);
+    shift = k - 1;
+  }
+  __device__ __forceinline__ uint32_t div(uint32_t n) const {
+    return multiplier == 0 ? n : __umulhi(n, multiplier) >> shift;
+  }
+  // n = q divisor + r, 0 <= r < divisor.
+  __device__ __forceinline__ void divmod(uint32_t n, uint32_t& q, uint32_t& r) const {
+    q = div(n);
+    r = n - q * divisor;
+  }
+};
+
+// Grids of query tiles (the forward kernels, the two-kernel backward's dQ kernel): one work item per
+// (query tile of kBlockM rows, query head, batch), query tiles fastest so that the items of a head
 // run side by side and share its K/V in L2; causal, heaviest first (below).
 struct QueryTileWork {
   int m_block, m0;    // the query tile and its first row
@@ -32,52 +62,84 @@ struct QueryTileWork {
 inline constexpr uint32_t kAllHeadsKiB = ~0u;
 inline constexpr uint32_t kCausalSectionKiB = 32u << 10;
 inline constexpr uint32_t kCausalSectionMaxHeads = 32;
-// Item -> query tile. kLongestFirst (causal): heaviest first within sections (above; the
-// warp-specialized forward hands the items out from a global counter in order, the other grids take
-// blockIdx.x). H100, bf16, causal d128 warp-specialized forward, TFLOP/s at 512 / 1k / 2k / 4k / 8k /
-// 16k keys (2026-11-27, items from the counter): sections of 32 MiB and at most 32 heads 268 / 364 /
-// 437 / 494 / 517 / 542; 32 MiB alone 240 / 360 / 421 / 487 / 516 / 547 (at 512 that is 128 heads,
-// whose K/V the first items all read); one head 270 / 354 / 404 / 447 / 506 / 526; all heads 205 / 266
-// / 324 / 451 / 493 / 524. Otherwise query tiles fastest, each head's heaviest causal tile first.
-template <int kBlockM, bool kLongestFirst, uint32_t kSectionKiB = kCausalSectionKiB,
-          uint32_t kSectionMaxHeads = kCausalSectionMaxHeads>
-__device__ __forceinline__ QueryTileWork query_tile_work_at(const AttentionFwdParams& p, uint32_t item) {
-  const uint32_t m_blocks = static_cast<uint32_t>((static_cast<int>(p.seqlen_q) + kBlockM - 1) / kBlockM);
-  const uint32_t heads = static_cast<uint32_t>(p.heads_q);
-  const uint32_t group = heads / static_cast<uint32_t>(p.heads_kv);
-  QueryTileWork w;
-  uint32_t bh;
-  if constexpr (kLongestFirst) {
-    const uint32_t bhs = heads * static_cast<uint32_t>(p.batch);
-    // K and V of one query head, in KiB (the heads of a GQA group share theirs), 32-bit safe.
-    const uint32_t kv_kib =
-        (static_cast<uint32_t>((p.seqlen_k + 255) / 256) * static_cast<uint32_t>(p.head_dim) + group - 1) / group;
-    const uint32_t section = min(min(bhs, kSectionMaxHeads), max(1u, kSectionKiB / max(1u, kv_kib)));
-    const uint32_t sec = item / (section * m_blocks), r = item - sec * section * m_blocks;
-    const uint32_t sec_heads = min(section, bhs - sec * section);
-    w.m_block = static_cast<int>(m_blocks - 1 - r / sec_heads);
-    bh = sec * section + r % sec_heads;
-  } else {
-    w.m_block = static_cast<int>(m_blocks - 1 - item % m_blocks);
-    bh = item / m_blocks;
+// Item -> query tile, the divisions of a launch's sizes done as FastDivmods built on the host
+// (make_query_tile_scheduler) and passed to the kernel. Longest first (causal): heaviest first within
+// sections (above; the warp-specialized forward hands the items out from a global counter in order,
+// the other grids take blockIdx.x). H100, bf16, causal d128 warp-specialized forward, TFLOP/s at 512 /
+// 1k / 2k / 4k / 8k / 16k keys (2026-11-27, items from the counter): sections of 32 MiB and at most 32
+// heads 268 / 364 / 437 / 494 / 517 / 542; 32 MiB alone 240 / 360 / 421 / 487 / 516 / 547 (at 512 that
+// is 128 heads, whose K/V the first items all read); one head 270 / 354 / 404 / 447 / 506 / 526; all
+// heads 205 / 266 / 324 / 451 / 493 / 524. Otherwise query tiles fastest, each head's heaviest causal
+// tile first.
+struct QueryTileScheduler {
+  uint32_t items;     // query tiles x heads x batch, < 2^31
+  uint32_t m_blocks;  // query tiles of a head
+  FastDivmod tiles;   // m_blocks
+  FastDivmod heads;   // bh = batch x heads + head
+  FastDivmod group;   // query heads per KV head
+  // Longest first: sections of section.divisor heads (batch x heads flattened), the last one
+  // last_section.divisor; section_items = section x m_blocks items each.
+  FastDivmod section_items, section, last_section;
+  uint32_t full_section_items;  // the items of the sections before the last
+
+  // kBlockM: the rows of a query tile, as the scheduler was built with.
+  template <int kBlockM, bool kLongestFirst>
+  __device__ __forceinline__ QueryTileWork work(uint32_t item) const {
+    QueryTileWork w;
+    uint32_t bh, tile;
+    if constexpr (kLongestFirst) {
+      uint32_t sec, r;
+      section_items.divmod(item, sec, r);
+      // Every section but the last holds section.divisor heads.
+      const FastDivmod& in = item < full_section_items ? section : last_section;
+      uint32_t rank, h;
+      in.divmod(r, rank, h);
+      tile = rank;
+      bh = sec * section.divisor + h;
+    } else {
+      tiles.divmod(item, bh, tile);
+    }
+    w.m_block = static_cast<int>(m_blocks - 1 - tile);
+    w.m0 = w.m_block * kBlockM;
+    uint32_t batch, head;
+    heads.divmod(bh, batch, head);
+    w.head = static_cast<int>(head);
+    w.batch = batch;
+    w.head_kv = static_cast<int>(group.div(head));
+    return w;
   }
-  w.head = static_cast<int>(bh % heads);
-  w.batch = bh / heads;
-  w.head_kv = w.head / static_cast<int>(group);
-  w.m0 = w.m_block * kBlockM;
-  return w;
+};
+// The scheduler of a launch whose query tiles have kBlockM rows, with sections of at most section_kib
+// KiB of K / V and section_max_heads heads (the longest-first order). cudaErrorInvalidConfiguration
+// when the items reach 2^31 (the grids and FastDivmod count in 31 bits).
+template <int kBlockM>
+cudaError_t make_query_tile_scheduler(QueryTileScheduler* s, const AttentionFwdParams& p,
+                                      uint32_t section_kib = kCausalSectionKiB,
+                                      uint32_t section_max_heads = kCausalSectionMaxHeads) {
+  const int64_t m_blocks = (p.seqlen_q + kBlockM - 1) / kBlockM, bhs = p.batch * p.heads_q;
+  const int64_t items = m_blocks * bhs;
+  if (m_blocks < 1 || bhs < 1 || p.heads_kv < 1 || items > INT32_MAX) return cudaErrorInvalidConfiguration;
+  const int64_t group = p.heads_q / p.heads_kv;
+  s->items = static_cast<uint32_t>(items);
+  s->m_blocks = static_cast<uint32_t>(m_blocks);
+  s->tiles = FastDivmod(static_cast<uint32_t>(m_blocks));
+  s->heads = FastDivmod(static_cast<uint32_t>(p.heads_q));
+  s->group = FastDivmod(static_cast<uint32_t>(group));
+  // K and V of one query head, in KiB (the heads of a GQA group share theirs).
+  const int64_t kv_kib = ((p.seqlen_k + 255) / 256 * p.head_dim + group - 1) / group;
+  const int64_t section = std::min<int64_t>(std::min<int64_t>(bhs, section_max_heads),
+                                            std::max<int64_t>(1, section_kib / std::max<int64_t>(1, kv_kib)));
+  const int64_t sections = (bhs + section - 1) / section;
+  s->section_items = FastDivmod(static_cast<uint32_t>(section * m_blocks));
+  s->section = FastDivmod(static_cast<uint32_t>(section));
+  s->last_section = FastDivmod(static_cast<uint32_t>(bhs - (sections - 1) * section));
+  s->full_section_items = static_cast<uint32_t>((sections - 1) * section * m_blocks);
+  return cudaSuccess;
 }
 
 // The work item of a persistent block's round `round` when the items are equal (no causal mask):
 // round * gridDim.x + blockIdx.x.
 __device__ __forceinline__ uint32_t persistent_item(uint32_t round) { return round * gridDim.x + blockIdx.x; }
-
-// One block per item (the grids of query tiles): blockIdx.x's tile, heaviest first within sections
-// when causal.
-template <int kBlockM, bool kIsCausal>
-__device__ __forceinline__ QueryTileWork query_tile_work(const AttentionFwdParams& p) {
-  return query_tile_work_at<kBlockM, kIsCausal>(p, blockIdx.x);
-}
 
 // Grids of K/V tiles (the backward's main kernels): one block per (K/V tile, KV head, batch), tiles
 // fastest. tile_stride blocks per KV head: with one K/V tile each (the tiles' count), or, in

@@ -77,7 +77,8 @@ __device__ __noinline__ void add_k_nonfinite_dq(float (&dq)[Traits::kDqTiles][4]
 template <typename Traits, bool kIsCausal>
 __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSm)
     flash_bwd_dq_sm90_kernel(const __grid_constant__ AttentionBwdParams p, const __grid_constant__ BwdDqTensorMaps maps,
-                             const float* __restrict__ d_rows) {
+                             const float* __restrict__ d_rows,
+                             const __grid_constant__ QueryTileScheduler sched) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using Elem = typename Traits::Elem;
   constexpr int kBlockM = Traits::kBlockM, kBlockN = Traits::kBlockN, kStages = Traits::kStages;
@@ -94,7 +95,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSm)
 
   const int seqlen_q = static_cast<int>(p.seqlen_q), seqlen_k = static_cast<int>(p.seqlen_k);
   const int head_dim = static_cast<int>(p.head_dim);
-  const QueryTileWork tile = query_tile_work<kBlockM, kIsCausal>(p);  // tile_scheduler.cuh
+  const QueryTileWork tile = sched.work<kBlockM, kIsCausal>(blockIdx.x);  // tile_scheduler.cuh
   const int m0 = tile.m0, head = tile.head, head_kv = tile.head_kv;
   const int64_t batch = tile.batch;
   const AttentionMask<kIsCausal> mask(seqlen_q, seqlen_k);  // mask.cuh

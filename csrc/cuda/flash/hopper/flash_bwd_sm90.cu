@@ -123,8 +123,9 @@ cudaError_t launch_dq(const AttentionBwdParams& p, const float* d_rows, cudaStre
     auto kernel = flash::sm90::flash_bwd_dq_sm90_kernel<Traits, kIsCausal>;
     FA_CUDA_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                      static_cast<int>(Traits::kSmemBytes)));
-    const int64_t blocks = ceil_div<int64_t>(p.seqlen_q, Traits::kBlockM) * p.heads_q * p.batch;
-    kernel<<<static_cast<unsigned>(blocks), Traits::kNThreads, Traits::kSmemBytes, stream>>>(p, maps, d_rows);
+    flash::QueryTileScheduler sched;  // one block per work item
+    FA_CUDA_TRY(flash::make_query_tile_scheduler<Traits::kBlockM>(&sched, p));
+    kernel<<<sched.items, Traits::kNThreads, Traits::kSmemBytes, stream>>>(p, maps, d_rows, sched);
     return cudaGetLastError();
   }
 }

@@ -38,19 +38,19 @@ cudaError_t make_fwd_maps(flash::sm90::FwdTensorMaps* maps, const AttentionFwdPa
 
 // Builds the call's tensor maps and launches `kernel` of configuration Traits: one block per query
 // tile (work item), or, persistent, one per SM and never more than the items (the warp-specialized
-// kernel's shared memory allows no second block on an SM). `extra`: the kernel's arguments after the
-// params and maps.
+// kernel's shared memory allows no second block on an SM). sched: the call's work items
+// (tile_scheduler.cuh, fewer than 2^31); `extra`: the kernel's arguments after the params, maps and
+// scheduler.
 template <typename Traits, typename Kernel, typename... Extra>
-cudaError_t launch_fwd_kernel(Kernel kernel, bool persistent, const AttentionFwdParams& p, cudaStream_t stream,
-                              Extra... extra) {
+cudaError_t launch_fwd_kernel(Kernel kernel, bool persistent, const AttentionFwdParams& p,
+                              const flash::QueryTileScheduler& sched, cudaStream_t stream, Extra... extra) {
   flash::sm90::FwdTensorMaps maps;
   FA_CUDA_TRY(make_fwd_maps<Traits>(&maps, p));
   FA_CUDA_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                    static_cast<int>(Traits::kSmemBytes)));
-  const int64_t items = ceil_div<int64_t>(p.seqlen_q, Traits::kBlockM) * p.heads_q * p.batch;
-  if (items > INT32_MAX) return cudaErrorInvalidConfiguration;  // gridDim.x; the kernels count items in 32 bits
+  const int64_t items = sched.items;
   const int64_t blocks = persistent ? std::min<int64_t>(items, current_device_props().sms) : items;
-  kernel<<<static_cast<unsigned>(blocks), Traits::kNThreads, Traits::kSmemBytes, stream>>>(p, maps, extra...);
+  kernel<<<static_cast<unsigned>(blocks), Traits::kNThreads, Traits::kSmemBytes, stream>>>(p, maps, sched, extra...);
   return cudaGetLastError();
 }
 
@@ -58,7 +58,9 @@ cudaError_t launch_fwd_kernel(Kernel kernel, bool persistent, const AttentionFwd
 // warp-specialized persistent one (flash_fwd_sm90_ws_kernel.cuh).
 template <typename Traits, bool kIsCausal>
 cudaError_t launch_flash_fwd_sm90(const AttentionFwdParams& p, cudaStream_t stream) {
-  return launch_fwd_kernel<Traits>(flash::sm90::flash_fwd_sm90_kernel<Traits, kIsCausal>, false, p, stream);
+  flash::QueryTileScheduler sched;
+  FA_CUDA_TRY(flash::make_query_tile_scheduler<Traits::kBlockM>(&sched, p));
+  return launch_fwd_kernel<Traits>(flash::sm90::flash_fwd_sm90_kernel<Traits, kIsCausal>, false, p, sched, stream);
 }
 // Causal calls hand out their work items from a counter (flash_fwd_sm90_ws_kernel.cuh), taken from the
 // stream's memory pool (flash::kFwdSm90ItemCounterBytes), zeroed on the stream before the launch and
@@ -66,12 +68,15 @@ cudaError_t launch_flash_fwd_sm90(const AttentionFwdParams& p, cudaStream_t stre
 template <typename Traits, bool kIsCausal>
 cudaError_t launch_flash_fwd_sm90_ws(const AttentionFwdParams& p, cudaStream_t stream) {
   const auto kernel = flash::sm90::flash_fwd_sm90_ws_kernel<Traits, kIsCausal>;
+  flash::QueryTileScheduler sched;
+  FA_CUDA_TRY(flash::make_query_tile_scheduler<Traits::kBlockM>(&sched, p, Traits::kL2SectionKiB,
+                                                                 Traits::kL2SectionMaxHeads));
   if constexpr (!kIsCausal) {
-    return launch_fwd_kernel<Traits>(kernel, true, p, stream, static_cast<uint32_t*>(nullptr));
+    return launch_fwd_kernel<Traits>(kernel, true, p, sched, stream, static_cast<uint32_t*>(nullptr));
   } else {
     return with_stream_workspace(flash::kFwdSm90ItemCounterBytes, stream, [&](char* counter) {
       FA_CUDA_TRY(cudaMemsetAsync(counter, 0, flash::kFwdSm90ItemCounterBytes, stream));
-      return launch_fwd_kernel<Traits>(kernel, true, p, stream, reinterpret_cast<uint32_t*>(counter));
+      return launch_fwd_kernel<Traits>(kernel, true, p, sched, stream, reinterpret_cast<uint32_t*>(counter));
     });
   }
 }

@@ -4,7 +4,7 @@
 // Persistent: a block per SM takes query tiles of kBlockM = 64 x kConsumers rows, one work item at a
 // time. Not causal (equal items): block b takes items b, b + gridDim.x, ... (persistent_item). Causal:
 // items in sections of heads, the heaviest query tiles of a section first (tile_scheduler.cuh
-// query_tile_work_at), handed out by a global counter, so that a block that finishes early takes the
+// QueryTileScheduler), handed out by a global counter, so that a block that finishes early takes the
 // next item as the hardware's block scheduler would. Warpgroup 0 is the producer: it gives up
 // registers (setmaxnreg) and one thread issues every TMA load: per item Q (into a buffer the consumers are
 // done with: two buffers where shared memory allows, so that it lands while the previous item runs), then K
@@ -58,7 +58,7 @@ struct FlashFwdSm90WsTraits {
   static constexpr int kBlockN = kBlockN_;
   static constexpr int kStages = kStages_;
   // Causal: the heads whose query tiles the blocks take longest first together (a section,
-  // tile_scheduler.cuh query_tile_work_at): as many as have K and V within kL2SectionKiB, at most
+  // tile_scheduler.cuh QueryTileScheduler): as many as have K and V within kL2SectionKiB, at most
   // kL2SectionMaxHeads. Measured (flash_configs.h kFwdSm90WsCausalConfigs): 32 MiB and 32 heads beat
   // one head and all heads from 512 to 16k keys at head dims 64-256, or match them within the spread.
   static constexpr uint32_t kL2SectionKiB = kL2SectionKiB_;
@@ -132,7 +132,7 @@ struct FlashFwdSm90WsTraits {
 template <typename Traits, bool kIsCausal>
 __global__ void __launch_bounds__(Traits::kNThreads, 1)
     flash_fwd_sm90_ws_kernel(const __grid_constant__ AttentionFwdParams p, const __grid_constant__ FwdTensorMaps maps,
-                             uint32_t* item_counter) {
+                             const __grid_constant__ QueryTileScheduler sched, uint32_t* item_counter) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using Elem = typename Traits::Elem;
   constexpr int kBlockM = Traits::kBlockM, kBlockN = Traits::kBlockN, kStages = Traits::kStages;
@@ -176,8 +176,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
   const int seqlen_q = static_cast<int>(p.seqlen_q), seqlen_k = static_cast<int>(p.seqlen_k);
   const int head_dim = static_cast<int>(p.head_dim);
   const AttentionMask<kIsCausal> mask(seqlen_q, seqlen_k);  // mask.cuh
-  const uint32_t items =
-      static_cast<uint32_t>((seqlen_q + kBlockM - 1) / kBlockM) * static_cast<uint32_t>(p.heads_q * p.batch);
+  const uint32_t items = sched.items;
 
   if (threadIdx.x == 0) {
 #pragma unroll
@@ -238,10 +237,8 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
     }
   };
 
-  // The query tile of an item (tile_scheduler.cuh).
-  const auto item_tile = [&](uint32_t item) {
-    return query_tile_work_at<kBlockM, kIsCausal, Traits::kL2SectionKiB, Traits::kL2SectionMaxHeads>(p, item);
-  };
+  // The query tile of an item (tile_scheduler.cuh; the launcher built sched with the traits' sections).
+  const auto item_tile = [&](uint32_t item) { return sched.work<kBlockM, kIsCausal>(item); };
 
   const int wg = warp_uniform_int(static_cast<int>(threadIdx.x) / 128);
   if (wg == 0) {
