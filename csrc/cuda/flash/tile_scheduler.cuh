@@ -9,36 +9,9 @@
 #include <cstdint>
 
 #include "common/attention_params.h"
+#include "cuda/flash/fast_divmod.h"
 
 namespace fa::cuda::flash {
-
-// Division by a divisor fixed for a launch: a multiply-high and a shift, the multiplier found on the
-// host. Exact for dividends in [0, 2^31) and divisors in [1, 2^31): with k the least integer such
-// that 2^k >= d and m = ceil(2^(31 + k) / d) (< 2^32), n m / 2^(31 + k) = n / d + e with
-// 0 <= e < n / 2^(31 + k) < 2^-k <= 1 / d, so its floor is n's quotient. The integer division it
-// replaces is a dependent chain of some 25 instructions through the MUFU and conversion pipes.
-struct FastDivmod {
-  uint32_t divisor = 1;
-  uint32_t multiplier = 0;  // 0: divisor 1
-  uint32_t shift = 0;       // k - 1
-
-  FastDivmod() = default;
-  __host__ explicit FastDivmod(uint32_t d) : divisor(d) {
-    if (d <= 1) return;  // the builders below never pass 0
-    uint32_t k = 0;
-    while ((uint64_t{1} << k) < d) ++k;
-    multiplier = static_cast<uint32_t>(((uint64_t{1} << (31 + k)) + d - 1) / d);
-    shift = k - 1;
-  }
-  __device__ __forceinline__ uint32_t div(uint32_t n) const {
-    return multiplier == 0 ? n : __umulhi(n, multiplier) >> shift;
-  }
-  // n = q divisor + r, 0 <= r < divisor.
-  __device__ __forceinline__ void divmod(uint32_t n, uint32_t& q, uint32_t& r) const {
-    q = div(n);
-    r = n - q * divisor;
-  }
-};
 
 // Grids of query tiles (the forward kernels, the two-kernel backward's dQ kernel): one work item per
 // (query tile of kBlockM rows, query head, batch), query tiles fastest so that the items of a head
