@@ -3,14 +3,18 @@
 // that 2^k >= d and m = ceil(2^(31 + k) / d) (< 2^32), n m / 2^(31 + k) = n / d + e with
 // 0 <= e < n / 2^(31 + k) < 2^-k <= 1 / d, so its floor is n's quotient. The integer division it
 // replaces is a dependent chain of some 25 instructions through the MUFU and conversion pipes.
-// Plain C++ as well (test/native/divmod_check.cc checks it against the division with g++).
+// Plain C++ as well (test/native/divmod_check.cc checks it against the division with g++, run by
+// test/tile-scheduler.test.ts).
 #pragma once
 #include <cstdint>
 
+// Functions of the headers that host C++ compiles too (fast_divmod.h, query_tile_scheduler.h).
+#ifndef FA_HOST_DEVICE
 #if defined(__CUDACC__)
-#define FA_DIVMOD_FN __host__ __device__ __forceinline__
+#define FA_HOST_DEVICE __host__ __device__ __forceinline__
 #else
-#define FA_DIVMOD_FN inline
+#define FA_HOST_DEVICE inline
+#endif
 #endif
 
 namespace fa::cuda::flash {
@@ -29,7 +33,7 @@ struct FastDivmod {
     multiplier = static_cast<uint32_t>(((uint64_t{1} << (31 + k)) + d - 1) / d);
     shift = k - 1;
   }
-  FA_DIVMOD_FN uint32_t div(uint32_t n) const {
+  FA_HOST_DEVICE uint32_t div(uint32_t n) const {
 #if defined(__CUDA_ARCH__)
     const uint32_t hi = __umulhi(n, multiplier);
 #else
@@ -38,7 +42,7 @@ struct FastDivmod {
     return multiplier == 0 ? n : hi >> shift;
   }
   // n = q divisor + r, 0 <= r < divisor.
-  FA_DIVMOD_FN void divmod(uint32_t n, uint32_t& q, uint32_t& r) const {
+  FA_HOST_DEVICE void divmod(uint32_t n, uint32_t& q, uint32_t& r) const {
     q = div(n);
     r = n - q * divisor;
   }
@@ -46,4 +50,3 @@ struct FastDivmod {
 
 }  // namespace fa::cuda::flash
 
-#undef FA_DIVMOD_FN

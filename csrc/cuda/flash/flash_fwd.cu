@@ -50,7 +50,8 @@ cudaError_t launch_sm80(const AttentionFwdParams& p, cudaStream_t stream) {
   FA_CUDA_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                    static_cast<int>(Traits::kSmemBytes)));
   flash::QueryTileScheduler sched;  // one block per work item
-  FA_CUDA_TRY(flash::make_query_tile_scheduler<Traits::kBlockM>(&sched, p));
+  if (!flash::make_query_tile_scheduler<Traits::kBlockM>(&sched, p))
+    return cudaErrorInvalidConfiguration;
   kernel<<<sched.items, Traits::kNThreads, Traits::kSmemBytes, stream>>>(p, sched);
   return cudaGetLastError();
 }

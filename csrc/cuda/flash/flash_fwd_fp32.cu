@@ -106,7 +106,8 @@ cudaError_t launch_flash_fwd_fp32(const AttentionFwdParams& p, cudaStream_t stre
   FA_CUDA_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                    static_cast<int>(Traits::kSmemBytes)));
   flash::QueryTileScheduler sched;  // one block per work item
-  FA_CUDA_TRY(flash::make_query_tile_scheduler<Traits::kBlockM>(&sched, p));
+  if (!flash::make_query_tile_scheduler<Traits::kBlockM>(&sched, p))
+    return cudaErrorInvalidConfiguration;
   kernel<<<sched.items, Traits::kNThreads, Traits::kSmemBytes, stream>>>(p, sched);
   return cudaGetLastError();
 }

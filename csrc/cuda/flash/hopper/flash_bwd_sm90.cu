@@ -124,7 +124,8 @@ cudaError_t launch_dq(const AttentionBwdParams& p, const float* d_rows, cudaStre
     FA_CUDA_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                      static_cast<int>(Traits::kSmemBytes)));
     flash::QueryTileScheduler sched;  // one block per work item
-    FA_CUDA_TRY(flash::make_query_tile_scheduler<Traits::kBlockM>(&sched, p));
+    if (!flash::make_query_tile_scheduler<Traits::kBlockM>(&sched, p))
+      return cudaErrorInvalidConfiguration;
     kernel<<<sched.items, Traits::kNThreads, Traits::kSmemBytes, stream>>>(p, maps, d_rows, sched);
     return cudaGetLastError();
   }

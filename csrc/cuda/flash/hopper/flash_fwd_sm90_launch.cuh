@@ -59,7 +59,8 @@ cudaError_t launch_fwd_kernel(Kernel kernel, bool persistent, const AttentionFwd
 template <typename Traits, bool kIsCausal>
 cudaError_t launch_flash_fwd_sm90(const AttentionFwdParams& p, cudaStream_t stream) {
   flash::QueryTileScheduler sched;
-  FA_CUDA_TRY(flash::make_query_tile_scheduler<Traits::kBlockM>(&sched, p));
+  if (!flash::make_query_tile_scheduler<Traits::kBlockM>(&sched, p))
+    return cudaErrorInvalidConfiguration;
   return launch_fwd_kernel<Traits>(flash::sm90::flash_fwd_sm90_kernel<Traits, kIsCausal>, false, p, sched, stream);
 }
 // Causal calls hand out their work items from a counter (flash_fwd_sm90_ws_kernel.cuh), taken from the
@@ -69,8 +70,8 @@ template <typename Traits, bool kIsCausal>
 cudaError_t launch_flash_fwd_sm90_ws(const AttentionFwdParams& p, cudaStream_t stream) {
   const auto kernel = flash::sm90::flash_fwd_sm90_ws_kernel<Traits, kIsCausal>;
   flash::QueryTileScheduler sched;
-  FA_CUDA_TRY(flash::make_query_tile_scheduler<Traits::kBlockM>(&sched, p, Traits::kL2SectionKiB,
-                                                                 Traits::kL2SectionMaxHeads));
+  if (!flash::make_query_tile_scheduler<Traits::kBlockM>(&sched, p, Traits::kL2SectionKiB, Traits::kL2SectionMaxHeads))
+    return cudaErrorInvalidConfiguration;
   if constexpr (!kIsCausal) {
     return launch_fwd_kernel<Traits>(kernel, true, p, sched, stream, static_cast<uint32_t*>(nullptr));
   } else {
