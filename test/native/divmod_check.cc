@@ -8,12 +8,10 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>
-#include <cstdlib>
-#include <cstring>
 #include <random>
-#include <vector>
 
 #include "cuda/flash/fast_divmod.h"
+#include "host_check_args.h"
 
 namespace {
 
@@ -56,9 +54,7 @@ bool check_divisor(uint32_t d, std::mt19937_64& rng, int random_dividends) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  uint64_t seed = 1;
-  for (int i = 1; i + 1 < argc; ++i)
-    if (std::strcmp(argv[i], "--seed") == 0) seed = std::strtoull(argv[i + 1], nullptr, 10);
+  const uint64_t seed = host_check_seed(argc, argv);
   std::mt19937_64 rng(seed);
   uint64_t divisors = 0;
   // Small divisors (head counts, query tiles, sections): every dividend below 2^16.

@@ -6,14 +6,14 @@
 // items of a section must go heaviest tile first. Launches of 2^31 items or more must be refused.
 //   g++ -std=c++17 -O2 -Icsrc test/native/scheduler_check.cc -o scheduler_check && ./scheduler_check [--seed N]
 // Prints one summary line; exit status 1 on the first disagreement (printed).
+#include <algorithm>
 #include <cstdint>
 #include <cstdio>
-#include <cstdlib>
-#include <cstring>
 #include <random>
 #include <vector>
 
 #include "cuda/flash/query_tile_scheduler.h"
+#include "host_check_args.h"
 
 namespace {
 
@@ -103,9 +103,7 @@ bool check_both(const fa::AttentionFwdParams& p, uint32_t kib, uint32_t max_head
 }  // namespace
 
 int main(int argc, char** argv) {
-  uint64_t seed = 1;
-  for (int i = 1; i + 1 < argc; ++i)
-    if (std::strcmp(argv[i], "--seed") == 0) seed = std::strtoull(argv[i + 1], nullptr, 10);
+  const uint64_t seed = host_check_seed(argc, argv);
   std::mt19937_64 rng(seed);
   const uint32_t kAll = fa::cuda::flash::kAllHeadsKiB;
   const uint32_t section_choices[][2] = {{fa::cuda::flash::kCausalSectionKiB, fa::cuda::flash::kCausalSectionMaxHeads},

@@ -11,6 +11,7 @@
 #include <string>
 
 #include "common/view_layout.h"
+#include "host_check_args.h"
 
 namespace {
 
@@ -68,9 +69,7 @@ std::string describe(const ViewLayout& v) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  uint64_t seed = 1;
-  for (int i = 1; i + 1 < argc; ++i)
-    if (std::string(argv[i]) == "--seed") seed = std::strtoull(argv[i + 1], nullptr, 10);
+  const uint64_t seed = host_check_seed(argc, argv);
   std::mt19937_64 rng(seed);
   int64_t pairs = 0, same_layout = 0, overlapping = 0;
   for (int t = 0; t < 200000; ++t) {
