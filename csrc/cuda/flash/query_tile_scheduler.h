@@ -83,8 +83,8 @@ struct QueryTileScheduler {
 };
 // The scheduler of a launch whose query tiles have kBlockM rows, with sections of at most section_kib
 // KiB of K / V and section_max_heads heads (the longest-first order). False, and *s untouched, when
-// the sizes give no item or 2^31 items or more (the grids and FastDivmod count in 31 bits): the
-// launchers then return cudaErrorInvalidConfiguration.
+// the sizes give no item or 2^31 items or more (the grids and FastDivmod count in 31 bits), or KV
+// heads that do not divide the query heads: the launchers then return cudaErrorInvalidConfiguration.
 template <int kBlockM>
 bool make_query_tile_scheduler(QueryTileScheduler* s, const AttentionFwdParams& p,
                                uint32_t section_kib = kCausalSectionKiB,
