@@ -12,6 +12,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <random>
+#include <string>
 
 #include "check_cuda.h"
 
@@ -46,4 +47,13 @@ inline CheckSetup check_setup(int argc, char** argv, const char* program, bool b
   std::printf("device %d: %s (sm_%d%d), seed %" PRIu64 " (rerun with: %s %" PRIu64 ")\n", dev, s.prop.name,
               s.prop.major, s.prop.minor, s.seed, program, s.seed);
   return s;
+}
+
+// Whether the comma-separated list in environment variable `var` (unset: everything) holds `name`
+// (the checks' FLASH_*_CHECK_* filters).
+inline bool listed(const char* var, const std::string& name) {
+  const char* const wanted = std::getenv(var);
+  if (wanted == nullptr) return true;
+  const std::string list = std::string(",") + wanted + ",";
+  return list.find("," + name + ",") != std::string::npos;
 }

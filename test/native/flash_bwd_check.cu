@@ -467,19 +467,11 @@ cudaError_t flash_bwd_two_kernel_det(const fa::AttentionBwdParams& p, cudaStream
   return fa::cuda::flash_bwd(d, stream);
 }
 
-// One case through the backward `bwd` (named `path` in the output line). A deterministic `bwd` must
-// also give bit-identical dq across the runs.
-// Whether the comma-separated list in environment variable `var` (unset: everything) holds `name`.
-bool listed(const char* var, const std::string& name) {
-  const char* const wanted = std::getenv(var);
-  if (wanted == nullptr) return true;
-  const std::string list = std::string(",") + wanted + ",";
-  return list.find("," + name + ",") != std::string::npos;
-}
-
 // Cases left out by FLASH_BWD_CHECK_PATHS.
 int skipped_cases = 0;
 
+// One case through the backward `bwd` (named `path` in the output line). A deterministic `bwd` must
+// also give bit-identical dq across the runs.
 bool run_case(const Case& c, const char* path, BwdFn bwd, bool deterministic, std::mt19937_64& rng) {
   if (!listed("FLASH_BWD_CHECK_PATHS", path)) {
     ++skipped_cases;

@@ -19,6 +19,7 @@
 // runs only those whose names contain one of the comma-separated strings, or, for an entry "=name", are
 // that name (and not the shipped paths,
 // unless the list holds "shipped": FLASH_FWD_CHECK_VARIANTS=shipped runs those alone).
+// FLASH_FWD_CHECK_SEQLENS=4096,8192 times the variants at those sequence lengths only.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -461,7 +462,7 @@ int main(int argc, char** argv) {
   if (run_bench && hopper)
     for (int64_t seqlen : {512, 1024, 2048, 4096, 8192, 16384})
       for (bool causal : {false, true}) {
-        if (!mask_wanted(causal)) continue;
+        if (!mask_wanted(causal) || !listed("FLASH_FWD_CHECK_SEQLENS", std::to_string(seqlen))) continue;
         for (int round = 0; round < 2; ++round)
           for (const Variant& var : variants) bench(seqlen, var.d, causal, var.name, var.fn, *bench_in);
       }
