@@ -11,33 +11,22 @@
  *   that each tile comes up once and that longest-first sections go heaviest tile first, and that
  *   launches of 2^31 items are refused. A wrong item would send a block to the wrong tile.
  */
-import { spawnSync } from 'child_process';
-import * as fs from 'fs';
-import * as os from 'os';
-import * as path from 'path';
-
-const root = path.resolve(__dirname, '..');
-const cxx = process.env.CXX || 'g++';
+import { buildHostCheck, HostCheck } from './helpers/host-check';
 
 describe.each([
-  { check: 'divmod_check', summary: /^divmod_check: OK: 24187 divisors, \d+ divisions \(seed \d+\)/ },
-  { check: 'scheduler_check', summary: /^scheduler_check: OK: 3000 launches, \d+ items \(seed \d+\)/ },
-])('$check, built with the host compiler', ({ check, summary }) => {
-  let dir: string;
-  let bin: string;
+  { name: 'divmod_check', summary: /^divmod_check: OK: 24187 divisors, \d+ divisions \(seed \d+\)/ },
+  { name: 'scheduler_check', summary: /^scheduler_check: OK: 3000 launches, \d+ items \(seed \d+\)/ },
+])('$name, built with the host compiler', ({ name, summary }) => {
+  let check: HostCheck;
 
   beforeAll(() => {
-    dir = fs.mkdtempSync(path.join(os.tmpdir(), `${check}-`));
-    bin = path.join(dir, check);
-    const build = spawnSync(cxx, ['-std=c++17', '-O2', '-Wall', '-Wextra', '-Werror', `-I${path.join(root, 'csrc')}`,
-      path.join(root, 'test', 'native', `${check}.cc`), '-o', bin], { encoding: 'utf8' });
-    if (build.status !== 0) throw new Error(`${cxx} failed to build ${check}.cc:\n${build.stderr}`);
+    check = buildHostCheck(name);
   }, 120_000);
 
-  afterAll(() => fs.rmSync(dir, { recursive: true, force: true }));
+  afterAll(() => check?.remove());
 
   test.each([1, 2])('agrees with the plain divisions (seed %i)', (seed) => {
-    const run = spawnSync(bin, ['--seed', String(seed)], { encoding: 'utf8' });
+    const run = check.run(seed);
     expect(run.stdout).toMatch(summary);
     expect(run.status).toBe(0);
   });

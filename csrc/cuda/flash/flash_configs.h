@@ -66,7 +66,7 @@ inline constexpr FlashConfig kFwdSm90WsLongConfigs[] = {
 inline constexpr int64_t kFwdSm90WsLongMinSeqlen = 4096;
 // The same kernel for causal calls with at least fwd_sm90_ws_causal_min_seqlen queries and keys: its
 // blocks take the query tiles from a global counter, heaviest first within sections of heads
-// (tile_scheduler.cuh QueryTileScheduler); shorter causal calls run kFwdSm90Configs, one block per
+// (query_tile_scheduler.h QueryTileScheduler); shorter causal calls run kFwdSm90Configs, one block per
 // query tile, whose two blocks per SM (d64) or 64-key tiles (d192, d256) win there. H100, bf16, B*S =
 // 16k, H*D = 2048, queued back to back, the variants of a shape timed in turns, two rounds
 // (test/native/flash_fwd_check.cu), TFLOP/s at seqlen 512 / 1k / 2k / 4k / 8k / 16k, 2026-11-27:

@@ -39,7 +39,7 @@ cudaError_t make_fwd_maps(flash::sm90::FwdTensorMaps* maps, const AttentionFwdPa
 // Builds the call's tensor maps and launches `kernel` of configuration Traits: one block per query
 // tile (work item), or, persistent, one per SM and never more than the items (the warp-specialized
 // kernel's shared memory allows no second block on an SM). sched: the call's work items
-// (tile_scheduler.cuh, fewer than 2^31); `extra`: the kernel's arguments after the params, maps and
+// (query_tile_scheduler.h, fewer than 2^31); `extra`: the kernel's arguments after the params, maps and
 // scheduler.
 template <typename Traits, typename Kernel, typename... Extra>
 cudaError_t launch_fwd_kernel(Kernel kernel, bool persistent, const AttentionFwdParams& p,

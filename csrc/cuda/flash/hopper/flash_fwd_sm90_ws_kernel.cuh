@@ -3,7 +3,7 @@
 //
 // Persistent: a block per SM takes query tiles of kBlockM = 64 x kConsumers rows, one work item at a
 // time. Not causal (equal items): block b takes items b, b + gridDim.x, ... (persistent_item). Causal:
-// items in sections of heads, the heaviest query tiles of a section first (tile_scheduler.cuh
+// items in sections of heads, the heaviest query tiles of a section first (query_tile_scheduler.h
 // QueryTileScheduler), handed out by a global counter, so that a block that finishes early takes the
 // next item as the hardware's block scheduler would. Warpgroup 0 is the producer: it gives up
 // registers (setmaxnreg) and one thread issues every TMA load: per item Q (into a buffer the consumers are
@@ -58,7 +58,7 @@ struct FlashFwdSm90WsTraits {
   static constexpr int kBlockN = kBlockN_;
   static constexpr int kStages = kStages_;
   // Causal: the heads whose query tiles the blocks take longest first together (a section,
-  // tile_scheduler.cuh QueryTileScheduler): as many as have K and V within kL2SectionKiB, at most
+  // query_tile_scheduler.h QueryTileScheduler): as many as have K and V within kL2SectionKiB, at most
   // kL2SectionMaxHeads. Measured (flash_configs.h kFwdSm90WsCausalConfigs): 32 MiB and 32 heads beat
   // one head and all heads from 512 to 16k keys at head dims 64-256, or match them within the spread.
   static constexpr uint32_t kL2SectionKiB = kL2SectionKiB_;
@@ -237,7 +237,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
     }
   };
 
-  // The query tile of an item (tile_scheduler.cuh; the launcher built sched with the traits' sections).
+  // The query tile of an item (query_tile_scheduler.h; the launcher built sched with the traits' sections).
   const auto item_tile = [&](uint32_t item) { return sched.work<kBlockM, kIsCausal>(item); };
 
   const int wg = warp_uniform_int(static_cast<int>(threadIdx.x) / 128);
