@@ -129,22 +129,33 @@ struct FlashBwdWsSm90Traits {
   static constexpr size_t kQTileBytes = static_cast<size_t>(kColBlocks) * kBlockM * 128;
   // dS^T: [kBlockM / 64 query blocks][keys][64 queries] (ds_t_offset).
   static constexpr size_t kDsBytes = static_cast<size_t>(kBlockM / 64) * kBlockN * 128;
-  // Both consumers' dQ pieces, kDqRows x kDqN fp32 each (the step's 64 x 128 tile at d128, 128 x 64 at
-  // d64).
-  static constexpr size_t kDqStageBytes = static_cast<size_t>(kConsumers) * kDqRows * kDqN * sizeof(float);
+  // dQ staging buffers per consumer: two at head dim 128 without a causal mask, so that a consumer
+  // stages its next piece while the writer still reduces the last one (causal, sK0 leaves no room).
+  // H200, bf16, back to back, two rounds each in turns with one buffer (2026-11-28): d128 not causal
+  // 0.95-0.98x the time at 1k-16k (8k 4.99-5.04 against 5.10-5.12 ms; deterministic mode's rotated
+  // walks keep one, in the kernel); d64 not causal (the build without the dynamic base's alignment
+  // slack) 1.06-1.10x, deterministic 1.00-1.01x: with every block of a KV head adding to the same
+  // query tile at once (the walks are not rotated), a consumer running further ahead crowds the
+  // reductions.
+  static constexpr int kDqBufs = kHeadDim == 128 && !kIsCausal ? 2 : 1;
+  static constexpr size_t kDqPieceBytes = static_cast<size_t>(kDqRows) * kDqN * sizeof(float);
+  // Every consumer's dQ pieces, kDqRows x kDqN fp32 each (the step's 64 x 128 tile at d128, 128 x 64 at
+  // d64), [kDqBufs][kConsumers].
+  static constexpr size_t kDqStageBytes = static_cast<size_t>(kDqBufs) * kConsumers * kDqPieceBytes;
   // Causal: K with its NaN / ±Inf elements zeroed, for dQ on the crossing steps (the rare path).
   static constexpr size_t kK0Bytes = kIsCausal ? kKvTileBytes : 0;
   // Layout: sK | sV | sQ [kStages] | sdO [kStages] | sdS [2] | sdQ | sK0 (each 1024-aligned) | lse2, D
   // [kStages][kBlockM] floats | flag words (kRowFlags, kKRowFlags, kKFlag) | mbarriers: K/V full, Q
-  // full [kStages], Q empty [kStages], dQ full [kConsumers], dQ empty [kConsumers], dS full [2], dS
-  // empty [2], Q loaded [kStages], K scanned; +1024 to align the dynamic base.
+  // full [kStages], Q empty [kStages], dQ full [kDqBufs][kConsumers], dQ empty [kDqBufs][kConsumers],
+  // dS full [2], dS empty [2], Q loaded [kStages], K scanned; +1024 to align the dynamic base.
   static constexpr size_t kFloatBytes = 2 * kStages * kBlockM * sizeof(float);
   static constexpr int kRowWords = kBlockM / 32;            // flag words of a step's rows
   static constexpr int kRowFlags = 0;                       // [kStages][kRowWords]: the step's flagged rows
   static constexpr int kKRowFlags = kRowWords * kStages;    // [kBlockN / 32]: K rows holding NaN / ±Inf
   static constexpr int kKFlag = kKRowFlags + kBlockN / 32;  // whether sK0 holds the zeroed copy
   static constexpr size_t kFlagBytes = kIsCausal ? 4 * static_cast<size_t>(kKFlag + 2) : 0;
-  static constexpr size_t kBarrierBytes = 8 * (1 + 3 * kStages + 2 * kConsumers + 4 + 1);
+  static constexpr int kDqBarriers = kDqBufs * kConsumers;  // full (and empty) barriers of the dQ pieces
+  static constexpr size_t kBarrierBytes = 8 * (1 + 3 * kStages + 2 * kDqBarriers + 4 + 1);
   static constexpr size_t kSmemBytes = 2 * kKvTileBytes + 2 * kStages * kQTileBytes + 2 * kDsBytes + kDqStageBytes +
                                        kK0Bytes + kFloatBytes + kFlagBytes + kBarrierBytes + 1024;
   static constexpr int kScanBarrier = 1;   // named barrier of the producer's warps 2 and 3 (the K scan)
@@ -273,22 +284,31 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
   const uint32_t full_kv = flag_base + static_cast<uint32_t>(Traits::kFlagBytes);
   const auto full_q = [&](int st) { return full_kv + 8u * static_cast<uint32_t>(1 + st); };
   const auto empty_q = [&](int st) { return full_kv + 8u * static_cast<uint32_t>(1 + kStages + st); };
-  const auto full_dq = [&](int c) { return full_kv + 8u * static_cast<uint32_t>(1 + 2 * kStages + c); };
-  const auto empty_dq = [&](int c) {
-    return full_kv + 8u * static_cast<uint32_t>(1 + 2 * kStages + Traits::kConsumers + c);
+  // Consumer c's dQ piece of its k-th step: buffer k % kDqBufs, that buffer's use k / kDqBufs. The
+  // rotated walks (deterministic mode) stage through one buffer: with two, d128 deterministic ran
+  // 1.02-1.04x the time at 4k-8k (H200, bf16, 2026-11-28).
+  constexpr int kDqBufs = kRotated ? 1 : Traits::kDqBufs;
+  constexpr int kDqBarriers = Traits::kDqBarriers;  // the barriers' layout, whichever count runs
+  const auto dq_buf = [](int k) { return k % kDqBufs; };
+  const auto dq_use_parity = [](int k) { return static_cast<uint32_t>(k / kDqBufs) & 1u; };
+  const auto full_dq = [&](int c, int k) {
+    return full_kv + 8u * static_cast<uint32_t>(1 + 2 * kStages + dq_buf(k) * Traits::kConsumers + c);
+  };
+  const auto empty_dq = [&](int c, int k) {
+    return full_kv + 8u * static_cast<uint32_t>(1 + 2 * kStages + kDqBarriers + dq_buf(k) * Traits::kConsumers + c);
   };
   // dS^T buffer b: both consumers' halves stored (full), both consumers' dQ products done with it (empty).
   const auto full_ds = [&](int b) {
-    return full_kv + 8u * static_cast<uint32_t>(1 + 2 * kStages + 2 * Traits::kConsumers + b);
+    return full_kv + 8u * static_cast<uint32_t>(1 + 2 * kStages + 2 * kDqBarriers + b);
   };
   const auto empty_ds = [&](int b) {
-    return full_kv + 8u * static_cast<uint32_t>(1 + 2 * kStages + 2 * Traits::kConsumers + 2 + b);
+    return full_kv + 8u * static_cast<uint32_t>(1 + 2 * kStages + 2 * kDqBarriers + 2 + b);
   };
   // Causal crossing steps: stage st's TMA completes here, the producer's warp 0 then the full barrier.
   const auto loaded_q = [&](int st) {
-    return full_kv + 8u * static_cast<uint32_t>(1 + 2 * kStages + 2 * Traits::kConsumers + 4 + st);
+    return full_kv + 8u * static_cast<uint32_t>(1 + 2 * kStages + 2 * kDqBarriers + 4 + st);
   };
-  const uint32_t k_scanned = full_kv + 8u * static_cast<uint32_t>(1 + 3 * kStages + 2 * Traits::kConsumers + 4);
+  const uint32_t k_scanned = full_kv + 8u * static_cast<uint32_t>(1 + 3 * kStages + 2 * kDqBarriers + 4);
   const auto smem_ptr = [&](uint32_t addr) { return smem_raw + (addr - smem_u32(smem_raw)); };
   float* sLse2 = reinterpret_cast<float*>(smem_ptr(float_base));
   float* sD = sLse2 + kStages * kBlockM;
@@ -297,9 +317,9 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
   // row in the step's query tile (kDqSplitRows: 64 c).
   const auto dq_col_box = [](int c) { return Traits::kDqN == kHeadDim ? 0 : c * Traits::kDqBoxes; };
   const auto dq_row0 = [](int c) { return Traits::kDqSplitRows ? c * Traits::kDqRows : 0; };
-  // Consumer c's dQ piece: kDqBoxes column blocks of kDqRows rows.
-  const auto sdq_piece = [&](int c) {
-    return sdQ + static_cast<uint32_t>(c * Traits::kDqBoxes * Traits::kDqRows * kSw128RowBytes);
+  // Consumer c's dQ piece of its k-th step: kDqBoxes column blocks of kDqRows rows.
+  const auto sdq_piece = [&](int c, int k) {
+    return sdQ + static_cast<uint32_t>((dq_buf(k) * Traits::kConsumers + c) * Traits::kDqPieceBytes);
   };
 
   const int seqlen_q = static_cast<int>(p.seqlen_q), seqlen_k = static_cast<int>(p.seqlen_k);
@@ -342,10 +362,12 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
       mbarrier_init(empty_q(st), Traits::kConsumerThreads);  // every consumer thread
     }
 #pragma unroll
-    for (int c = 0; c < Traits::kConsumers; ++c) {
-      mbarrier_init(full_dq(c), 128);  // every thread of consumer c, after its fence
-      mbarrier_init(empty_dq(c), 1);   // the writer, once its reductions have read the piece
-    }
+    for (int k = 0; k < kDqBufs; ++k)
+#pragma unroll
+      for (int c = 0; c < Traits::kConsumers; ++c) {
+        mbarrier_init(full_dq(c, k), 128);  // every thread of consumer c, after its fence
+        mbarrier_init(empty_dq(c, k), 1);   // the writer, once its reductions have read the piece
+      }
 #pragma unroll
     for (int b = 0; b < 2; ++b) {
       mbarrier_init(full_ds(b), Traits::kConsumerThreads);   // every consumer thread, after its fence
@@ -369,14 +391,15 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
     const int warp = static_cast<int>(threadIdx.x) / 32;
     // Consumer c's dQ piece of a step (rows from m0 of query head `head`) added to the accumulator by
     // bulk reductions, one per 32-column block; the piece is free again once they have read it. One lane.
-    const auto add_dq_piece = [&](int c, int m0, int head) {
+    const auto add_dq_piece = [&](int c, int it) {
+      const int m0 = step_m0(it), head = step_head(it);
 #pragma unroll
       for (int b = 0; b < Traits::kDqBoxes; ++b)
-        tma_reduce_add_5d(&maps.dq_accum, sdq_piece(c) + static_cast<uint32_t>(b * Traits::kDqRows * kSw128RowBytes),
+        tma_reduce_add_5d(&maps.dq_accum, sdq_piece(c, it) + static_cast<uint32_t>(b * Traits::kDqRows * kSw128RowBytes),
                           (dq_col_box(c) + b) * kSw128F32Cols, m0 + dq_row0(c), head, static_cast<int>(batch), 0);
       bulk_commit_group();
       bulk_wait_read<0>();
-      mbarrier_arrive(empty_dq(c));
+      mbarrier_arrive(empty_dq(c, it));
     };
     // This K/V tile's turn at step it's query tile (deterministic): rotated, the blocks' order of arrival
     // there; else its index, or descending its distance from the query tile's last K/V tile.
@@ -460,16 +483,13 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
         mbarrier_arrive(full_q(st));
       }
     } else if (warp == 1 && !p.deterministic) {
-      // dQ writer: per step, each consumer's piece once staged (its full barrier, parity of use it),
+      // dQ writer: per step, each consumer's piece once staged (its buffer's full barrier, the parity of its use),
       // added by bulk reductions; the piece is free again once they have read it.
       for (int it = 0; it < iters; ++it) {
-        const int head = step_head(it), m0 = step_m0(it);
 #pragma unroll
         for (int c = 0; c < Traits::kConsumers; ++c) {
-          mbarrier_wait(full_dq(c), static_cast<uint32_t>(it & 1));
-          if (lane == 0) {
-            add_dq_piece(c, m0, head);
-          }
+          mbarrier_wait(full_dq(c, it), dq_use_parity(it));
+          if (lane == 0) add_dq_piece(c, it);
           __syncwarp();
         }
       }
@@ -517,15 +537,14 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
         // completion of consumer 1's: 1.13-1.26x the atomic time at d128 without a causal mask (H100).
         const int c = warp / 2;
         for (int it = 0; it < iters; ++it) {
-          const int head = step_head(it), m0 = step_m0(it);
-          mbarrier_wait(full_dq(c), static_cast<uint32_t>(it & 1));
+          mbarrier_wait(full_dq(c, it), dq_use_parity(it));
           if (lane == 0) {
             const int pos = dq_turn_position(it);
             // The counter of this query tile's piece c.
             int* const turn =
-                ws.dq_turns + ((batch * p.heads_q + head) * m_blocks + step_m_block(it)) * Traits::kConsumers + c;
+                ws.dq_turns + ((batch * p.heads_q + step_head(it)) * m_blocks + step_m_block(it)) * Traits::kConsumers + c;
             ordered_turn_wait(turn, pos);
-            add_dq_piece(c, m0, head);
+            add_dq_piece(c, it);
             bulk_wait<0>();
             ordered_turn_pass(turn);
           }
@@ -626,9 +645,9 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
       }
     }
     mbarrier_arrive(empty_ds(k % 2));
-    mbarrier_wait(empty_dq(cw), (static_cast<uint32_t>(k) & 1u) ^ 1u);
+    mbarrier_wait(empty_dq(cw, k), dq_use_parity(k) ^ 1u);
     // Row warp * 16 + g of the piece (kDqRows rows a column block).
-    uint32_t row_base = sdq_piece(cw) + static_cast<uint32_t>((warp * 16 + g) * kSw128RowBytes + (t % 2) * 8);
+    uint32_t row_base = sdq_piece(cw, k) + static_cast<uint32_t>((warp * 16 + g) * kSw128RowBytes + (t % 2) * 8);
     uint32_t swz = static_cast<uint32_t>(((t / 2) ^ g) * 16);
     asm volatile("" : "+r"(row_base), "+r"(swz));
 #pragma unroll
@@ -642,7 +661,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
                      : "memory");
       }
     fence_proxy_async_smem();
-    mbarrier_arrive(full_dq(cw));
+    mbarrier_arrive(full_dq(cw, k));
   };
 
   const float inv_scale_log2 = 1.0f / p.scale_log2;
