@@ -288,7 +288,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
   // rotated walks (deterministic mode) stage through one buffer: with two, d128 deterministic ran
   // 1.02-1.04x the time at 4k-8k (H200, bf16, 2026-11-28).
   constexpr int kDqBufs = kRotated ? 1 : Traits::kDqBufs;
-  constexpr int kDqBarriers = Traits::kDqBarriers;  // the barriers' layout, whichever count runs
+  constexpr int kDqBarriers = kDqBufs * Traits::kConsumers;  // <= Traits::kDqBarriers (the smem layout's)
   const auto dq_buf = [](int k) { return k % kDqBufs; };
   const auto dq_use_parity = [](int k) { return static_cast<uint32_t>(k / kDqBufs) & 1u; };
   const auto full_dq = [&](int c, int k) {
@@ -391,8 +391,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
     const int warp = static_cast<int>(threadIdx.x) / 32;
     // Consumer c's dQ piece of a step (rows from m0 of query head `head`) added to the accumulator by
     // bulk reductions, one per 32-column block; the piece is free again once they have read it. One lane.
-    const auto add_dq_piece = [&](int c, int it) {
-      const int m0 = step_m0(it), head = step_head(it);
+    const auto add_dq_piece = [&](int c, int it, int m0, int head) {
 #pragma unroll
       for (int b = 0; b < Traits::kDqBoxes; ++b)
         tma_reduce_add_5d(&maps.dq_accum, sdq_piece(c, it) + static_cast<uint32_t>(b * Traits::kDqRows * kSw128RowBytes),
@@ -486,10 +485,11 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
       // dQ writer: per step, each consumer's piece once staged (its buffer's full barrier, the parity of its use),
       // added by bulk reductions; the piece is free again once they have read it.
       for (int it = 0; it < iters; ++it) {
+        const int head = step_head(it), m0 = step_m0(it);
 #pragma unroll
         for (int c = 0; c < Traits::kConsumers; ++c) {
           mbarrier_wait(full_dq(c, it), dq_use_parity(it));
-          if (lane == 0) add_dq_piece(c, it);
+          if (lane == 0) add_dq_piece(c, it, m0, head);
           __syncwarp();
         }
       }
@@ -537,14 +537,15 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
         // completion of consumer 1's: 1.13-1.26x the atomic time at d128 without a causal mask (H100).
         const int c = warp / 2;
         for (int it = 0; it < iters; ++it) {
+          const int head = step_head(it), m0 = step_m0(it);
           mbarrier_wait(full_dq(c, it), dq_use_parity(it));
           if (lane == 0) {
             const int pos = dq_turn_position(it);
             // The counter of this query tile's piece c.
             int* const turn =
-                ws.dq_turns + ((batch * p.heads_q + step_head(it)) * m_blocks + step_m_block(it)) * Traits::kConsumers + c;
+                ws.dq_turns + ((batch * p.heads_q + head) * m_blocks + step_m_block(it)) * Traits::kConsumers + c;
             ordered_turn_wait(turn, pos);
-            add_dq_piece(c, it);
+            add_dq_piece(c, it, m0, head);
             bulk_wait<0>();
             ordered_turn_pass(turn);
           }
