@@ -10,7 +10,8 @@
 // completing the stage's full barrier. Its warp 1 writes dQ: per step and consumer warpgroup, once
 // the warpgroup has staged its dQ piece, one bulk reduction per 32-column block into the fp32
 // accumulator, then it frees the staging piece (deterministic mode: warp 1 consumer 0's pieces and
-// warp 3 consumer 1's, each piece's place taking its own turns).
+// warp 3 consumer 1's, each piece's place taking its own turns). A consumer stages its pieces through
+// kDqBufs buffers in turn: two at head dim 128 without a causal mask (atomic mode), else one.
 // Warpgroups 1 and 2 are the consumers: warpgroup 1 + w owns keys [64 w, 64 w + 64) of the tile, its
 // dK and dV in registers. Per step: S^T and dP^T (committed separately), P^T while dP^T runs, dV
 // issued, dS^T, dK issued, dS^T into shared memory (double-buffered; full / empty mbarriers of both
