@@ -101,6 +101,14 @@ export interface AttentionOptions {
    */
   softmaxScale?: number;
   /**
+   * Softcapping (Gemma 2): with `softcap: c > 0` every scaled score `s = softmaxScale · q·k` becomes
+   * `c · tanh(s / c)` before the mask and the softmax, and the backward's gradients follow the tanh
+   * exactly (as `referenceAttention` defines it). A finite number ≥ 0 that float32 holds; 0 or
+   * undefined (default): no softcap. The CPU backend takes it; CUDA tensors with a softcap > 0 are
+   * refused with a RangeError (the CUDA kernels do not take it yet).
+   */
+  softcap?: number;
+  /**
    * 'flash' is FlashAttention-2: the CPU backend, and on CUDA (sm_80 or newer) the tensor-core
    * kernels: the forward and the backward for float16, bfloat16 and float32 (see `algorithm` and
    * `deterministic` for the backward's variants). 'naive' is the CUDA fp32 reference that
@@ -214,6 +222,7 @@ interface Problem {
   dtype: DType;
   causal: boolean;
   scale: number;
+  softcap: number; // 0: none
   kernel: AttentionKernel;
   float32Precision: Float32Precision;
 }
@@ -238,6 +247,7 @@ function checkLike(t: Tensor, name: string, ref: Tensor, refName: string): void 
 interface CheckedOptions {
   causal: boolean;
   scale?: number;
+  softcap: number;
   kernel: AttentionKernel;
   float32Precision: Float32Precision;
   deterministic: boolean;
@@ -246,7 +256,9 @@ interface CheckedOptions {
 
 // The forward takes the backward's keys too (one options object can serve both passes), and checks
 // them as the backward would.
-const OPTION_KEYS: readonly string[] = ['causal', 'softmaxScale', 'kernel', 'float32Precision', 'deterministic', 'algorithm'];
+const OPTION_KEYS: readonly string[] = [
+  'causal', 'softmaxScale', 'softcap', 'kernel', 'float32Precision', 'deterministic', 'algorithm',
+];
 
 function checkOptions(options: unknown): CheckedOptions {
   if (options !== undefined && (options === null || typeof options !== 'object' || Array.isArray(options))) {
@@ -268,6 +280,14 @@ function checkOptions(options: unknown): CheckedOptions {
       throw rangeError('options.softmaxScale to be a finite number > 0 and < 2.3e38', String(o.softmaxScale));
     }
   }
+  if (o.softcap !== undefined) {
+    if (typeof o.softcap !== 'number') throw typeError('options.softcap to be a number', describeValue(o.softcap));
+    // The kernels take it as a float32: a positive softcap must stay positive and finite there.
+    const f = Math.fround(o.softcap);
+    if (!Number.isFinite(o.softcap) || o.softcap < 0 || !Number.isFinite(f) || (o.softcap > 0 && f <= 0)) {
+      throw rangeError('options.softcap to be a finite number >= 0 (0: none) that float32 holds', String(o.softcap));
+    }
+  }
   if (o.kernel !== undefined && !['auto', 'flash', 'naive'].includes(o.kernel as string)) {
     throw typeError("options.kernel to be 'auto', 'flash' or 'naive'", describeValue(o.kernel));
   }
@@ -283,6 +303,7 @@ function checkOptions(options: unknown): CheckedOptions {
   return {
     causal: o.causal ?? false,
     scale: o.softmaxScale,
+    softcap: o.softcap ?? 0,
     kernel: o.kernel ?? 'auto',
     float32Precision: o.float32Precision ?? 'tf32',
     deterministic: o.deterministic ?? false,
@@ -321,12 +342,19 @@ function checkQKV(q: unknown, k: unknown, v: unknown, options: unknown): Backwar
     throw rangeError(`v to have the shape of k ${formatShape(K.shape)}`, formatShape(V.shape));
   }
   const o = checkOptions(options);
+  if (o.softcap > 0 && Q.device !== 'cpu') {
+    throw rangeError(
+      `options.softcap to be 0 for ${Q.device} tensors (the CUDA kernels do not take a softcap yet; the CPU backend does)`,
+      String(o.softcap),
+    );
+  }
   return {
     dims: [batch, seqlenQ, seqlenK, headsQ, headsKV, headDim],
     device: Q.device,
     dtype: Q.dtype,
     causal: o.causal,
     scale: o.scale ?? 1 / Math.sqrt(headDim),
+    softcap: o.softcap,
     kernel: o.kernel,
     float32Precision: o.float32Precision,
     deterministic: o.deterministic,
@@ -361,7 +389,7 @@ function checkLse(lse: unknown, p: Problem): Tensor {
 function forwardNative(q: NativeView, k: NativeView, v: NativeView, p: Problem): AttentionOutput {
   const { args, strides } = nativeArgs([q, k, v]);
   const [outBuf, lseBuf, kernel, plan] = binding().attentionForward({
-    q: args[0], k: args[1], v: args[2], dims: p.dims, causal: p.causal, softmaxScale: p.scale,
+    q: args[0], k: args[1], v: args[2], dims: p.dims, causal: p.causal, softmaxScale: p.scale, softcap: p.softcap,
     kernel: KERNEL_CODE[p.kernel], float32Precision: FLOAT32_PRECISION_CODE[p.float32Precision], strides,
   });
   const [batch, seqlenQ, , headsQ, , headDim] = p.dims;
@@ -470,7 +498,7 @@ function backwardNative(
   const grads = given ? targets.map((t, i) => (t === null ? null : nativeView(t, TARGET_KEYS[i]))) : [];
   const [dq, dk, dv, kernel, algorithm, plan] = binding().attentionBackward({
     dout: args[0], q: args[1], k: args[2], v: args[3], out: args[4], lse, dims: p.dims, causal: p.causal,
-    softmaxScale: p.scale, kernel: KERNEL_CODE[p.kernel], deterministic: p.deterministic,
+    softmaxScale: p.scale, softcap: p.softcap, kernel: KERNEL_CODE[p.kernel], deterministic: p.deterministic,
     algorithm: BACKWARD_ALGORITHM_CODE[p.algorithm], float32Precision: FLOAT32_PRECISION_CODE[p.float32Precision],
     strides,
     grads: given ? grads.map((g) => (g === null ? null : [g.buf, g.offset])) : undefined,

@@ -169,6 +169,8 @@ export interface NativeAttentionForwardArgs {
   causal: boolean;
   /** The factor of q·kᵀ in the softmax: a finite number > 0 that stays finite in float32. */
   softmaxScale: number;
+  /** Softcap of the scaled scores (`c · tanh(s / c)`): a finite number >= 0 (0 or undefined: none); CPU tensors only. */
+  softcap?: number;
   /** Which implementation runs: a {@link KERNEL_CODE} value. */
   kernel: number;
   /** The float32 inputs' matmul precision on CUDA: a {@link FLOAT32_PRECISION_CODE} value. */
@@ -200,6 +202,8 @@ export interface NativeAttentionBackwardArgs {
   causal: boolean;
   /** As in {@link NativeAttentionForwardArgs}. */
   softmaxScale: number;
+  /** As in {@link NativeAttentionForwardArgs}. */
+  softcap?: number;
   /** As in {@link NativeAttentionForwardArgs}. */
   kernel: number;
   /** Whether dq is summed in a fixed order (bitwise reproducible). */

@@ -225,6 +225,7 @@ const NOT_TENSORS: readonly unknown[] = [
 const BAD_OPTIONS: Record<string, readonly unknown[]> = {
   causal: [1, 0, 'true', null],
   softmaxScale: [NaN, Infinity, -Infinity, 0, -0.5, 1e-50, 1e39, '0.5', null, true],
+  softcap: [NaN, Infinity, -1, 1e-50, 1e39, '2', null, true],
   kernel: ['fast', '', 'FLASH', 1, null, 'naive'],
   float32Precision: ['fp32', 'TF32', 1, null],
   deterministic: [1, 'yes', null],
@@ -232,10 +233,10 @@ const BAD_OPTIONS: Record<string, readonly unknown[]> = {
 };
 /** Option keys each entry validates (the forward ignores the backward's). */
 const OPTION_KEYS: Record<Entry, readonly string[]> = {
-  forward: ['causal', 'softmaxScale', 'kernel', 'float32Precision'],
+  forward: ['causal', 'softmaxScale', 'softcap', 'kernel', 'float32Precision'],
   // 'two-kernel' is accepted by flashAttentionWithGrad (the CPU refuses it in backward()): left out there.
-  withGrad: ['causal', 'softmaxScale', 'kernel', 'float32Precision', 'deterministic', 'algorithm'],
-  backward: ['causal', 'softmaxScale', 'kernel', 'float32Precision', 'deterministic', 'algorithm'],
+  withGrad: ['causal', 'softmaxScale', 'softcap', 'kernel', 'float32Precision', 'deterministic', 'algorithm'],
+  backward: ['causal', 'softmaxScale', 'softcap', 'kernel', 'float32Precision', 'deterministic', 'algorithm'],
   ctxBackward: ['deterministic', 'algorithm'],
 };
 const BAD_HEAD_DIMS: readonly number[] = [1, 4, 7, 12, 20, 36, 100, 264, 512];

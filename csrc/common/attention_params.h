@@ -68,6 +68,11 @@ struct AttentionFwdParams {
   float scale_log2 = kLog2e;      // softmax_scale * kLog2e, for exp2
   bool causal = false;
   Fp32Precision fp32_precision = Fp32Precision::kTf32;  // float32 inputs only (see the enum)
+  // Softcapping (Gemma 2): with softcap = c > 0 every scaled score s = softmax_scale * q.k becomes
+  // c * tanh(s / c) before the mask and the softmax; the backward chains dS through the tanh. 0: none.
+  // Finite and >= 0. Taken by the CPU backend; the binding refuses it for CUDA. (It fills the hole
+  // before the pointers: the kernels' parameter layout is unchanged.)
+  float softcap = 0.0f;
 
   const void* q = nullptr;
   const void* k = nullptr;

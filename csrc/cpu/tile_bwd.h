@@ -122,6 +122,12 @@ void bwd_pair(const BwdPlan& plan, int64_t i0, int64_t j0, int keys, const float
     if (r >= rows) return 0;
     return p.causal ? std::min<int64_t>(keys, std::max<int64_t>(0, i0 + r + diag - j0 + 1)) : keys;
   };
+  // Softcap (softcap_scores): P from the scaled, capped scores, and dS through the tanh, times
+  // 1 - t^2 (softmax_scale is applied at the stores, as without it).
+  const bool capped = p.softcap > 0.0f;
+  const Vec p_scale = capped ? vsplat<Vec>(1.0f) : scale;
+  alignas(64) float t[kBk];        // the row's tanh values (capped)
+  alignas(64) float dtanh[kBk];    // 1 - t^2, zero past the tile's keys
   bool masked = false;  // some real row does not see some real key of the tile
   for (int r = 0; r < rows_pad; ++r) {
     const int64_t visible = visible_keys(r);
@@ -130,10 +136,16 @@ void bwd_pair(const BwdPlan& plan, int64_t i0, int64_t j0, int keys, const float
     const Vec dr = vsplat<Vec>(dl[r]);
     float* srow = s + r * kBk;
     float* dprow = dp + r * kBk;
+    if (capped) {
+      softcap_scores(srow, keys, p.softmax_scale, p.softcap, t);
+      for (int c = 0; c < keys_pad; ++c) dtanh[c] = c < keys ? 1.0f - t[c] * t[c] : 0.0f;
+    }
     for (int c = 0; c < keys_pad; c += kLanes) {
-      const Vec pv = keep_lanes(lanes + c, visible, recompute_p(vload<Vec>(srow + c), scale, lse_r));
+      const Vec pv = keep_lanes(lanes + c, visible, recompute_p(vload<Vec>(srow + c), p_scale, lse_r));
       vstore<Vec>(srow + c, pv);
-      vstore<Vec>(dprow + c, keep_lanes(lanes + c, visible, pv * (vload<Vec>(dprow + c) - dr)));
+      Vec ds = pv * (vload<Vec>(dprow + c) - dr);
+      if (capped) ds *= vload<Vec>(dtanh + c);
+      vstore<Vec>(dprow + c, keep_lanes(lanes + c, visible, ds));
     }
   }
 

@@ -58,7 +58,10 @@ void fwd_item(const FwdPlan& plan, int64_t item, float* ws) {
   const int64_t k_base = b * p.k_batch_stride + hk * p.k_head_stride;
   const int64_t v_base = b * p.v_batch_stride + hk * p.v_head_stride;
   const Vec neg_inf = vsplat<Vec>(-std::numeric_limits<float>::infinity());
-  const Vec scale = vsplat<Vec>(p.scale_log2);
+  // With a softcap the tile holds the scaled, capped scores (softcap_scores), so the exponent takes
+  // log2(e) alone: P = exp2((s - m) log2 e), m the running max of the capped scores.
+  const bool capped = p.softcap > 0.0f;
+  const Vec scale = vsplat<Vec>(capped ? kLog2e : p.scale_log2);
 
   for (int64_t j0 = 0; j0 < key_end; j0 += kBk) {
     const int keys = static_cast<int>(std::min<int64_t>(kBk, key_end - j0));
@@ -67,6 +70,8 @@ void fwd_item(const FwdPlan& plan, int64_t item, float* ws) {
     const TileRef vj = tile_rows(p.v, p.dtype, v_base + j0 * p.v_row_stride, p.v_row_stride, keys, d, keys_pad, vc);
 
     gemm<ALayout::kRowMajor, false>(keys_pad, rows_pad, d, kj.data, kj.ld, qt_s, bq, st, bq);
+    if (capped)
+      for (int jj = 0; jj < keys; ++jj) softcap_scores(st + jj * bq, rows_pad, p.softmax_scale, p.softcap, nullptr);
 
     const bool crosses_diagonal = p.causal && j0 + keys - 1 > i0 + diag;
     if (crosses_diagonal) {

@@ -69,6 +69,18 @@ inline V vfma(V a, V b, V c) {
 
 inline Vec vmax(Vec a, Vec b) { return a > b ? a : b; }
 
+// The score policy of both passes (AttentionFwdParams::softcap): with a softcap c > 0 the raw score
+// S = q.k of `count` entries becomes the scaled and capped c * tanh(scale * S / c) in place, each
+// step rounded to float32 as the reference's same-precision mode does (lib/reference.ts); with `t`
+// the tanh values are kept for the backward's dS. Scalar std::tanh: the capped path is not tuned.
+inline void softcap_scores(float* s, int count, float scale, float cap, float* t) {
+  for (int i = 0; i < count; ++i) {
+    const float th = std::tanh((scale * s[i]) / cap);
+    if (t != nullptr) t[i] = th;
+    s[i] = cap * th;
+  }
+}
+
 // Lane numbers 0, 1, ..., kLanes - 1.
 inline VecI lane_index() {
   VecI v;

@@ -166,6 +166,27 @@ float scale_arg(const Napi::Value& v) {
   return static_cast<float>(s);
 }
 
+// options.softcap: undefined (none) or a finite number >= 0 that float32 holds (0: none).
+float softcap_arg(const Napi::Value& v) {
+  if (v.IsUndefined()) return 0.0f;
+  const double c = number_arg(v, "softcap");
+  const float cf = static_cast<float>(c);
+  if (!std::isfinite(c) || c < 0.0 || !std::isfinite(cf) || (c > 0.0 && cf <= 0.0f)) {
+    throw range_error("Expected softcap to be a finite number >= 0 (0: none) that float32 holds but received " +
+                      v.ToString().Utf8Value());
+  }
+  return cf;
+}
+
+// The softcap runs on the CPU backend only: a CUDA call with one is refused before anything is
+// allocated.
+void check_softcap_device(float softcap, Device device) {
+  if (softcap > 0.0f && device != Device::kCpu) {
+    throw range_error("Expected softcap to be 0 for CUDA tensors (the CUDA kernels do not take a softcap yet; the "
+                      "CPU backend does) but received " + std::to_string(softcap));
+  }
+}
+
 Kernel kernel_arg(const Napi::Value& v) {
   return static_cast<Kernel>(int_arg(v, "kernel", 0, 2));
 }
@@ -269,6 +290,7 @@ struct AttnCallArgs {
   Dims dims;
   bool causal;
   float scale;
+  float softcap;  // 0: none
   Kernel kernel;
   Fp32Precision fp32_precision;
   bool has_strides;
@@ -281,6 +303,7 @@ void read_call_args(const OptionsSnapshot& o, AttnCallArgs& a) {
   a.dims = dims_arg(o["dims"]);
   a.causal = bool_arg(o["causal"], "causal");
   a.scale = scale_arg(o["softmaxScale"]);
+  a.softcap = softcap_arg(o["softcap"]);
   a.kernel = kernel_arg(o["kernel"]);
   a.fp32_precision = fp32_precision_arg(o["float32Precision"]);
 }
@@ -297,6 +320,7 @@ ForwardArgs forward_args(const Napi::Value& value) {
                            {"dims", true},
                            {"causal", true},
                            {"softmaxScale", true},
+                           {"softcap", false},
                            {"kernel", true},
                            {"float32Precision", true},
                            {"strides", false}});
@@ -322,6 +346,7 @@ Napi::Value AttentionForward(const Napi::CallbackInfo& info) {
   const Device device = args.q.device();
   const DType dtype = args.q.dtype();
   expect_float(dtype, "q");
+  check_softcap_device(args.softcap, device);
   const int64_t q_numel = checked_numel({d.batch, d.seqlen_q, d.heads_q, d.head_dim}, "q");
   checked_numel({d.batch, d.seqlen_k, d.heads_kv, d.head_dim}, "k");
   const int64_t lse_numel = checked_numel({d.batch, d.heads_q, d.seqlen_q}, "lse");
@@ -336,6 +361,7 @@ Napi::Value AttentionForward(const Napi::CallbackInfo& info) {
 
   AttentionFwdParams p;
   fill_fwd_params(p, d, dtype, scale, causal);
+  p.softcap = args.softcap;
   const auto point_at = [&](AttentionFwdParams& pp) {
     set_strides(q, &pp.q_batch_stride, &pp.q_row_stride, &pp.q_head_stride);
     set_strides(k, &pp.k_batch_stride, &pp.k_row_stride, &pp.k_head_stride);
@@ -439,6 +465,7 @@ BackwardArgs backward_args(const Napi::Value& value) {
                            {"dims", true},
                            {"causal", true},
                            {"softmaxScale", true},
+                           {"softcap", false},
                            {"kernel", true},
                            {"deterministic", true},
                            {"algorithm", true},
@@ -499,6 +526,7 @@ Napi::Value AttentionBackward(const Napi::CallbackInfo& info) {
   const Device device = args.q.device();
   const DType dtype = args.q.dtype();
   expect_float(dtype, "q");
+  check_softcap_device(args.softcap, device);
   const int64_t q_numel = checked_numel({d.batch, d.seqlen_q, d.heads_q, d.head_dim}, "q");
   const int64_t kv_numel = checked_numel({d.batch, d.seqlen_k, d.heads_kv, d.head_dim}, "k");
   const int64_t lse_numel = checked_numel({d.batch, d.heads_q, d.seqlen_q}, "lse");
@@ -550,6 +578,7 @@ Napi::Value AttentionBackward(const Napi::CallbackInfo& info) {
 
   AttentionBwdParams p;
   fill_fwd_params(p, d, dtype, scale, causal);
+  p.softcap = args.softcap;
   const auto point_at = [&](AttentionBwdParams& pp) {
     set_strides(q, &pp.q_batch_stride, &pp.q_row_stride, &pp.q_head_stride);
     set_strides(k, &pp.k_batch_stride, &pp.k_row_stride, &pp.k_head_stride);

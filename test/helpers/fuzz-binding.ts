@@ -93,6 +93,7 @@ const OPTION_VALUES: Record<string, fc.Arbitrary<Spec>> = {
   causal: mostly(fc.boolean().map(value)),
   deterministic: mostly(fc.boolean().map(value)),
   softmaxScale: mostly(fc.constantFrom(0.25, 0.25, 0.5, 1, 1, 1e-50, -1, NaN).map(value)),
+  softcap: mostly(fc.constantFrom(0, 0, 2, 30, 1e-50, 1e39, -1, NaN).map(value)),
   kernel: mostly(fc.constantFrom(0, 0, 0, 1, 1, 2, -1, 3).map(value)),
   algorithm: mostly(fc.constantFrom(0, 0, 0, 1, 1, 2, -1, 3).map(value)),
   float32Precision: mostly(fc.constantFrom(0, 0, 0, 1, 1, -1, 2).map(value)),
@@ -103,8 +104,8 @@ const OPTION_VALUES: Record<string, fc.Arbitrary<Spec>> = {
   ),
   gradStrides: stridesSpec(3),
 };
-const FORWARD_KEYS = ['q', 'k', 'v', 'dims', 'causal', 'softmaxScale', 'kernel', 'float32Precision', 'strides'];
-const BACKWARD_KEYS = ['dout', 'q', 'k', 'v', 'out', 'lse', 'dims', 'causal', 'softmaxScale', 'kernel', 'deterministic',
+const FORWARD_KEYS = ['q', 'k', 'v', 'dims', 'causal', 'softmaxScale', 'softcap', 'kernel', 'float32Precision', 'strides'];
+const BACKWARD_KEYS = ['dout', 'q', 'k', 'v', 'out', 'lse', 'dims', 'causal', 'softmaxScale', 'softcap', 'kernel', 'deterministic',
   'algorithm', 'float32Precision', 'strides', 'grads', 'gradStrides'];
 /** null 7 times out of 8, else a value of `arb`. */
 const rarely = <T>(arb: fc.Arbitrary<T>): fc.Arbitrary<T | null> =>
