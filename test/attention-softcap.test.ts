@@ -48,6 +48,8 @@ const CASES: Case[] = [
 ];
 
 const ATOL = 1e-5;
+/** FA_TEST_REPORT=1 prints each output's error as a fraction of the rule's bound. */
+const REPORT = process.env.FA_TEST_REPORT === '1';
 
 function shapeOf(t: Case): ReferenceShape {
   const [batch, seqlenQ, seqlenK, headsQ, headsKV, headDim] = t.dims;
@@ -107,7 +109,7 @@ describe('softcap: the CPU backend against the float64 reference', () => {
         { q: qv, k: kv, v: vv, dout: gv, out: got.out }, same.out,
       );
       for (const n of names) {
-        expectFlashRule({
+        const report = expectFlashRule({
           actual: got[n],
           reference: ref[n],
           samePrecision: same[n],
@@ -116,6 +118,7 @@ describe('softcap: the CPU backend against the float64 reference', () => {
           name: `${n} (${t.name})`,
           ...shapes[n],
         });
+        if (REPORT) console.log(`${n} (${t.name}): ${(report.maxErr / report.bound).toFixed(2)} of the bound`);
       }
       // The empty causal rows: out 0, lse +Infinity, dq 0.
       if (t.causal && sq > sk) {

@@ -127,7 +127,7 @@ void bwd_pair(const BwdPlan& plan, int64_t i0, int64_t j0, int keys, const float
   const bool capped = p.softcap > 0.0f;
   const Vec p_scale = capped ? vsplat<Vec>(1.0f) : scale;
   alignas(64) float t[kBk];        // the row's tanh values (capped)
-  alignas(64) float dtanh[kBk];    // 1 - t^2, zero past the tile's keys
+  alignas(64) float dtanh[kBk];    // 1 - t^2 (lanes past the row's visible keys are dropped below)
   bool masked = false;  // some real row does not see some real key of the tile
   for (int r = 0; r < rows_pad; ++r) {
     const int64_t visible = visible_keys(r);
@@ -137,8 +137,11 @@ void bwd_pair(const BwdPlan& plan, int64_t i0, int64_t j0, int keys, const float
     float* srow = s + r * kBk;
     float* dprow = dp + r * kBk;
     if (capped) {
-      softcap_scores(srow, keys, p.softmax_scale, p.softcap, t);
-      for (int c = 0; c < keys_pad; ++c) dtanh[c] = c < keys ? 1.0f - t[c] * t[c] : 0.0f;
+      softcap_scores(srow, keys_pad, p.softmax_scale, p.softcap, t);
+      for (int c = 0; c < keys_pad; c += kLanes) {
+        const Vec tv = vload<Vec>(t + c);
+        vstore<Vec>(dtanh + c, vsplat<Vec>(1.0f) - tv * tv);
+      }
     }
     for (int c = 0; c < keys_pad; c += kLanes) {
       const Vec pv = keep_lanes(lanes + c, visible, recompute_p(vload<Vec>(srow + c), p_scale, lse_r));

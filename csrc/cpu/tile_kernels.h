@@ -69,18 +69,6 @@ inline V vfma(V a, V b, V c) {
 
 inline Vec vmax(Vec a, Vec b) { return a > b ? a : b; }
 
-// The score policy of both passes (AttentionFwdParams::softcap): with a softcap c > 0 the raw score
-// S = q.k of `count` entries becomes the scaled and capped c * tanh(scale * S / c) in place, each
-// step rounded to float32 as the reference's same-precision mode does (lib/reference.ts); with `t`
-// the tanh values are kept for the backward's dS. Scalar std::tanh: the capped path is not tuned.
-inline void softcap_scores(float* s, int count, float scale, float cap, float* t) {
-  for (int i = 0; i < count; ++i) {
-    const float th = std::tanh((scale * s[i]) / cap);
-    if (t != nullptr) t[i] = th;
-    s[i] = cap * th;
-  }
-}
-
 // Lane numbers 0, 1, ..., kLanes - 1.
 inline VecI lane_index() {
   VecI v;
@@ -113,6 +101,37 @@ inline Vec exp2v(Vec x) {
   constexpr int kMantissaBits = 23;
   const VecI e = (__builtin_convertvector(r, VecI) + kExpBias) << kMantissaBits;
   return p * __builtin_bit_cast(Vec, e);
+}
+
+// tanh for every lane, within a few ulps: below |x| = 0.625 the odd minimax polynomial x + x^3 P(x^2)
+// of Cephes' tanhf (no cancellation near 0), above it sign(x) (1 - 2 / (e^2|x| + 1)) through exp2v,
+// which saturates to exactly +-1 (exp2v clamps at 2^127). NaN stays NaN.
+inline Vec tanhv(Vec x) {
+  const Vec ax = x < Vec{} ? -x : x;
+  const Vec z = x * x;
+  Vec p = vsplat<Vec>(-5.70498872745e-3f);
+  p = vfma(p, z, vsplat<Vec>(2.06390887954e-2f));
+  p = vfma(p, z, vsplat<Vec>(-5.37397155531e-2f));
+  p = vfma(p, z, vsplat<Vec>(1.33314422036e-1f));
+  p = vfma(p, z, vsplat<Vec>(-3.33332819422e-1f));
+  const Vec small = vfma(p * z, x, x);
+  const Vec one = vsplat<Vec>(1.0f);
+  const Vec big = one - vsplat<Vec>(2.0f) / (exp2v(ax * vsplat<Vec>(2.0f * kLog2e)) + one);
+  const Vec sbig = x < Vec{} ? -big : big;
+  return ax < vsplat<Vec>(0.625f) ? small : sbig;
+}
+
+// The score policy of both passes (AttentionFwdParams::softcap): with a softcap c > 0 the raw scores
+// S = q.k of `count` entries (a multiple of kLanes) become the scaled and capped c tanh(scale S / c)
+// in place, rounded as the reference's same-precision mode rounds each step (lib/reference.ts); with
+// `t` the tanh values are kept for the backward's dS.
+inline void softcap_scores(float* s, int count, float scale, float cap, float* t) {
+  const Vec sc = vsplat<Vec>(scale), c = vsplat<Vec>(cap);
+  for (int i = 0; i < count; i += kLanes) {
+    const Vec th = tanhv((sc * vload<Vec>(s + i)) / c);
+    if (t != nullptr) vstore<Vec>(t + i, th);
+    vstore<Vec>(s + i, c * th);
+  }
 }
 
 // ---- GEMM -----------------------------------------------------------------------------------------
