@@ -126,8 +126,7 @@ void bwd_pair(const BwdPlan& plan, int64_t i0, int64_t j0, int keys, const float
   // 1 - t^2 (softmax_scale is applied at the stores, as without it).
   const bool capped = p.softcap > 0.0f;
   const Vec p_scale = capped ? vsplat<Vec>(1.0f) : scale;
-  alignas(64) float t[kBk];        // the row's tanh values (capped)
-  alignas(64) float dtanh[kBk];    // 1 - t^2 (lanes past the row's visible keys are dropped below)
+  alignas(64) float dtanh[kBk];  // the row's 1 - t^2 (lanes past its visible keys are dropped below)
   bool masked = false;  // some real row does not see some real key of the tile
   for (int r = 0; r < rows_pad; ++r) {
     const int64_t visible = visible_keys(r);
@@ -136,13 +135,7 @@ void bwd_pair(const BwdPlan& plan, int64_t i0, int64_t j0, int keys, const float
     const Vec dr = vsplat<Vec>(dl[r]);
     float* srow = s + r * kBk;
     float* dprow = dp + r * kBk;
-    if (capped) {
-      softcap_scores(srow, keys_pad, p.softmax_scale, p.softcap, t);
-      for (int c = 0; c < keys_pad; c += kLanes) {
-        const Vec tv = vload<Vec>(t + c);
-        vstore<Vec>(dtanh + c, vsplat<Vec>(1.0f) - tv * tv);
-      }
-    }
+    if (capped) softcap_scores(srow, keys_pad, p.softmax_scale, p.softcap, dtanh);
     for (int c = 0; c < keys_pad; c += kLanes) {
       const Vec pv = keep_lanes(lanes + c, visible, recompute_p(vload<Vec>(srow + c), p_scale, lse_r));
       vstore<Vec>(srow + c, pv);

@@ -124,12 +124,12 @@ inline Vec tanhv(Vec x) {
 // The score policy of both passes (AttentionFwdParams::softcap): with a softcap c > 0 the raw scores
 // S = q.k of `count` entries (a multiple of kLanes) become the scaled and capped c tanh(scale S / c)
 // in place, rounded as the reference's same-precision mode rounds each step (lib/reference.ts); with
-// `t` the tanh values are kept for the backward's dS.
-inline void softcap_scores(float* s, int count, float scale, float cap, float* t) {
+// `dtanh` the backward's factor of dS, 1 - t^2 (t the tanh), is kept too.
+inline void softcap_scores(float* s, int count, float scale, float cap, float* dtanh) {
   const Vec sc = vsplat<Vec>(scale), c = vsplat<Vec>(cap);
   for (int i = 0; i < count; i += kLanes) {
     const Vec th = tanhv((sc * vload<Vec>(s + i)) / c);
-    if (t != nullptr) vstore<Vec>(t + i, th);
+    if (dtanh != nullptr) vstore<Vec>(dtanh + i, vsplat<Vec>(1.0f) - th * th);
     vstore<Vec>(s + i, c * th);
   }
 }
