@@ -62,8 +62,16 @@ function runJest(run) {
     if (report.numFailedTests > 0 || report.numFailedTestSuites > 0 || code !== 0) ok = false;
     for (const file of report.testResults) {
       filesSeen.add(path.relative(root, file.name));
-      if (run.name.startsWith('split'))
+      if (run.name.startsWith('split')) {
         for (const t of file.assertionResults) split.set(t.fullName, [...(split.get(t.fullName) ?? []), t.status]);
+        continue;
+      }
+      // A failed test by name, with the first line of its message; a file that failed to run, with its message.
+      for (const t of file.assertionResults.filter((a) => a.status === 'failed'))
+        console.log(`gpu-suite: failed: ${path.relative(root, file.name)}: ${t.fullName}: ` +
+          `${(t.failureMessages?.[0] ?? '').split('\n')[0]}`);
+      if (file.assertionResults.length === 0 && file.message)
+        console.log(`gpu-suite: failed to run: ${path.relative(root, file.name)}: ${file.message.split('\n')[0]}`);
     }
   }
   let splitPassed = 0, splitSkipped = 0;

@@ -139,9 +139,9 @@ describe('softcap: the CPU backend against the float64 reference', () => {
 
   test('softcap 0 is no softcap: the same bits as without the option', async () => {
     const rng = rngFor('softcap zero');
-    const q = Tensor.fromFloat32Array(randn(2 * 70 * 2 * 32, rng), [2, 70, 2, 32]);
-    const k = Tensor.fromFloat32Array(randn(2 * 70 * 2 * 32, rng), [2, 70, 2, 32]);
-    const v = Tensor.fromFloat32Array(randn(2 * 70 * 2 * 32, rng), [2, 70, 2, 32]);
+    const q = Tensor.fromFloat32Array(randn(2 * 70 * 2 * 32, rng), [2, 70, 2, 32], { device: 'cpu' });
+    const k = Tensor.fromFloat32Array(randn(2 * 70 * 2 * 32, rng), [2, 70, 2, 32], { device: 'cpu' });
+    const v = Tensor.fromFloat32Array(randn(2 * 70 * 2 * 32, rng), [2, 70, 2, 32], { device: 'cpu' });
     const plain = flashAttention(q, k, v, { causal: true });
     const zero = flashAttention(q, k, v, { causal: true, softcap: 0 });
     const capped = flashAttention(q, k, v, { causal: true, softcap: 1 });
@@ -156,11 +156,11 @@ describe('softcap: the CPU backend against the float64 reference', () => {
   });
 });
 
-describe('softcap through flashAttentionWithGrad', () => {
+describe('softcap through flashAttentionWithGrad, on the CPU backend', () => {
   test('the context keeps the softcap: the same bits as flashAttention + flashAttentionBackward', async () => {
     const rng = rngFor('softcap with grad');
     const shape = [1, 77, 2, 24];
-    const [q, k, v, dout] = [0, 1, 2, 3].map(() => Tensor.fromFloat32Array(randn(77 * 2 * 24, rng, 2), shape, { dtype: 'bfloat16' }));
+    const [q, k, v, dout] = [0, 1, 2, 3].map(() => Tensor.fromFloat32Array(randn(77 * 2 * 24, rng, 2), shape, { dtype: 'bfloat16', device: 'cpu' }));
     const opts = { causal: true, softcap: 3 };
     const fwd = flashAttention(q, k, v, opts);
     const grads = flashAttentionBackward(dout, q, k, v, fwd.out, fwd.lse, opts);
@@ -183,7 +183,7 @@ describe('softcap through flashAttentionWithGrad', () => {
 });
 
 describe('softcap: validation', () => {
-  const q = (): Tensor => Tensor.fromFloat32Array(new Float32Array(2 * 8).fill(0.5), [1, 2, 1, 8]);
+  const q = (): Tensor => Tensor.fromFloat32Array(new Float32Array(2 * 8).fill(0.5), [1, 2, 1, 8], { device: 'cpu' });
 
   test.each([
     ['a string', '5', TypeError, /options\.softcap to be a number/],
