@@ -77,10 +77,9 @@ export interface KernelPlan {
    * Warps per thread block. On `'sm90-wgmma'`, 12 and 16 are the warp-specialized forward: a
    * producer warpgroup issuing the TMA loads and two (three at head dims 33–64: 192 query rows)
    * consumer warpgroups of 64 query rows, one persistent block per SM: non-causal at head dims
-   * 33–256 (128-key tiles up to 128, at 97–128 176-key tiles from 4096 keys; 112 up to 192, 80
-   * above), and causal from a length per head dim (queries and keys: 2048 at 33–64, any at 65–128,
-   * 1024 above; 128-key tiles up to 128, 96 up to 192, 80 above). In the backward, 12 is the
-   * warp-specialized single kernel (head dims 33–128).
+   * 33–256 (128-key tiles up to 128, 112 up to 192, 80 above), and causal from a length per head
+   * dim (queries and keys: 2048 at 33–64, any at 65–128, 1024 above; 128-key tiles up to 128, 96 up
+   * to 192, 80 above). In the backward, 12 is the warp-specialized single kernel (head dims 33–128).
    */
   warps: number | null;
   /** K/V tiles (backward: Q / dO tiles) held in shared memory at once. */

@@ -54,16 +54,6 @@ inline constexpr FlashConfig kFwdSm90WsConfigs[] = {
     {192, 128, 112, 12, 2, 1, false},
     {256, 128, 80, 12, 2, 1, false},
 };
-// Non-causal calls with at least kFwdSm90WsLongMinSeqlen keys: longer K/V tiles. At d128 176 keys leave
-// room for one Q buffer only (the 128-key row keeps two: the next item's Q lands while one runs, and O
-// is stored through the idle one). H100, bf16, queued, TFLOP/s at 512 / 1k / 2k / 4k / 8k / 16k,
-// 2026-11-27, O stored through TMA (two runs): n128 470 / 530 / 554 / 559 / 570 / 582 and 480 / 529 /
-// 558 / 545 / 591 / 592; n176 396 / 509 / 522 / 542 / 573 / 586 and (O from registers) 424 / 529 / 552 /
-// 565 / 595 / 611 (test/native/flash_fwd_check.cu).
-inline constexpr FlashConfig kFwdSm90WsLongConfigs[] = {
-    {128, 128, 176, 12, 2, 1, false},
-};
-inline constexpr int64_t kFwdSm90WsLongMinSeqlen = 4096;
 // The same kernel for causal calls with at least fwd_sm90_ws_causal_min_seqlen queries and keys: its
 // blocks take the query tiles from a global counter, heaviest first within sections of heads
 // (query_tile_scheduler.h QueryTileScheduler); shorter causal calls run kFwdSm90Configs, one block per
@@ -207,17 +197,12 @@ constexpr bool fwd_sm90_ws_causal(int head_dim, int64_t seqlen_q, int64_t seqlen
   return config_for(kFwdSm90WsCausalConfigs, head_dim).head_dim != 0 && seqlen_q >= min_seqlen &&
          seqlen_k >= min_seqlen;
 }
-// Whether a non-causal call at compiled head dim head_dim runs the row of kFwdSm90WsLongConfigs.
-constexpr bool fwd_sm90_ws_long(int head_dim, int64_t seqlen_k) {
-  return config_for(kFwdSm90WsLongConfigs, head_dim).head_dim != 0 && seqlen_k >= kFwdSm90WsLongMinSeqlen;
-}
 // The Hopper forward's row for call p at compiled head dim head_dim (what the launcher runs).
 constexpr FlashConfig fwd_sm90_config(int head_dim, const AttentionFwdParams& p) {
   if (p.causal)
     return fwd_sm90_ws_causal(head_dim, p.seqlen_q, p.seqlen_k) ? config_for(kFwdSm90WsCausalConfigs, head_dim)
                                                                 : fwd_sm90_config(head_dim, true);
-  return fwd_sm90_ws_long(head_dim, p.seqlen_k) ? config_for(kFwdSm90WsLongConfigs, head_dim)
-                                                : fwd_sm90_config(head_dim, false);
+  return fwd_sm90_config(head_dim, false);
 }
 constexpr FlashConfig fwd_fp32_config(Fp32Precision precision, int head_dim) {
   return precision == Fp32Precision::kHighest ? config_for(kFwdFp32HighestConfigs, head_dim)

@@ -24,10 +24,17 @@
 // Without the intra-warpgroup overlap and with cp.async loads d128 ran at 344 / 370 | 287 / 342.
 // The warp-specialized kernel (flash_fwd_sm90_ws_kernel.cuh; H100, bf16, same shapes, median of 20,
 // TFLOP/s at 512 / 1k / 2k / 8k, each beside the n128 w2 s3 row in the same run):
-//   d128 non-causal, ws n176 s2: 420 / 531 / 598 / 661   <- from 4k keys (kFwdSm90WsLongConfigs; below, n128 s2
-//                    with two Q buffers and O stored through TMA: flash_configs.h)
+//   d128 non-causal, ws n176 s2: 420 / 531 / 598 / 661
 //                    ws n128 s2: 425 / 523 / 585 / 633;  ws n128 s3: 394 / 512 / 579 / 635
 //                 n128 w2 s3 b1: 341 / 432 / 490 / 553
+//     With two Q buffers and O stored through TMA (the 176-key tile leaves room for one), n128 s2 ran at
+//     least as fast as n176 at every length (H200, bf16, queued, the variants in turns, 2026-11-28, two
+//     runs; TFLOP/s at 512 / 1k / 2k / 4k / 8k / 16k):
+//                    ws n128 s2: 507 / 534 / 538 / 573 / 589 / 592   <- shipped (kFwdSm90WsConfigs)
+//                    ws n176 s2: 411 / 465 / 496 / 540 / 568 / 575   (consumers at 240 registers: 415 / 487 /
+//                                525 / 559 / 577 / 597)
+//                    ws n128 s3 with one Q buffer (the stages of cuDNN 9.19's d128 kernel): 421 / 473 / 499 /
+//                                553 / 576 / 573
 //   Causal, every head dim: flash_configs.h kFwdSm90WsCausalConfigs (the warp-specialized kernel with its
 //   work items from a counter, against the two-warpgroup one; ws n176 causal at d128 spills 220 bytes).
 //   d64 non-causal,  ws n192 s2: 301 / 352 / 410 / 449;  ws n128 s2: 320 / 374 / 398 / 417
@@ -51,6 +58,10 @@
 //   d256 non-causal, ws n80 s2:  396 / 543 / 630 / 711   <- shipped (kFwdSm90WsConfigs)
 //                    ws n64 s2:  418 / 529 / 605 / 662
 //                 n32 w2 s3 b1: 295 / 365 / 408 / 451
+//   Consumers at 240 registers and the producer at 24 without a causal mask (kWideConsumers; H200, bf16,
+//   queued, in turns with 232 / 40, 2026-11-28, 512 / 1k / 2k / 4k / 8k / 16k): d256 n80 471 / 571 / 611 /
+//   636 / 648 / 659 against 462 / 562 / 596 / 623 / 640 / 649 (taken); d128 n128 1.00x; d96 n128 0.98-1.00x
+//   and d192 n112 0.98-1.01x (not taken).
 // The epilogue stores O through TMA (each warpgroup stages its rows in its part of the Q tile; the
 // warp-specialized kernel keeps two Q buffers where they fit and frees one only once its store has
 // read it). Against every thread storing its fragments from registers, queued, H100, bf16,
@@ -66,8 +77,8 @@
 // ptxas -v (CUDA 13.0, sm_90a; fp16 = bf16; non-causal / causal registers), 0 spills, shared memory
 // Q + 3 stages of K and V + barriers:
 //   d32 90, d64 106/109 (2 blocks per SM: launch bound 128; 65 KiB smem each), d96 189/175, d128 186/195 (224 KiB smem),
-//   d192 170/213, d256 182/215. Warp-specialized (setmaxnreg: producer 40, consumers 232): no spills
-//   at d128 n176, d192 n112 and d256 n80 non-causal; causal d128 n176 spills 244 bytes, d192 n112 532,
+//   d192 170/213, d256 182/215. Warp-specialized (setmaxnreg: producer 40, consumers 232; d256 non-causal
+//   24 / 240): no spills at d128 n176, d192 n112 and d256 n80 non-causal; causal d128 n176 spills 244 bytes, d192 n112 532,
 //   d256 n80 612, d192 n96 32 (O stored through TMA; with fragments stored from registers 220, 412, 468
 //   and none).
 #include "cuda/flash/hopper/flash_fwd_sm90.h"
@@ -83,27 +94,25 @@
 namespace fa::cuda {
 namespace {
 
-// The warp-specialized kernel of a row of flash_configs.h (its tile, warps and stages).
+// The warp-specialized kernel of a row of flash_configs.h (its tile, warps and stages); the consumers
+// take 240 registers at head dim 256 (measured above).
 template <typename Elem, int kHeadDim, bool kIsCausal, int kBlockM, int kBlockN, int kWarps, int kStages>
 cudaError_t launch_ws_row(const AttentionFwdParams& p, cudaStream_t stream) {
-  using Traits = flash::sm90::FlashFwdSm90WsTraits<kHeadDim, kBlockN, kStages, Elem, kWarps / 4 - 1>;
+  using Default = flash::sm90::FlashFwdSm90WsTraits<kHeadDim, kBlockN, kStages, Elem, kWarps / 4 - 1>;
+  using Traits = flash::sm90::FlashFwdSm90WsTraits<kHeadDim, kBlockN, kStages, Elem, kWarps / 4 - 1,
+                                                   Default::kL2SectionKiB, 0, Default::kStagedO,
+                                                   Default::kL2SectionMaxHeads, kHeadDim == 256>;
   static_assert(flash::row_matches<Traits>(flash::FlashConfig{kHeadDim, kBlockM, kBlockN, kWarps, kStages, 1, false}),
                 "the row reports the traits' tile");
   return launch_flash_fwd_sm90_ws<Traits, kIsCausal>(p, stream);
 }
 
 // Per head dim, the row of flash::kFwdSm90Configs or, for the non-causal calls of the head dims it
-// has, of flash::kFwdSm90WsConfigs (from flash::kFwdSm90WsLongMinSeqlen keys, of
-// flash::kFwdSm90WsLongConfigs where it has one); causal calls from
+// has, of flash::kFwdSm90WsConfigs; causal calls from
 // flash::fwd_sm90_ws_causal_min_seqlen on, the row of flash::kFwdSm90WsCausalConfigs (flash_configs.h
 // fwd_sm90_config).
 template <typename Elem, int kHeadDim, bool kIsCausal>
 cudaError_t launch(const AttentionFwdParams& p, cudaStream_t stream) {
-  if constexpr (!kIsCausal && flash::config_for(flash::kFwdSm90WsLongConfigs, kHeadDim).head_dim == kHeadDim) {
-    constexpr flash::FlashConfig kL = flash::config_for(flash::kFwdSm90WsLongConfigs, kHeadDim);
-    if (flash::fwd_sm90_ws_long(kHeadDim, p.seqlen_k))
-      return launch_ws_row<Elem, kHeadDim, false, kL.block_m, kL.block_n, kL.warps, kL.stages>(p, stream);
-  }
   if constexpr (kIsCausal && flash::config_for(flash::kFwdSm90WsCausalConfigs, kHeadDim).head_dim == kHeadDim) {
     constexpr flash::FlashConfig kW = flash::config_for(flash::kFwdSm90WsCausalConfigs, kHeadDim);
     if (flash::fwd_sm90_ws_causal(kHeadDim, p.seqlen_q, p.seqlen_k))

@@ -46,7 +46,7 @@ namespace fa::cuda::flash::sm90 {
 
 template <int kHeadDim_, int kBlockN_, int kStages_, typename Elem_, int kConsumers_ = 2,
           uint32_t kL2SectionKiB_ = kCausalSectionKiB, int kQStages_ = 0, bool kTmaStoreO_ = true,
-          uint32_t kL2SectionMaxHeads_ = kCausalSectionMaxHeads>
+          uint32_t kL2SectionMaxHeads_ = kCausalSectionMaxHeads, bool kWideConsumers_ = false>
 struct FlashFwdSm90WsTraits {
   using Elem = Elem_;
   static constexpr int kHeadDim = kHeadDim_;
@@ -71,9 +71,14 @@ struct FlashFwdSm90WsTraits {
   // the consumers can take only what the producer gives up. Two consumers: 128 x 40 + 256 x 232 =
   // 384 x 168; the producer's checker warps spilled at 24 (ptxas, causal); at 232 the consumers of
   // d128 with 128-key tiles spill nothing, with 176-key tiles the causal kernel spills (non-causal
-  // does not). Three consumers: 128 x 32 + 384 x 160 = 512 x 128.
-  static constexpr int kProducerRegs = kConsumers == 2 ? 40 : 32;
-  static constexpr int kConsumerRegs = kConsumers == 2 ? 232 : 160;
+  // does not). Three consumers: 128 x 32 + 384 x 160 = 512 x 128. kWideConsumers_: without a causal
+  // mask the producer's warps 1-3 check nothing, and two consumers take 240 (128 x 24 + 256 x 240;
+  // where that measured faster: hopper/flash_fwd_sm90.cu).
+  static constexpr bool kWideConsumers = kWideConsumers_;
+  template <bool kIsCausal>
+  static constexpr int kProducerRegs = kConsumers == 3 ? 32 : kWideConsumers && !kIsCausal ? 24 : 40;
+  template <bool kIsCausal>
+  static constexpr int kConsumerRegs = kConsumers == 3 ? 160 : kWideConsumers && !kIsCausal ? 240 : 232;
   // Causal: the epilogue's rare path that adds V's NaN / ±Inf elements back (nonfinite_pv.cuh
   // add_nonfinite_v) is called out of line above head dim 128, O copied through local memory around
   // the call. Inlined, its unrolled loops over O's columns made ptxas (sm_90a) spill 360 / 572 bytes
@@ -124,7 +129,8 @@ struct FlashFwdSm90WsTraits {
   static_assert(kStages >= 2, "K and V double-buffered at least");
   static_assert(kQStages == 1 || kQStages == 2, "one or two Q buffers");
   static_assert(kConsumers == 2 || kConsumers == 3, "two or three consumer warpgroups (register budgets above)");
-  static_assert(128 * kProducerRegs + kConsumerThreads * kConsumerRegs <= (65536 / kNThreads) / 8 * 8 * kNThreads,
+  static_assert(128 * kProducerRegs<false> + kConsumerThreads * kConsumerRegs<false> <= (65536 / kNThreads) / 8 * 8 * kNThreads &&
+                    128 * kProducerRegs<true> + kConsumerThreads * kConsumerRegs<true> <= (65536 / kNThreads) / 8 * 8 * kNThreads,
                 "setmaxnreg: the consumers take only what the producer gives up");
   static_assert(kSmemBytes <= kSm90MaxSmemPerBlock, "shared memory exceeds the sm_90 per-block limit");
 };
@@ -242,7 +248,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
 
   const int wg = warp_uniform_int(static_cast<int>(threadIdx.x) / 128);
   if (wg == 0) {
-    setmaxnreg_dec<Traits::kProducerRegs>();
+    setmaxnreg_dec<Traits::template kProducerRegs<kIsCausal>>();
     // Producer: per work item, Q once its buffer's previous item is past its last S, then its K and
     // V tiles, each once its stage is released. It runs ahead into the next item while the consumers
     // finish one (their softmax tail and epilogue overlap the next loads).
@@ -314,7 +320,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
   }
 
   // Consumers.
-  setmaxnreg_inc<Traits::kConsumerRegs>();
+  setmaxnreg_inc<Traits::template kConsumerRegs<kIsCausal>>();
   const int cw = wg - 1;                               // consumer warpgroup
   const int ct = static_cast<int>(threadIdx.x) - 128;  // consumer thread, [0, kConsumerThreads)
   const int warp = (ct / 32) % 4, lane = ct % 32;
