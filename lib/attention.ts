@@ -108,6 +108,16 @@ export interface AttentionOptions {
    */
   softcap?: number;
   /**
+   * Sliding window (Mistral, Gemma): `[left, right]`, integers ≥ −1. Query row `i` sees key `j` iff
+   * `i + seqlenK − seqlenQ − left <= j <= i + seqlenK − seqlenQ + right` (bottom-right aligned, as the
+   * causal mask); −1 leaves that side unbounded, and with `causal: true` the right side is 0. A row
+   * whose window holds no key gets `out = 0` and `lse = +Infinity`. Undefined (default) or
+   * `[-1, -1]`: no window. The CPU backend skips the key tiles outside every row's window, so the
+   * cost falls with the window; CUDA tensors with a bounded window are refused with a RangeError (the
+   * CUDA kernels do not take it yet).
+   */
+  window?: readonly [number, number];
+  /**
    * 'flash' is FlashAttention-2: the CPU backend, and on CUDA (sm_80 or newer) the tensor-core
    * kernels: the forward and the backward for float16, bfloat16 and float32 (see `algorithm` and
    * `deterministic` for the backward's variants). 'naive' is the CUDA fp32 reference that
@@ -222,6 +232,7 @@ interface Problem {
   causal: boolean;
   scale: number;
   softcap: number; // 0: none
+  window: [number, number]; // [-1, -1]: none
   kernel: AttentionKernel;
   float32Precision: Float32Precision;
 }
@@ -247,6 +258,7 @@ interface CheckedOptions {
   causal: boolean;
   scale?: number;
   softcap: number;
+  window: [number, number];
   kernel: AttentionKernel;
   float32Precision: Float32Precision;
   deterministic: boolean;
@@ -256,8 +268,21 @@ interface CheckedOptions {
 // The forward takes the backward's keys too (one options object can serve both passes), and checks
 // them as the backward would.
 const OPTION_KEYS: readonly string[] = [
-  'causal', 'softmaxScale', 'softcap', 'kernel', 'float32Precision', 'deterministic', 'algorithm',
+  'causal', 'softmaxScale', 'softcap', 'window', 'kernel', 'float32Precision', 'deterministic', 'algorithm',
 ];
+
+/** `options.window` (undefined: none) as [left, right], -1 where unbounded. */
+function checkWindow(window: unknown): [number, number] {
+  if (window === undefined) return [-1, -1];
+  const what = 'options.window to be [left, right], integers >= -1 (-1: unbounded)';
+  if (!Array.isArray(window) || window.length !== 2) throw typeError(what, describeValue(window));
+  const sides: unknown[] = [window[0], window[1]]; // each element read once
+  for (const x of sides) {
+    if (typeof x !== 'number') throw typeError(what, `an element ${describeValue(x)}`);
+    if (!Number.isSafeInteger(x) || x < -1) throw rangeError(what, `[${sides.map(String).join(', ')}]`);
+  }
+  return [sides[0] as number, sides[1] as number];
+}
 
 function checkOptions(options: unknown): CheckedOptions {
   if (options !== undefined && (options === null || typeof options !== 'object' || Array.isArray(options))) {
@@ -287,6 +312,7 @@ function checkOptions(options: unknown): CheckedOptions {
       throw rangeError('options.softcap to be a finite number >= 0 (0: none) that float32 holds', String(o.softcap));
     }
   }
+  const window = checkWindow(o.window);
   if (o.kernel !== undefined && !['auto', 'flash', 'naive'].includes(o.kernel as string)) {
     throw typeError("options.kernel to be 'auto', 'flash' or 'naive'", describeValue(o.kernel));
   }
@@ -303,6 +329,7 @@ function checkOptions(options: unknown): CheckedOptions {
     causal: o.causal ?? false,
     scale: o.softmaxScale,
     softcap: o.softcap ?? 0,
+    window,
     kernel: o.kernel ?? 'auto',
     float32Precision: o.float32Precision ?? 'tf32',
     deterministic: o.deterministic ?? false,
@@ -347,6 +374,13 @@ function checkQKV(q: unknown, k: unknown, v: unknown, options: unknown): Backwar
       String(o.softcap),
     );
   }
+  if ((o.window[0] >= 0 || o.window[1] >= 0) && Q.device !== 'cpu') {
+    throw rangeError(
+      `options.window to be [-1, -1] for ${Q.device} tensors (the CUDA kernels do not take a sliding window yet; ` +
+        'the CPU backend does)',
+      `[${o.window.join(', ')}]`,
+    );
+  }
   return {
     dims: [batch, seqlenQ, seqlenK, headsQ, headsKV, headDim],
     device: Q.device,
@@ -354,6 +388,7 @@ function checkQKV(q: unknown, k: unknown, v: unknown, options: unknown): Backwar
     causal: o.causal,
     scale: o.scale ?? 1 / Math.sqrt(headDim),
     softcap: o.softcap,
+    window: o.window,
     kernel: o.kernel,
     float32Precision: o.float32Precision,
     deterministic: o.deterministic,
@@ -389,7 +424,7 @@ function forwardNative(q: NativeView, k: NativeView, v: NativeView, p: Problem):
   const { args, strides } = nativeArgs([q, k, v]);
   const [outBuf, lseBuf, kernel, plan] = binding().attentionForward({
     q: args[0], k: args[1], v: args[2], dims: p.dims, causal: p.causal, softmaxScale: p.scale, softcap: p.softcap,
-    kernel: KERNEL_CODE[p.kernel], float32Precision: FLOAT32_PRECISION_CODE[p.float32Precision], strides,
+    window: p.window, kernel: KERNEL_CODE[p.kernel], float32Precision: FLOAT32_PRECISION_CODE[p.float32Precision], strides,
   });
   const [batch, seqlenQ, , headsQ, , headDim] = p.dims;
   return {
@@ -497,7 +532,8 @@ function backwardNative(
   const grads = given ? targets.map((t, i) => (t === null ? null : nativeView(t, TARGET_KEYS[i]))) : [];
   const [dq, dk, dv, kernel, algorithm, plan] = binding().attentionBackward({
     dout: args[0], q: args[1], k: args[2], v: args[3], out: args[4], lse, dims: p.dims, causal: p.causal,
-    softmaxScale: p.scale, softcap: p.softcap, kernel: KERNEL_CODE[p.kernel], deterministic: p.deterministic,
+    softmaxScale: p.scale, softcap: p.softcap, window: p.window, kernel: KERNEL_CODE[p.kernel],
+    deterministic: p.deterministic,
     algorithm: BACKWARD_ALGORITHM_CODE[p.algorithm], float32Precision: FLOAT32_PRECISION_CODE[p.float32Precision],
     strides,
     grads: given ? grads.map((g) => (g === null ? null : [g.buf, g.offset])) : undefined,

@@ -171,6 +171,11 @@ export interface NativeAttentionForwardArgs {
   softmaxScale: number;
   /** Softcap of the scaled scores (`c · tanh(s / c)`): a finite number >= 0 (0 or undefined: none); CPU tensors only. */
   softcap?: number;
+  /**
+   * Sliding window `[left, right]`, integers >= -1 (-1: that side unbounded; undefined: none), bottom-right
+   * aligned like the causal mask; CPU tensors only when bounded.
+   */
+  window?: number[];
   /** Which implementation runs: a {@link KERNEL_CODE} value. */
   kernel: number;
   /** The float32 inputs' matmul precision on CUDA: a {@link FLOAT32_PRECISION_CODE} value. */
@@ -204,6 +209,8 @@ export interface NativeAttentionBackwardArgs {
   softmaxScale: number;
   /** As in {@link NativeAttentionForwardArgs}. */
   softcap?: number;
+  /** As in {@link NativeAttentionForwardArgs}. */
+  window?: number[];
   /** As in {@link NativeAttentionForwardArgs}. */
   kernel: number;
   /** Whether dq is summed in a fixed order (bitwise reproducible). */

@@ -14,6 +14,7 @@
 //    for it, so its dq is 0 and it adds nothing to dk/dv. Never NaN.
 //  - GQA/MQA: query head h reads key/value head h / (heads_q / heads_kv).
 #pragma once
+#include <algorithm>
 #include <cstdint>
 
 #include "dtype.h"
@@ -79,6 +80,43 @@ struct AttentionFwdParams {
   const void* v = nullptr;
   void* out = nullptr;
   float* lse = nullptr;  // natural log; +inf for rows with no visible key
+  // Sliding window, bottom-right aligned like the causal mask (diag = seqlen_k - seqlen_q): query row i
+  // sees key j iff i + diag - window_left <= j <= i + diag + window_right; -1 leaves a side unbounded,
+  // and with `causal` the right side is bounded at 0 (VisibleKeys). Each is -1 or in [0, 2^62]. Taken
+  // by the CPU backend; the binding refuses a bounded window for CUDA.
+  int64_t window_left = -1;
+  int64_t window_right = -1;
+};
+
+// The keys [lo(i), hi(i)) that query row i sees under the causal mask and the sliding window of p
+// (bottom-right aligned; a row whose range is empty sees no key). lo and hi never decrease with i.
+struct VisibleKeys {
+  int64_t seqlen_k, diag, left, right;  // left / right: -1 unbounded
+
+  explicit VisibleKeys(const AttentionFwdParams& p)
+      : seqlen_k(p.seqlen_k),
+        diag(p.seqlen_k - p.seqlen_q),
+        left(p.window_left),
+        right(p.causal ? 0 : p.window_right) {}
+
+  int64_t lo(int64_t i) const { return left < 0 ? 0 : clamp_key(i + diag - left); }
+  int64_t hi(int64_t i) const { return right < 0 ? seqlen_k : clamp_key(i + diag + right + 1); }
+  bool sees(int64_t i, int64_t j) const { return lo(i) <= j && j < hi(i); }
+  bool any(int64_t i) const { return lo(i) < hi(i); }
+  // Whether some row sees a key and another does not: tiles need the mask only then.
+  bool bounded() const { return left >= 0 || right >= 0; }
+  // The first query row whose range reaches past key j (hi(i) > j), and the first whose range starts
+  // after key j (lo(i) > j; seqlen_q when none does): rows [first_reaching(j), first_after(j)) are the
+  // ones that can see key j.
+  int64_t first_reaching(int64_t j, int64_t seqlen_q) const {
+    return right < 0 ? 0 : std::clamp<int64_t>(j - diag - right, 0, seqlen_q);
+  }
+  int64_t first_after(int64_t j, int64_t seqlen_q) const {
+    return left < 0 ? seqlen_q : std::clamp<int64_t>(j - diag + left + 1, 0, seqlen_q);
+  }
+
+ private:
+  int64_t clamp_key(int64_t j) const { return std::clamp<int64_t>(j, 0, seqlen_k); }
 };
 
 struct AttentionBwdParams : AttentionFwdParams {

@@ -75,21 +75,31 @@ struct BwdPlan {
   }
 };
 
-// First query tile with a row that sees key j0 (causal), or q_tiles if none does.
+// First query tile with a row that sees a key from j0 on (the causal mask and the window's right side),
+// or q_tiles if none does.
 int64_t bwd_first_q_tile(const BwdPlan& plan, int64_t j0) {
   const AttentionBwdParams& p = *plan.p;
-  if (!p.causal) return 0;
-  const int64_t first_row = std::max<int64_t>(0, j0 - (p.seqlen_k - p.seqlen_q));
+  const int64_t first_row = VisibleKeys(p).first_reaching(j0, p.seqlen_q);
   return first_row >= p.seqlen_q ? plan.q_tiles : first_row / kBwdBlockQ;
 }
 
+// One past the last query tile with a row that sees a key before j0 + keys (the window's left side).
+int64_t bwd_end_q_tile(const BwdPlan& plan, int64_t j0, int64_t keys) {
+  const AttentionBwdParams& p = *plan.p;
+  const int64_t end_row = VisibleKeys(p).first_after(j0 + keys - 1, p.seqlen_q);
+  return (end_row + kBwdBlockQ - 1) / kBwdBlockQ;
+}
+
 // Splits the K/V tiles into plan.chunks contiguous, non-empty chunks of about equal work (the Q
-// tiles each K/V tile pairs with): equal tile counts when not causal, longer chunks towards the end
+// tiles each K/V tile pairs with): equal tile counts when not masked, longer chunks towards the end
 // of K when causal.
 void split_chunks(BwdPlan& plan) {
   std::vector<int64_t> work(plan.k_tiles + 1, 0);  // work[kt]: work of tiles [0, kt)
-  for (int64_t kt = 0; kt < plan.k_tiles; ++kt)
-    work[kt + 1] = work[kt] + plan.q_tiles - bwd_first_q_tile(plan, kt * kBwdBlockK);
+  for (int64_t kt = 0; kt < plan.k_tiles; ++kt) {
+    const int64_t j0 = kt * kBwdBlockK;
+    const int64_t keys = std::min<int64_t>(kBwdBlockK, plan.p->seqlen_k - j0);
+    work[kt + 1] = work[kt] + std::max<int64_t>(0, bwd_end_q_tile(plan, j0, keys) - bwd_first_q_tile(plan, j0));
+  }
   plan.chunk_begin.assign(plan.chunks + 1, plan.k_tiles);
   plan.chunk_begin[0] = 0;
   for (int64_t c = 1; c < plan.chunks; ++c) {

@@ -18,10 +18,10 @@
 // tiles in order and then over the chunks in order, whatever the Q blocking and whichever thread
 // runs an item: results depend on the shape (through the chunk count) but not on the thread count.
 
-// Lanes at or past `end` of P (keys past the end, causal-invisible entries) are exactly 0, so no
+// Lanes outside [first, end) of P (keys past the end, entries the mask hides) are exactly 0, so no
 // Inf * 0 downstream.
-inline Vec keep_lanes(VecI lane_pos, int64_t end, Vec v) {
-  return lane_pos < VecI{} + static_cast<int32_t>(end) ? v : Vec{};
+inline Vec keep_lanes(VecI lane_pos, int64_t first, int64_t end, Vec v) {
+  return lane_pos >= VecI{} + static_cast<int32_t>(first) && lane_pos < VecI{} + static_cast<int32_t>(end) ? v : Vec{};
 }
 
 // D = rowsum(dO ∘ O) for one (batch, query head, query tile), into plan.delta.
@@ -112,15 +112,18 @@ void bwd_pair(const BwdPlan& plan, int64_t i0, int64_t j0, int keys, const float
   gemm<ALayout::kRowMajor, false>(rows_pad, keys_pad, d, qc, d, ws + plan.off_kt, kBk, s, kBk);
   gemm<ALayout::kRowMajor, false>(rows_pad, keys_pad, d, doc, d, ws + plan.off_vt, kBk, dp, kBk);
 
-  // P (recompute_p), dS = P ∘ (dP - D). Row r sees keys c < visible (none for the padding rows r >=
-  // rows, whose zero q times an infinite k would otherwise make a NaN score). P and dS are exactly 0
-  // where a row does not see a key, whatever dP and D hold (D is NaN on a row with a NaN output).
-  const int64_t diag = p.seqlen_k - p.seqlen_q;
+  // P (recompute_p), dS = P ∘ (dP - D). Row r sees tile keys [first, end) (VisibleKeys; none for the
+  // padding rows r >= rows, whose zero q times an infinite k would otherwise make a NaN score). P and
+  // dS are exactly 0 where a row does not see a key, whatever dP and D hold (D is NaN on a row with a
+  // NaN output).
+  const VisibleKeys vis(p);
   const Vec scale = vsplat<Vec>(p.softmax_scale);
   const VecI lanes = lane_index();
-  const auto visible_keys = [&](int r) -> int64_t {
-    if (r >= rows) return 0;
-    return p.causal ? std::min<int64_t>(keys, std::max<int64_t>(0, i0 + r + diag - j0 + 1)) : keys;
+  const auto first_key = [&](int r) -> int64_t {
+    return r >= rows ? 0 : std::clamp<int64_t>(vis.lo(i0 + r) - j0, 0, keys);
+  };
+  const auto end_key = [&](int r) -> int64_t {
+    return r >= rows ? 0 : std::clamp<int64_t>(vis.hi(i0 + r) - j0, first_key(r), keys);
   };
   // Softcap (softcap_scores): P from the scaled, capped scores, and dS through the tanh, times
   // 1 - t^2 (softmax_scale is applied at the stores, as without it).
@@ -129,19 +132,19 @@ void bwd_pair(const BwdPlan& plan, int64_t i0, int64_t j0, int keys, const float
   alignas(64) float dtanh[kBk];  // the row's 1 - t^2 (lanes past its visible keys are dropped below)
   bool masked = false;  // some real row does not see some real key of the tile
   for (int r = 0; r < rows_pad; ++r) {
-    const int64_t visible = visible_keys(r);
-    masked = masked || (r < rows && visible < keys);
+    const int64_t first = first_key(r), end = end_key(r);
+    masked = masked || (r < rows && (first > 0 || end < keys));
     const Vec lse_r = vsplat<Vec>(lse[r]);
     const Vec dr = vsplat<Vec>(dl[r]);
     float* srow = s + r * kBk;
     float* dprow = dp + r * kBk;
     if (capped) softcap_scores(srow, keys_pad, p.softmax_scale, p.softcap, dtanh);
     for (int c = 0; c < keys_pad; c += kLanes) {
-      const Vec pv = keep_lanes(lanes + c, visible, recompute_p(vload<Vec>(srow + c), p_scale, lse_r));
+      const Vec pv = keep_lanes(lanes + c, first, end, recompute_p(vload<Vec>(srow + c), p_scale, lse_r));
       vstore<Vec>(srow + c, pv);
       Vec ds = pv * (vload<Vec>(dprow + c) - dr);
       if (capped) ds *= vload<Vec>(dtanh + c);
-      vstore<Vec>(dprow + c, keep_lanes(lanes + c, visible, ds));
+      vstore<Vec>(dprow + c, keep_lanes(lanes + c, first, end, ds));
     }
   }
 
@@ -149,7 +152,7 @@ void bwd_pair(const BwdPlan& plan, int64_t i0, int64_t j0, int keys, const float
   // where the mask hides keys from rows, a NaN / Inf in dO, Q or K would meet the mask's zeros:
   // those products leave the hidden (row, key) terms out (gemm_masked, tile_kernels.h).
   const float* kc = ws + plan.off_kc;
-  const auto sees = [&](int r, int c) { return c < visible_keys(r); };
+  const auto sees = [&](int r, int c) { return first_key(r) <= c && c < end_key(r); };
   if (masked && any_nonfinite(doc, rows, d, d)) {
     gemm_masked<ALayout::kColMajor>(keys_pad, d, rows_pad, s, kBk, doc, d, dv, d,
                                     [&](int c, int, int r) { return sees(r, c); });
@@ -226,11 +229,12 @@ void bwd_chunk_item(const BwdPlan& plan, int64_t item, float* ws) {
       std::memset(dq_acc, 0, sizeof(float) * static_cast<size_t>(qb1 - qb0) * kBq * d);
       for (int64_t kt = kt_begin; kt < kt_end; ++kt) {
         const int64_t j0 = kt * kBk;
-        const int64_t first = std::max(qb0, bwd_first_q_tile(plan, j0));
-        if (first >= qb1) continue;
         const int keys = static_cast<int>(std::min<int64_t>(kBk, p.seqlen_k - j0));
+        const int64_t first = std::max(qb0, bwd_first_q_tile(plan, j0));
+        const int64_t end = std::min(qb1, bwd_end_q_tile(plan, j0, keys));
+        if (first >= end) continue;
         bwd_load_kv(plan, b, hk, j0, keys, ws);
-        for (int64_t qt = first; qt < qb1; ++qt) {
+        for (int64_t qt = first; qt < end; ++qt) {
           const int64_t r0 = qt * kBq - blk_i0;  // first row of Q tile qt in the block
           bwd_pair(plan, qt * kBq, j0, keys, q_blk + r0 * d, do_blk + r0 * d, lse_blk + r0, dl_blk + r0, ws,
                    dk_acc + (j0 - key0) * d, dv_acc + (j0 - key0) * d, dq_acc + r0 * d);

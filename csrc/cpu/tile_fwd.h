@@ -51,10 +51,13 @@ void fwd_item(const FwdPlan& plan, int64_t item, float* ws) {
   }
   for (int e = 0; e < d; ++e) std::memset(ot + e * bq, 0, sizeof(float) * rows_pad);
 
-  // Causal (bottom-right): key j is visible to query row i iff j <= i + diag. Tiles entirely above
-  // the diagonal (j0 >= key_end) are skipped; only tiles crossing it get the mask.
-  const int64_t diag = p.seqlen_k - p.seqlen_q;
-  const int64_t key_end = p.causal ? std::min<int64_t>(p.seqlen_k, i0 + rows + diag) : p.seqlen_k;
+  // Row i sees keys [vis.lo(i), vis.hi(i)) (the causal mask and the sliding window, bottom-right
+  // aligned; both bounds grow with i). The tiles run over the keys some row of the tile sees; only
+  // tiles where some row does not see some key get the mask.
+  const VisibleKeys vis(p);
+  const int64_t last = i0 + rows - 1;
+  const int64_t key_begin = vis.lo(i0);
+  const int64_t key_end = std::max(key_begin, vis.hi(last));
   const int64_t k_base = b * p.k_batch_stride + hk * p.k_head_stride;
   const int64_t v_base = b * p.v_batch_stride + hk * p.v_head_stride;
   const Vec neg_inf = vsplat<Vec>(-std::numeric_limits<float>::infinity());
@@ -63,7 +66,7 @@ void fwd_item(const FwdPlan& plan, int64_t item, float* ws) {
   const bool capped = p.softcap > 0.0f;
   const Vec scale = vsplat<Vec>(capped ? kLog2e : p.scale_log2);
 
-  for (int64_t j0 = 0; j0 < key_end; j0 += kBk) {
+  for (int64_t j0 = key_begin; j0 < key_end; j0 += kBk) {
     const int keys = static_cast<int>(std::min<int64_t>(kBk, key_end - j0));
     const int keys_pad = pad_to_tile(keys);
     const TileRef kj = tile_rows(p.k, p.dtype, k_base + j0 * p.k_row_stride, p.k_row_stride, keys, d, keys_pad, kc);
@@ -73,12 +76,14 @@ void fwd_item(const FwdPlan& plan, int64_t item, float* ws) {
     if (capped)
       for (int jj = 0; jj < keys; ++jj) softcap_scores(st + jj * bq, rows_pad, p.softmax_scale, p.softcap, nullptr);
 
-    const bool crosses_diagonal = p.causal && j0 + keys - 1 > i0 + diag;
-    if (crosses_diagonal) {
-      // Key j0 + jj is hidden from query rows i0 + r with r < j0 + jj - diag - i0.
-      for (int jj = 0; jj < keys; ++jj) {
-        const int64_t hidden = std::min<int64_t>(rows_pad, std::max<int64_t>(0, j0 + jj - diag - i0));
-        for (int64_t r = 0; r < hidden; ++r) st[jj * bq + r] = -std::numeric_limits<float>::infinity();
+    // Row i0 + r (padding rows too, so that they stay finite) sees tile keys [lo - j0, hi - j0).
+    const bool masked = j0 < vis.lo(i0 + rows_pad - 1) || j0 + keys > vis.hi(i0);
+    if (masked) {
+      for (int r = 0; r < rows_pad; ++r) {
+        const int64_t first = std::clamp<int64_t>(vis.lo(i0 + r) - j0, 0, keys);
+        const int64_t end = std::clamp<int64_t>(vis.hi(i0 + r) - j0, first, keys);
+        for (int64_t jj = 0; jj < first; ++jj) st[jj * bq + r] = -std::numeric_limits<float>::infinity();
+        for (int64_t jj = end; jj < keys; ++jj) st[jj * bq + r] = -std::numeric_limits<float>::infinity();
       }
     }
 
@@ -111,25 +116,26 @@ void fwd_item(const FwdPlan& plan, int64_t item, float* ws) {
       float* orow = ot + e * bq;
       for (int r = 0; r < rows_pad; r += kLanes) vstore<Vec>(orow + r, vload<Vec>(orow + r) * vload<Vec>(alpha + r));
     }
-    // O^T += V^T P^T, with V^T read from V. A NaN / Inf in V on a tile that crosses the diagonal: the
-    // hidden (key, row) terms are left out (gemm_masked), so it reaches only the rows that see the key.
-    if (crosses_diagonal && any_nonfinite(vj.data, keys, d, vj.ld)) {
+    // O^T += V^T P^T, with V^T read from V. A NaN / Inf in V on a masked tile: the hidden (key, row)
+    // terms are left out (gemm_masked), so it reaches only the rows that see the key.
+    if (masked && any_nonfinite(vj.data, keys, d, vj.ld)) {
       gemm_masked<ALayout::kColMajor>(d, rows_pad, keys_pad, vj.data, vj.ld, st, bq, ot, bq,
-                                      [&](int, int r, int jj) { return j0 + jj <= i0 + r + diag; });
+                                      [&](int, int r, int jj) { return vis.sees(i0 + r, j0 + jj); });
     } else {
       gemm<ALayout::kColMajor, true>(d, rows_pad, keys_pad, vj.data, vj.ld, st, bq, ot, bq);
     }
   }
 
   // FA2 tweak 1: divide by l only once, at the end. LSE in natural units: off * ln 2 + ln l, one
-  // rounding after the (exact) product. A row that sees no key (causal, seqlen_q > seqlen_k) gets out 0
+  // rounding after the (exact) product. A row that sees no key (causal with seqlen_q > seqlen_k, or a
+  // window past the keys) gets out 0
   // and lse +inf. A row that sees keys has l >= 1 (its max scores 2^0) unless its scores are not finite:
   // l = NaN (a NaN score) gives NaN out and lse through the same formulas, and l = 0 (every score -inf,
   // from an infinite input) is softmax's 0 / 0: NaN, as standard attention gives (not an empty row).
   constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
   for (int r = 0; r < rows; ++r) {
     const int64_t i = i0 + r;
-    const bool sees_keys = !p.causal || i + diag >= 0;
+    const bool sees_keys = vis.any(i);
     const float inv_l = !sees_keys ? 0.0f : l[r] == 0.0f ? kNaN : 1.0f / l[r];
     for (int e = 0; e < d; ++e) row[e] = ot[e * bq + r];
     store_row(row, d, inv_l, p.dtype, p.out, b * p.o_batch_stride + i * p.o_row_stride + h * p.o_head_stride);

@@ -187,6 +187,34 @@ void check_softcap_device(float softcap, Device device) {
   }
 }
 
+// options.window: undefined (none) or [left, right], integers in [-1, 2^53 - 1] (-1: that side unbounded).
+struct Window {
+  int64_t left = -1, right = -1;
+  bool bounded() const { return left >= 0 || right >= 0; }
+};
+Window window_arg(const Napi::Value& v) {
+  Window w;
+  if (v.IsUndefined()) return w;
+  if (!v.IsArray() || v.As<Napi::Array>().Length() != 2) {
+    throw type_error("Expected window to be an Array of 2 [left, right] but received " + describe(v));
+  }
+  auto a = v.As<Napi::Array>();
+  constexpr int64_t kMaxWindow = (int64_t{1} << 53) - 1;
+  w.left = int_arg(a.Get(0u), "window[0] (left)", -1, kMaxWindow);
+  w.right = int_arg(a.Get(1u), "window[1] (right)", -1, kMaxWindow);
+  return w;
+}
+
+// The sliding window runs on the CPU backend only: a CUDA call with a bounded one is refused before
+// anything is allocated.
+void check_window_device(const Window& w, Device device) {
+  if (w.bounded() && device != Device::kCpu) {
+    throw range_error("Expected window to be [-1, -1] for CUDA tensors (the CUDA kernels do not take a sliding "
+                      "window yet; the CPU backend does) but received [" + std::to_string(w.left) + ", " +
+                      std::to_string(w.right) + "]");
+  }
+}
+
 Kernel kernel_arg(const Napi::Value& v) {
   return static_cast<Kernel>(int_arg(v, "kernel", 0, 2));
 }
@@ -291,6 +319,7 @@ struct AttnCallArgs {
   bool causal;
   float scale;
   float softcap;  // 0: none
+  Window window;
   Kernel kernel;
   Fp32Precision fp32_precision;
   bool has_strides;
@@ -304,6 +333,7 @@ void read_call_args(const OptionsSnapshot& o, AttnCallArgs& a) {
   a.causal = bool_arg(o["causal"], "causal");
   a.scale = scale_arg(o["softmaxScale"]);
   a.softcap = softcap_arg(o["softcap"]);
+  a.window = window_arg(o["window"]);
   a.kernel = kernel_arg(o["kernel"]);
   a.fp32_precision = fp32_precision_arg(o["float32Precision"]);
 }
@@ -321,6 +351,7 @@ ForwardArgs forward_args(const Napi::Value& value) {
                            {"causal", true},
                            {"softmaxScale", true},
                            {"softcap", false},
+                           {"window", false},
                            {"kernel", true},
                            {"float32Precision", true},
                            {"strides", false}});
@@ -330,7 +361,7 @@ ForwardArgs forward_args(const Napi::Value& value) {
   return a;
 }
 
-// attentionForward({ q, k, v, dims, causal, softmaxScale, kernel, float32Precision, strides? }):
+// attentionForward({ q, k, v, dims, causal, softmaxScale, softcap?, window?, kernel, float32Precision, strides? }):
 // [out, lse, kernel, plan]. One plain object (OptionsSnapshot: unknown keys and missing required ones are
 // refused); q, k, v: tensors ([buffer, offset]); dims: [batch, seqlenQ, seqlenK, headsQ, headsKV,
 // headDim]; kernel, float32Precision: codes of csrc/enums.json; strides: undefined (contiguous) or the
@@ -347,6 +378,7 @@ Napi::Value AttentionForward(const Napi::CallbackInfo& info) {
   const DType dtype = args.q.dtype();
   expect_float(dtype, "q");
   check_softcap_device(args.softcap, device);
+  check_window_device(args.window, device);
   const int64_t q_numel = checked_numel({d.batch, d.seqlen_q, d.heads_q, d.head_dim}, "q");
   checked_numel({d.batch, d.seqlen_k, d.heads_kv, d.head_dim}, "k");
   const int64_t lse_numel = checked_numel({d.batch, d.heads_q, d.seqlen_q}, "lse");
@@ -362,6 +394,8 @@ Napi::Value AttentionForward(const Napi::CallbackInfo& info) {
   AttentionFwdParams p;
   fill_fwd_params(p, d, dtype, scale, causal);
   p.softcap = args.softcap;
+  p.window_left = args.window.left;
+  p.window_right = args.window.right;
   const auto point_at = [&](AttentionFwdParams& pp) {
     set_strides(q, &pp.q_batch_stride, &pp.q_row_stride, &pp.q_head_stride);
     set_strides(k, &pp.k_batch_stride, &pp.k_row_stride, &pp.k_head_stride);
@@ -466,6 +500,7 @@ BackwardArgs backward_args(const Napi::Value& value) {
                            {"causal", true},
                            {"softmaxScale", true},
                            {"softcap", false},
+                           {"window", false},
                            {"kernel", true},
                            {"deterministic", true},
                            {"algorithm", true},
@@ -505,7 +540,7 @@ BackwardArgs backward_args(const Napi::Value& value) {
   return a;
 }
 
-// attentionBackward({ dout, q, k, v, out, lse, dims, causal, softmaxScale, kernel, deterministic,
+// attentionBackward({ dout, q, k, v, out, lse, dims, causal, softmaxScale, softcap?, window?, kernel, deterministic,
 // algorithm, float32Precision, strides?, grads?, gradStrides? }): [dq, dk, dv, kernel, algorithm, plan]
 // ('flash' | 'naive', 'single-kernel' | 'two-kernel', PlanReport: as run). One plain object, as for
 // attentionForward. strides: undefined or 15 [batch, row, head] strides of dout, q, k, v, out. grads:
@@ -527,6 +562,7 @@ Napi::Value AttentionBackward(const Napi::CallbackInfo& info) {
   const DType dtype = args.q.dtype();
   expect_float(dtype, "q");
   check_softcap_device(args.softcap, device);
+  check_window_device(args.window, device);
   const int64_t q_numel = checked_numel({d.batch, d.seqlen_q, d.heads_q, d.head_dim}, "q");
   const int64_t kv_numel = checked_numel({d.batch, d.seqlen_k, d.heads_kv, d.head_dim}, "k");
   const int64_t lse_numel = checked_numel({d.batch, d.heads_q, d.seqlen_q}, "lse");
@@ -579,6 +615,8 @@ Napi::Value AttentionBackward(const Napi::CallbackInfo& info) {
   AttentionBwdParams p;
   fill_fwd_params(p, d, dtype, scale, causal);
   p.softcap = args.softcap;
+  p.window_left = args.window.left;
+  p.window_right = args.window.right;
   const auto point_at = [&](AttentionBwdParams& pp) {
     set_strides(q, &pp.q_batch_stride, &pp.q_row_stride, &pp.q_head_stride);
     set_strides(k, &pp.k_batch_stride, &pp.k_row_stride, &pp.k_head_stride);

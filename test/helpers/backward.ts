@@ -63,7 +63,14 @@ export function randomInputs(t: ForwardShape, label: string, qkStd = 1): Backwar
 
 /** Keys that query row i sees: all seqlenK, or with the bottom-right causal mask those with j <= i + seqlenK − seqlenQ. */
 export function visibleKeys(t: ForwardShape, i: number): number {
-  return t.causal ? max(0, min(t.sk, i + t.sk - t.sq + 1)) : t.sk;
+  const right = t.causal ? 0 : (t.window?.[1] ?? -1);
+  return right < 0 ? t.sk : max(0, min(t.sk, i + t.sk - t.sq + right + 1));
+}
+
+/** The first key row i sees: 0 unless a window bounds its left side (keys before it are hidden). */
+export function firstVisibleKey(t: ForwardShape, i: number): number {
+  const left = t.window?.[0] ?? -1;
+  return left < 0 ? 0 : max(0, min(t.sk, i + t.sk - t.sq - left));
 }
 
 /** Query rows of each head that see no key: seqlenQ − seqlenK with the causal mask when positive, else 0. */
@@ -250,8 +257,9 @@ export async function runBackward(t: BackwardCase, x: BackwardInputs): Promise<B
 // ------------------------------------------------------------------------------------------------
 
 /**
- * Calls `fn(b, h, i, n, p, ds)` for every query row that sees n ≥ 1 keys, with the row's float64
- * softmax p[0..n) and dS = p ∘ (dP − D) (dP_j = dO_i·v_j, D = dO_i·out_i with out_i = Σ_j p_j v_j),
+ * Calls `fn(b, h, i, n, p, ds)` for every query row that sees a key (keys [lo, n): a window's left side
+ * hides the first lo, whose p and ds are 0), with the row's float64 softmax p[0..n) and
+ * dS = p ∘ (dP − D) (dP_j = dO_i·v_j, D = dO_i·out_i with out_i = Σ_j p_j v_j),
  * computed from the stored values `s` (q, k, v, dout). Costs about 3·Σ n·d multiply-adds.
  */
 function forEachRow(
@@ -269,10 +277,14 @@ function forEachRow(
       const kh = floor(h / group);
       for (let i = 0; i < t.sq; i++) {
         const n = visibleKeys(t, i);
-        if (n === 0) continue;
+        const lo = firstVisibleKey(t, i);
+        if (n <= lo) continue;
         const qo = ((b * t.sq + i) * t.hq + h) * d;
+        // Keys before lo (a window's left side) are hidden: P and dS 0 there, so callers may sum from 0.
+        p.fill(0, 0, lo);
+        ds.fill(0, 0, lo);
         let m = -Infinity;
-        for (let j = 0; j < n; j++) {
+        for (let j = lo; j < n; j++) {
           const ko = ((b * t.sk + j) * t.hkv + kh) * d;
           let a = 0;
           for (let c = 0; c < d; c++) a += s.q[qo + c] * s.k[ko + c];
@@ -280,16 +292,16 @@ function forEachRow(
           if (p[j] > m) m = p[j];
         }
         let l = 0;
-        for (let j = 0; j < n; j++) l += (p[j] = exp(p[j] - m));
+        for (let j = lo; j < n; j++) l += (p[j] = exp(p[j] - m));
         o.fill(0);
-        for (let j = 0; j < n; j++) {
+        for (let j = lo; j < n; j++) {
           p[j] /= l;
           const vo = ((b * t.sk + j) * t.hkv + kh) * d;
           for (let c = 0; c < d; c++) o[c] += p[j] * s.v[vo + c];
         }
         let D = 0;
         for (let c = 0; c < d; c++) D += s.dout[qo + c] * o[c];
-        for (let j = 0; j < n; j++) {
+        for (let j = lo; j < n; j++) {
           const vo = ((b * t.sk + j) * t.hkv + kh) * d;
           let dp = 0;
           for (let c = 0; c < d; c++) dp += s.dout[qo + c] * s.v[vo + c];

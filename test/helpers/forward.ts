@@ -22,6 +22,8 @@ export interface ForwardShape {
   causal: boolean;
   /** softmaxScale; default 1/√d. */
   scale?: number;
+  /** options.window ([left, right], −1 unbounded); default none. */
+  window?: readonly [number, number];
 }
 
 /** [batch, seqlenQ, seqlenK, headsQ, headsKV, headDim]. */

@@ -1,0 +1,252 @@
+/**
+ * Sliding window (`options.window`): the CPU backend's forward and backward against the float64
+ * reference (lib/reference.ts defines the window) with the flash-attention rule
+ * (helpers/tolerance.ts): max|kernel − f64 reference| ≤ factor · max|same-precision reference − f64
+ * reference| + atol, factor 2 for out and lse, 3 for dq, dk, dv. The references take the values
+ * actually stored (rounded to the dtype). Every output starts as NaN and is checked to be written;
+ * rows whose window holds no key must give out 0, lse +Infinity and dq 0. Then the options'
+ * validation at the API and at the raw binding, and the refusal on CUDA tensors.
+ */
+
+import {
+  DType, flashAttention, flashAttentionBackward, flashAttentionWithGrad, referenceAttentionBackward, ReferenceShape, Tensor,
+} from '../lib';
+import { binding, FLOAT32_PRECISION_CODE, KERNEL_CODE, NativeBuffer } from '../lib/native';
+import { storageOf, wrapNative } from '../lib/tensor';
+import { describeCuda, trackMemory, usePoisonedOutputs } from './helpers/backend';
+import { firstVisibleKey, outDifferenceSlack, visibleKeys } from './helpers/backward';
+import { randn, rngFor } from './helpers/random';
+import { expectAllWritten, expectFlashRule } from './helpers/tolerance';
+
+trackMemory();
+usePoisonedOutputs();
+
+/** One window case: [batch, seqlenQ, seqlenK, headsQ, headsKV, headDim], the dtype, the window. */
+interface Case {
+  name: string;
+  dims: [number, number, number, number, number, number];
+  dtype: DType;
+  window: [number, number];
+  causal?: boolean;
+}
+
+// The CPU kernels tile by 64 rows and 64 keys: windows narrower and wider than a tile, one-sided
+// windows, a window of 0 (each row sees one key), windows past the ends (rows that see no key),
+// windows wider than the sequence, causal (the right side bounded at 0), GQA, every dtype.
+const CASES: Case[] = [
+  { name: '[16, 8], 97x203, d64, fp32, H2', dims: [1, 97, 203, 2, 2, 64], dtype: 'float32', window: [16, 8] },
+  { name: '[40, -1] causal, 300x250 (50 empty rows), d64, bf16, GQA 2:1', dims: [1, 300, 250, 4, 2, 64], dtype: 'bfloat16', window: [40, -1], causal: true },
+  { name: '[0, 0] (one key a row), 130x130, d32, fp16', dims: [1, 130, 130, 1, 1, 32], dtype: 'float16', window: [0, 0] },
+  { name: '[-1, 5], 70x300, d128, fp32, B2', dims: [2, 70, 300, 1, 1, 128], dtype: 'float32', window: [-1, 5] },
+  { name: '[3, 7] causal, 300x70 (the rows before 227 see no key), d16, bf16', dims: [1, 300, 70, 2, 2, 16], dtype: 'bfloat16', window: [3, 7], causal: true },
+  { name: '[0, -1] (keys from the diagonal on), 129x127, d80, bf16', dims: [1, 129, 127, 1, 1, 80], dtype: 'bfloat16', window: [0, -1] },
+  { name: '[-1, 2], 100x20 (78 empty rows), d8, fp16, H3', dims: [1, 100, 20, 3, 3, 8], dtype: 'float16', window: [-1, 2] },
+  { name: '[200, 64], 257x257, d256, fp32', dims: [1, 257, 257, 1, 1, 256], dtype: 'float32', window: [200, 64] },
+];
+
+const ATOL = 1e-5;
+/** FA_TEST_REPORT=1 prints each output's error as a fraction of the rule's bound. */
+const REPORT = process.env.FA_TEST_REPORT === '1';
+
+function shapeOf(t: Case): ReferenceShape {
+  const [batch, seqlenQ, seqlenK, headsQ, headsKV, headDim] = t.dims;
+  return { batch, seqlenQ, seqlenK, headsQ, headsKV, headDim };
+}
+
+describe('sliding window: the CPU backend against the float64 reference', () => {
+  test.each(CASES.map((t) => [t.name, t] as const))('%s', async (_name, t) => {
+    const [b, sq, sk, hq, hkv, d] = t.dims;
+    const causal = t.causal ?? false;
+    const rng = rngFor(`window ${t.name}`);
+    const qShape = [b, sq, hq, d];
+    const kShape = [b, sk, hkv, d];
+    const owned: Tensor[] = [];
+    const make = (data: Float32Array, shape: number[]): Tensor => {
+      const x = Tensor.fromFloat32Array(data, shape, { dtype: t.dtype, device: 'cpu' });
+      owned.push(x);
+      return x;
+    };
+    try {
+      const q = make(randn(b * sq * hq * d, rng), qShape);
+      const k = make(randn(b * sk * hkv * d, rng), kShape);
+      const v = make(randn(b * sk * hkv * d, rng), kShape);
+      const dout = make(randn(b * sq * hq * d, rng), qShape);
+      const opts = { causal, window: t.window };
+      const fwd = flashAttention(q, k, v, opts);
+      owned.push(fwd.out, fwd.lse);
+      const grads = flashAttentionBackward(dout, q, k, v, fwd.out, fwd.lse, opts);
+      owned.push(grads.dq, grads.dk, grads.dv);
+
+      const [qv, kv, vv, gv] = await Promise.all([q, k, v, dout].map((x) => x.toFloat32Array()));
+      const got = {
+        out: await fwd.out.toFloat32Array(),
+        lse: await fwd.lse.toFloat32Array(),
+        dq: await grads.dq.toFloat32Array(),
+        dk: await grads.dk.toFloat32Array(),
+        dv: await grads.dv.toFloat32Array(),
+      };
+      const shapes = {
+        out: { shape: qShape, dims: ['b', 's', 'h', 'd'] },
+        lse: { shape: [b, hq, sq], dims: ['b', 'h', 's'] },
+        dq: { shape: qShape, dims: ['b', 's', 'h', 'd'] },
+        dk: { shape: kShape, dims: ['b', 's', 'h', 'd'] },
+        dv: { shape: kShape, dims: ['b', 's', 'h', 'd'] },
+      };
+      const names = Object.keys(got) as (keyof typeof got)[];
+      for (const n of names) expectAllWritten(got[n], n, shapes[n]);
+
+      const refOpts = { causal, window: t.window, softmaxScale: 1 / Math.sqrt(d) };
+      const ref = referenceAttentionBackward(gv, qv, kv, vv, shapeOf(t), refOpts);
+      const same = referenceAttentionBackward(gv, qv, kv, vv, shapeOf(t), { ...refOpts, precision: t.dtype });
+      // D = dout·out uses the kernel's out: its ulp differences from the same-precision out move dS
+      // (helpers/backward.ts), weighed with the windowed softmax.
+      const fs = { b, sq, sk, hq, hkv, d, causal, window: t.window };
+      const slack = outDifferenceSlack(fs, { q: qv, k: kv, v: vv, dout: gv, out: got.out }, same.out);
+      for (const n of names) {
+        const report = expectFlashRule({
+          actual: got[n],
+          reference: ref[n],
+          samePrecision: same[n],
+          factor: n === 'out' || n === 'lse' ? 2 : 3,
+          atol: ATOL + (n === 'dq' || n === 'dk' || n === 'dv' ? slack[n] : 0),
+          name: `${n} (${t.name})`,
+          ...shapes[n],
+        });
+        if (REPORT) console.log(`${n} (${t.name}): ${(report.maxErr / report.bound).toFixed(2)} of the bound`);
+      }
+      // Rows whose window holds no key: out 0, lse +Infinity, dq 0. The cases have some.
+      let empty = 0;
+      for (let i = 0; i < sq; i++) {
+        if (firstVisibleKey(fs, i) < visibleKeys(fs, i)) continue;
+        ++empty;
+        for (let bb = 0; bb < b; bb++) {
+          for (let h = 0; h < hq; h++) {
+            expect(got.lse[(bb * hq + h) * sq + i]).toBe(Infinity);
+            for (let c = 0; c < d; c++) {
+              expect(got.out[((bb * sq + i) * hq + h) * d + c]).toBe(0);
+              expect(got.dq[((bb * sq + i) * hq + h) * d + c]).toBe(0);
+            }
+          }
+        }
+      }
+      if (t.name.includes('empty') || t.name.includes('see no key')) expect(empty).toBeGreaterThan(0);
+    } finally {
+      for (const x of owned) x.dispose();
+    }
+  });
+
+  test('a window wider than the sequence, or [-1, -1], is no window: the same bits as without it', async () => {
+    const rng = rngFor('window wide');
+    const shape = [2, 150, 2, 32];
+    const [q, k, v, dout] = [0, 1, 2, 3].map(() => Tensor.fromFloat32Array(randn(2 * 150 * 2 * 32, rng), shape, { device: 'cpu' }));
+    const owned: Tensor[] = [q, k, v, dout];
+    try {
+      const run = async (opts: object): Promise<Float32Array[]> => {
+        const f = flashAttention(q, k, v, opts);
+        const g = flashAttentionBackward(dout, q, k, v, f.out, f.lse, opts);
+        owned.push(f.out, f.lse, g.dq, g.dk, g.dv);
+        return Promise.all([f.out, f.lse, g.dq, g.dk, g.dv].map((x) => x.toFloat32Array()));
+      };
+      for (const causal of [false, true]) {
+        const plain = await run({ causal });
+        expect(await run({ causal, window: [-1, -1] })).toEqual(plain);
+        expect(await run({ causal, window: [150, 150] })).toEqual(plain);
+        // A window one key narrower does change the result (the checks above can fail).
+        expect((await run({ causal, window: [148, 148] }))[0]).not.toEqual(plain[0]);
+      }
+    } finally {
+      for (const x of owned) x.dispose();
+    }
+  });
+});
+
+describe('sliding window through flashAttentionWithGrad, on the CPU backend', () => {
+  test('the context keeps the window: the same bits as flashAttention + flashAttentionBackward', async () => {
+    const rng = rngFor('window with grad');
+    const shape = [1, 77, 2, 24];
+    const [q, k, v, dout] = [0, 1, 2, 3].map(() => Tensor.fromFloat32Array(randn(77 * 2 * 24, rng), shape, { dtype: 'bfloat16', device: 'cpu' }));
+    const opts = { window: [9, 3] as [number, number] };
+    const fwd = flashAttention(q, k, v, opts);
+    const grads = flashAttentionBackward(dout, q, k, v, fwd.out, fwd.lse, opts);
+    const ctx = flashAttentionWithGrad(q, k, v, opts);
+    const ctxGrads = ctx.backward(dout);
+    const plain = flashAttentionBackward(dout, q, k, v, fwd.out, fwd.lse);
+    try {
+      expect(await ctx.out.toFloat32Array()).toEqual(await fwd.out.toFloat32Array());
+      for (const n of ['dq', 'dk', 'dv'] as const) {
+        expect(await ctxGrads[n].toFloat32Array()).toEqual(await grads[n].toFloat32Array());
+      }
+      // Without the window the gradients differ (the check above can fail).
+      expect(await plain.dq.toFloat32Array()).not.toEqual(await grads.dq.toFloat32Array());
+    } finally {
+      ctx.dispose();
+      for (const x of [q, k, v, dout, ctx.out, ctx.lse, fwd.out, fwd.lse, grads.dq, grads.dk, grads.dv, ctxGrads.dq, ctxGrads.dk,
+        ctxGrads.dv, plain.dq, plain.dk, plain.dv]) x.dispose();
+    }
+  });
+});
+
+describe('sliding window: validation', () => {
+  const q = (): Tensor => Tensor.fromFloat32Array(new Float32Array(2 * 8).fill(0.5), [1, 2, 1, 8], { device: 'cpu' });
+
+  test.each([
+    ['not an array', 5, TypeError, /options\.window to be \[left, right\]/],
+    ['of 3 elements', [1, 2, 3], TypeError, /options\.window to be \[left, right\]/],
+    ['with a string', ['1', 2], TypeError, /an element '1'|an element "1"|an element a string/],
+    ['below -1', [-2, 0], RangeError, /integers >= -1.*\[-2, 0\]/],
+    ['fractional', [1.5, 0], RangeError, /integers >= -1/],
+    ['NaN', [0, NaN], RangeError, /integers >= -1/],
+    ['beyond 2^53', [0, 2 ** 53], RangeError, /integers >= -1/],
+  ] as const)('the API refuses a window %s', (_what, value, type, message) => {
+    const x = q();
+    try {
+      const call = (): unknown => flashAttention(x, x, x, { window: value as unknown as [number, number] });
+      expect(call).toThrow(type);
+      expect(call).toThrow(message);
+    } finally {
+      x.dispose();
+    }
+  });
+
+  test('the raw binding refuses a bad window, naming it, and runs a good one', () => {
+    const x = q();
+    const h = storageOf(x, 'x');
+    const args = (window: unknown): Record<string, unknown> => ({
+      q: h, k: h, v: h, dims: [1, 2, 2, 1, 1, 8], causal: false,
+      softmaxScale: 0.25, window, kernel: KERNEL_CODE.auto, float32Precision: FLOAT32_PRECISION_CODE.tf32,
+    });
+    try {
+      const forward = binding().attentionForward as unknown as (a: Record<string, unknown>) => unknown;
+      expect(() => forward(args(3))).toThrow(/Expected window to be an Array of 2 \[left, right\]/);
+      expect(() => forward(args([0]))).toThrow(/Expected window to be an Array of 2/);
+      expect(() => forward(args([-2, 0]))).toThrow(/Expected window\[0\] \(left\) to be an integer in \[-1, /);
+      expect(() => forward(args([0, 0.5]))).toThrow(/Expected window\[1\] \(right\) to be an integer/);
+      expect(() => forward(args([0, 'a']))).toThrow(/Expected window\[1\] \(right\) to be an integer/);
+      const ok = forward(args([0, 0])) as unknown[];
+      expect(ok).toHaveLength(4);
+      expect(ok[2]).toBe('flash');
+      wrapNative(ok[0] as NativeBuffer, [1, 2, 1, 8], 'float32', 'cpu').dispose();
+      wrapNative(ok[1] as NativeBuffer, [1, 1, 2], 'float32', 'cpu').dispose();
+    } finally {
+      x.dispose();
+    }
+  });
+});
+
+describeCuda('sliding window: refused on CUDA tensors (the CUDA kernels do not take it yet)', () => {
+  test('flashAttention and flashAttentionBackward refuse a bounded window on CUDA, naming it, and take [-1, -1]', () => {
+    const x = Tensor.fromFloat32Array(new Float32Array(2 * 8).fill(0.5), [1, 2, 1, 8], { device: 'cuda' });
+    const lse = Tensor.fromFloat32Array(new Float32Array(2), [1, 1, 2], { device: 'cuda' });
+    try {
+      expect(() => flashAttention(x, x, x, { window: [4, -1] })).toThrow(RangeError);
+      expect(() => flashAttention(x, x, x, { window: [4, -1] })).toThrow(/options\.window to be \[-1, -1\] for cuda tensors/);
+      expect(() => flashAttentionBackward(x, x, x, x, x, lse, { window: [-1, 0] })).toThrow(/options\.window/);
+      const r = flashAttention(x, x, x, { window: [-1, -1] });
+      r.out.dispose();
+      r.lse.dispose();
+    } finally {
+      lse.dispose();
+      x.dispose();
+    }
+  });
+});
