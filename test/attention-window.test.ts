@@ -1,33 +1,27 @@
 /**
  * Sliding window (`options.window`): the CPU backend's forward and backward against the float64
  * reference (lib/reference.ts defines the window) with the flash-attention rule
- * (helpers/tolerance.ts): max|kernel − f64 reference| ≤ factor · max|same-precision reference − f64
+ * (helpers/feature.ts, helpers/tolerance.ts): max|kernel − f64 reference| ≤ factor · max|same-precision reference − f64
  * reference| + atol, factor 2 for out and lse, 3 for dq, dk, dv. The references take the values
  * actually stored (rounded to the dtype). Every output starts as NaN and is checked to be written;
  * rows whose window holds no key must give out 0, lse +Infinity and dq 0. Then the options'
  * validation at the API and at the raw binding, and the refusal on CUDA tensors.
  */
 
-import {
-  DType, flashAttention, flashAttentionBackward, flashAttentionWithGrad, referenceAttentionBackward, ReferenceShape, Tensor,
-} from '../lib';
-import { binding, FLOAT32_PRECISION_CODE, KERNEL_CODE, NativeBuffer } from '../lib/native';
-import { storageOf, wrapNative } from '../lib/tensor';
+import { flashAttention, flashAttentionBackward, Tensor } from '../lib';
 import { describeCuda, trackMemory, usePoisonedOutputs } from './helpers/backend';
-import { firstVisibleKey, outDifferenceSlack, visibleKeys } from './helpers/backward';
+import { firstVisibleKey, visibleKeys } from './helpers/backward';
+import {
+  expectApiRefuses, expectBindingRefuses, expectContextKeepsFeature, expectFeatureMatchesReference, FeatureCase,
+} from './helpers/feature';
 import { randn, rngFor } from './helpers/random';
-import { expectAllWritten, expectFlashRule } from './helpers/tolerance';
 
 trackMemory();
 usePoisonedOutputs();
 
-/** One window case: [batch, seqlenQ, seqlenK, headsQ, headsKV, headDim], the dtype, the window. */
-interface Case {
-  name: string;
-  dims: [number, number, number, number, number, number];
-  dtype: DType;
+/** One window case: the window on top of the common case fields. */
+interface Case extends FeatureCase {
   window: [number, number];
-  causal?: boolean;
 }
 
 // The CPU kernels tile by 64 rows and 64 keys: windows narrower and wider than a tile, one-sided
@@ -44,95 +38,28 @@ const CASES: Case[] = [
   { name: '[200, 64], 257x257, d256, fp32', dims: [1, 257, 257, 1, 1, 256], dtype: 'float32', window: [200, 64] },
 ];
 
-const ATOL = 1e-5;
-/** FA_TEST_REPORT=1 prints each output's error as a fraction of the rule's bound. */
-const REPORT = process.env.FA_TEST_REPORT === '1';
-
-function shapeOf(t: Case): ReferenceShape {
-  const [batch, seqlenQ, seqlenK, headsQ, headsKV, headDim] = t.dims;
-  return { batch, seqlenQ, seqlenK, headsQ, headsKV, headDim };
-}
-
 describe('sliding window: the CPU backend against the float64 reference', () => {
   test.each(CASES.map((t) => [t.name, t] as const))('%s', async (_name, t) => {
     const [b, sq, sk, hq, hkv, d] = t.dims;
-    const causal = t.causal ?? false;
-    const rng = rngFor(`window ${t.name}`);
-    const qShape = [b, sq, hq, d];
-    const kShape = [b, sk, hkv, d];
-    const owned: Tensor[] = [];
-    const make = (data: Float32Array, shape: number[]): Tensor => {
-      const x = Tensor.fromFloat32Array(data, shape, { dtype: t.dtype, device: 'cpu' });
-      owned.push(x);
-      return x;
-    };
-    try {
-      const q = make(randn(b * sq * hq * d, rng), qShape);
-      const k = make(randn(b * sk * hkv * d, rng), kShape);
-      const v = make(randn(b * sk * hkv * d, rng), kShape);
-      const dout = make(randn(b * sq * hq * d, rng), qShape);
-      const opts = { causal, window: t.window };
-      const fwd = flashAttention(q, k, v, opts);
-      owned.push(fwd.out, fwd.lse);
-      const grads = flashAttentionBackward(dout, q, k, v, fwd.out, fwd.lse, opts);
-      owned.push(grads.dq, grads.dk, grads.dv);
-
-      const [qv, kv, vv, gv] = await Promise.all([q, k, v, dout].map((x) => x.toFloat32Array()));
-      const got = {
-        out: await fwd.out.toFloat32Array(),
-        lse: await fwd.lse.toFloat32Array(),
-        dq: await grads.dq.toFloat32Array(),
-        dk: await grads.dk.toFloat32Array(),
-        dv: await grads.dv.toFloat32Array(),
-      };
-      const shapes = {
-        out: { shape: qShape, dims: ['b', 's', 'h', 'd'] },
-        lse: { shape: [b, hq, sq], dims: ['b', 'h', 's'] },
-        dq: { shape: qShape, dims: ['b', 's', 'h', 'd'] },
-        dk: { shape: kShape, dims: ['b', 's', 'h', 'd'] },
-        dv: { shape: kShape, dims: ['b', 's', 'h', 'd'] },
-      };
-      const names = Object.keys(got) as (keyof typeof got)[];
-      for (const n of names) expectAllWritten(got[n], n, shapes[n]);
-
-      const refOpts = { causal, window: t.window, softmaxScale: 1 / Math.sqrt(d) };
-      const ref = referenceAttentionBackward(gv, qv, kv, vv, shapeOf(t), refOpts);
-      const same = referenceAttentionBackward(gv, qv, kv, vv, shapeOf(t), { ...refOpts, precision: t.dtype });
-      // D = dout·out uses the kernel's out: its ulp differences from the same-precision out move dS
-      // (helpers/backward.ts), weighed with the windowed softmax.
-      const fs = { b, sq, sk, hq, hkv, d, causal, window: t.window };
-      const slack = outDifferenceSlack(fs, { q: qv, k: kv, v: vv, dout: gv, out: got.out }, same.out);
-      for (const n of names) {
-        const report = expectFlashRule({
-          actual: got[n],
-          reference: ref[n],
-          samePrecision: same[n],
-          factor: n === 'out' || n === 'lse' ? 2 : 3,
-          atol: ATOL + (n === 'dq' || n === 'dk' || n === 'dv' ? slack[n] : 0),
-          name: `${n} (${t.name})`,
-          ...shapes[n],
-        });
-        if (REPORT) console.log(`${n} (${t.name}): ${(report.maxErr / report.bound).toFixed(2)} of the bound`);
-      }
-      // Rows whose window holds no key: out 0, lse +Infinity, dq 0. The cases have some.
-      let empty = 0;
-      for (let i = 0; i < sq; i++) {
-        if (firstVisibleKey(fs, i) < visibleKeys(fs, i)) continue;
-        ++empty;
-        for (let bb = 0; bb < b; bb++) {
-          for (let h = 0; h < hq; h++) {
-            expect(got.lse[(bb * hq + h) * sq + i]).toBe(Infinity);
-            for (let c = 0; c < d; c++) {
-              expect(got.out[((bb * sq + i) * hq + h) * d + c]).toBe(0);
-              expect(got.dq[((bb * sq + i) * hq + h) * d + c]).toBe(0);
-            }
+    // The slack's float64 rows take the window too (a row's softmax renormalizes over its window).
+    const fs = { b, sq, sk, hq, hkv, d, causal: t.causal ?? false, window: t.window };
+    const got = await expectFeatureMatchesReference('window', t, { window: t.window }, { window: t.window });
+    // Rows whose window holds no key: out 0, lse +Infinity, dq 0. The cases named so have some.
+    let empty = 0;
+    for (let i = 0; i < sq; i++) {
+      if (firstVisibleKey(fs, i) < visibleKeys(fs, i)) continue;
+      ++empty;
+      for (let bb = 0; bb < b; bb++) {
+        for (let h = 0; h < hq; h++) {
+          expect(got.lse[(bb * hq + h) * sq + i]).toBe(Infinity);
+          for (let c = 0; c < d; c++) {
+            expect(got.out[((bb * sq + i) * hq + h) * d + c]).toBe(0);
+            expect(got.dq[((bb * sq + i) * hq + h) * d + c]).toBe(0);
           }
         }
       }
-      if (t.name.includes('empty') || t.name.includes('see no key')) expect(empty).toBeGreaterThan(0);
-    } finally {
-      for (const x of owned) x.dispose();
     }
+    if (t.name.includes('empty') || t.name.includes('see no key')) expect(empty).toBeGreaterThan(0);
   });
 
   test('a window wider than the sequence, or [-1, -1], is no window: the same bits as without it', async () => {
@@ -162,33 +89,11 @@ describe('sliding window: the CPU backend against the float64 reference', () => 
 
 describe('sliding window through flashAttentionWithGrad, on the CPU backend', () => {
   test('the context keeps the window: the same bits as flashAttention + flashAttentionBackward', async () => {
-    const rng = rngFor('window with grad');
-    const shape = [1, 77, 2, 24];
-    const [q, k, v, dout] = [0, 1, 2, 3].map(() => Tensor.fromFloat32Array(randn(77 * 2 * 24, rng), shape, { dtype: 'bfloat16', device: 'cpu' }));
-    const opts = { window: [9, 3] as [number, number] };
-    const fwd = flashAttention(q, k, v, opts);
-    const grads = flashAttentionBackward(dout, q, k, v, fwd.out, fwd.lse, opts);
-    const ctx = flashAttentionWithGrad(q, k, v, opts);
-    const ctxGrads = ctx.backward(dout);
-    const plain = flashAttentionBackward(dout, q, k, v, fwd.out, fwd.lse);
-    try {
-      expect(await ctx.out.toFloat32Array()).toEqual(await fwd.out.toFloat32Array());
-      for (const n of ['dq', 'dk', 'dv'] as const) {
-        expect(await ctxGrads[n].toFloat32Array()).toEqual(await grads[n].toFloat32Array());
-      }
-      // Without the window the gradients differ (the check above can fail).
-      expect(await plain.dq.toFloat32Array()).not.toEqual(await grads.dq.toFloat32Array());
-    } finally {
-      ctx.dispose();
-      for (const x of [q, k, v, dout, ctx.out, ctx.lse, fwd.out, fwd.lse, grads.dq, grads.dk, grads.dv, ctxGrads.dq, ctxGrads.dk,
-        ctxGrads.dv, plain.dq, plain.dk, plain.dv]) x.dispose();
-    }
+    await expectContextKeepsFeature('window with grad', { window: [9, 3] }, {});
   });
 });
 
 describe('sliding window: validation', () => {
-  const q = (): Tensor => Tensor.fromFloat32Array(new Float32Array(2 * 8).fill(0.5), [1, 2, 1, 8], { device: 'cpu' });
-
   test.each([
     ['not an array', 5, TypeError, /options\.window to be \[left, right\]/],
     ['of 3 elements', [1, 2, 3], TypeError, /options\.window to be \[left, right\]/],
@@ -198,38 +103,17 @@ describe('sliding window: validation', () => {
     ['NaN', [0, NaN], RangeError, /integers >= -1/],
     ['beyond 2^53', [0, 2 ** 53], RangeError, /integers >= -1/],
   ] as const)('the API refuses a window %s', (_what, value, type, message) => {
-    const x = q();
-    try {
-      const call = (): unknown => flashAttention(x, x, x, { window: value as unknown as [number, number] });
-      expect(call).toThrow(type);
-      expect(call).toThrow(message);
-    } finally {
-      x.dispose();
-    }
+    expectApiRefuses('window', value, type, message);
   });
 
   test('the raw binding refuses a bad window, naming it, and runs a good one', () => {
-    const x = q();
-    const h = storageOf(x, 'x');
-    const args = (window: unknown): Record<string, unknown> => ({
-      q: h, k: h, v: h, dims: [1, 2, 2, 1, 1, 8], causal: false,
-      softmaxScale: 0.25, window, kernel: KERNEL_CODE.auto, float32Precision: FLOAT32_PRECISION_CODE.tf32,
-    });
-    try {
-      const forward = binding().attentionForward as unknown as (a: Record<string, unknown>) => unknown;
-      expect(() => forward(args(3))).toThrow(/Expected window to be an Array of 2 \[left, right\]/);
-      expect(() => forward(args([0]))).toThrow(/Expected window to be an Array of 2/);
-      expect(() => forward(args([-2, 0]))).toThrow(/Expected window\[0\] \(left\) to be an integer in \[-1, /);
-      expect(() => forward(args([0, 0.5]))).toThrow(/Expected window\[1\] \(right\) to be an integer/);
-      expect(() => forward(args([0, 'a']))).toThrow(/Expected window\[1\] \(right\) to be an integer/);
-      const ok = forward(args([0, 0])) as unknown[];
-      expect(ok).toHaveLength(4);
-      expect(ok[2]).toBe('flash');
-      wrapNative(ok[0] as NativeBuffer, [1, 2, 1, 8], 'float32', 'cpu').dispose();
-      wrapNative(ok[1] as NativeBuffer, [1, 1, 2], 'float32', 'cpu').dispose();
-    } finally {
-      x.dispose();
-    }
+    expectBindingRefuses('window', [
+      [3, /Expected window to be an Array of 2 \[left, right\]/],
+      [[0], /Expected window to be an Array of 2/],
+      [[-2, 0], /Expected window\[0\] \(left\) to be an integer in \[-1, /],
+      [[0, 0.5], /Expected window\[1\] \(right\) to be an integer/],
+      [[0, 'a'], /Expected window\[1\] \(right\) to be an integer/],
+    ], [0, 0]);
   });
 });
 
