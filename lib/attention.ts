@@ -118,6 +118,14 @@ export interface AttentionOptions {
    */
   window?: readonly [number, number];
   /**
+   * ALiBi: `−slope · |i + seqlenK − seqlenQ − j|` joins score (i, j) after the softcap, as
+   * FlashAttention-2 defines it. One slope per query head (`headsQ` values, for every batch) or per
+   * batch and head (`batch · headsQ`, batch-major); finite numbers that float32 holds, copied at the
+   * call. Undefined (default): none. The CPU backend takes them; CUDA tensors with slopes are
+   * refused with a RangeError (the CUDA kernels do not take ALiBi yet).
+   */
+  alibiSlopes?: Float32Array | readonly number[];
+  /**
    * 'flash' is FlashAttention-2: the CPU backend, and on CUDA (sm_80 or newer) the tensor-core
    * kernels: the forward and the backward for float16, bfloat16 and float32 (see `algorithm` and
    * `deterministic` for the backward's variants). 'naive' is the CUDA fp32 reference that
@@ -233,6 +241,7 @@ interface Problem {
   scale: number;
   softcap: number; // 0: none
   window: [number, number]; // [-1, -1]: none
+  alibi: Float32Array | null; // headsQ or batch * headsQ slopes
   kernel: AttentionKernel;
   float32Precision: Float32Precision;
 }
@@ -259,6 +268,7 @@ interface CheckedOptions {
   scale?: number;
   softcap: number;
   window: [number, number];
+  alibi: Float32Array | null;
   kernel: AttentionKernel;
   float32Precision: Float32Precision;
   deterministic: boolean;
@@ -268,8 +278,26 @@ interface CheckedOptions {
 // The forward takes the backward's keys too (one options object can serve both passes), and checks
 // them as the backward would.
 const OPTION_KEYS: readonly string[] = [
-  'causal', 'softmaxScale', 'softcap', 'window', 'kernel', 'float32Precision', 'deterministic', 'algorithm',
+  'causal', 'softmaxScale', 'softcap', 'window', 'alibiSlopes', 'kernel', 'float32Precision', 'deterministic',
+  'algorithm',
 ];
+
+/** `options.alibiSlopes` (undefined: none), copied to float32; its length is checked against the shapes later. */
+function checkAlibi(slopes: unknown): Float32Array | null {
+  if (slopes === undefined) return null;
+  const what = 'options.alibiSlopes to be a Float32Array or an Array of finite numbers';
+  if (!(slopes instanceof Float32Array) && !Array.isArray(slopes)) throw typeError(what, describeValue(slopes));
+  const out = new Float32Array(slopes.length);
+  for (let i = 0; i < slopes.length; i++) {
+    const x: unknown = slopes[i];
+    if (typeof x !== 'number') throw typeError(what, `element ${i} ${describeValue(x)}`);
+    if (!Number.isFinite(x) || !Number.isFinite(Math.fround(x))) {
+      throw rangeError(`${what} that float32 holds`, `element ${i} ${String(x)}`);
+    }
+    out[i] = x;
+  }
+  return out;
+}
 
 /** `options.window` (undefined: none) as [left, right], -1 where unbounded. */
 function checkWindow(window: unknown): [number, number] {
@@ -313,6 +341,7 @@ function checkOptions(options: unknown): CheckedOptions {
     }
   }
   const window = checkWindow(o.window);
+  const alibi = checkAlibi(o.alibiSlopes);
   if (o.kernel !== undefined && !['auto', 'flash', 'naive'].includes(o.kernel as string)) {
     throw typeError("options.kernel to be 'auto', 'flash' or 'naive'", describeValue(o.kernel));
   }
@@ -330,6 +359,7 @@ function checkOptions(options: unknown): CheckedOptions {
     scale: o.softmaxScale,
     softcap: o.softcap ?? 0,
     window,
+    alibi,
     kernel: o.kernel ?? 'auto',
     float32Precision: o.float32Precision ?? 'tf32',
     deterministic: o.deterministic ?? false,
@@ -374,6 +404,19 @@ function checkQKV(q: unknown, k: unknown, v: unknown, options: unknown): Backwar
       String(o.softcap),
     );
   }
+  if (o.alibi !== null) {
+    if (o.alibi.length !== headsQ && o.alibi.length !== batch * headsQ) {
+      throw rangeError(`options.alibiSlopes to hold headsQ (${headsQ}) or batch * headsQ (${batch * headsQ}) slopes`,
+        `${o.alibi.length}`);
+    }
+    if (Q.device !== 'cpu') {
+      throw rangeError(
+        `options.alibiSlopes to be undefined for ${Q.device} tensors (the CUDA kernels do not take ALiBi yet; ` +
+          'the CPU backend does)',
+        `${o.alibi.length} slopes`,
+      );
+    }
+  }
   if ((o.window[0] >= 0 || o.window[1] >= 0) && Q.device !== 'cpu') {
     throw rangeError(
       `options.window to be [-1, -1] for ${Q.device} tensors (the CUDA kernels do not take a sliding window yet; ` +
@@ -389,6 +432,7 @@ function checkQKV(q: unknown, k: unknown, v: unknown, options: unknown): Backwar
     scale: o.scale ?? 1 / Math.sqrt(headDim),
     softcap: o.softcap,
     window: o.window,
+    alibi: o.alibi,
     kernel: o.kernel,
     float32Precision: o.float32Precision,
     deterministic: o.deterministic,
@@ -424,7 +468,7 @@ function forwardNative(q: NativeView, k: NativeView, v: NativeView, p: Problem):
   const { args, strides } = nativeArgs([q, k, v]);
   const [outBuf, lseBuf, kernel, plan] = binding().attentionForward({
     q: args[0], k: args[1], v: args[2], dims: p.dims, causal: p.causal, softmaxScale: p.scale, softcap: p.softcap,
-    window: p.window, kernel: KERNEL_CODE[p.kernel], float32Precision: FLOAT32_PRECISION_CODE[p.float32Precision], strides,
+    window: p.window, alibiSlopes: p.alibi ?? undefined, kernel: KERNEL_CODE[p.kernel], float32Precision: FLOAT32_PRECISION_CODE[p.float32Precision], strides,
   });
   const [batch, seqlenQ, , headsQ, , headDim] = p.dims;
   return {
@@ -532,7 +576,7 @@ function backwardNative(
   const grads = given ? targets.map((t, i) => (t === null ? null : nativeView(t, TARGET_KEYS[i]))) : [];
   const [dq, dk, dv, kernel, algorithm, plan] = binding().attentionBackward({
     dout: args[0], q: args[1], k: args[2], v: args[3], out: args[4], lse, dims: p.dims, causal: p.causal,
-    softmaxScale: p.scale, softcap: p.softcap, window: p.window, kernel: KERNEL_CODE[p.kernel],
+    softmaxScale: p.scale, softcap: p.softcap, window: p.window, alibiSlopes: p.alibi ?? undefined, kernel: KERNEL_CODE[p.kernel],
     deterministic: p.deterministic,
     algorithm: BACKWARD_ALGORITHM_CODE[p.algorithm], float32Precision: FLOAT32_PRECISION_CODE[p.float32Precision],
     strides,

@@ -176,6 +176,8 @@ export interface NativeAttentionForwardArgs {
    * aligned like the causal mask; CPU tensors only when bounded.
    */
   window?: number[];
+  /** ALiBi slopes: headsQ or batch * headsQ finite float32 values (undefined: none); CPU tensors only. */
+  alibiSlopes?: Float32Array | number[];
   /** Which implementation runs: a {@link KERNEL_CODE} value. */
   kernel: number;
   /** The float32 inputs' matmul precision on CUDA: a {@link FLOAT32_PRECISION_CODE} value. */
@@ -211,6 +213,8 @@ export interface NativeAttentionBackwardArgs {
   softcap?: number;
   /** As in {@link NativeAttentionForwardArgs}. */
   window?: number[];
+  /** As in {@link NativeAttentionForwardArgs}. */
+  alibiSlopes?: Float32Array | number[];
   /** As in {@link NativeAttentionForwardArgs}. */
   kernel: number;
   /** Whether dq is summed in a fixed order (bitwise reproducible). */

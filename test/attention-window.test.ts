@@ -13,8 +13,8 @@ import { describeCuda, trackMemory, usePoisonedOutputs } from './helpers/backend
 import { firstVisibleKey, visibleKeys } from './helpers/backward';
 import {
   expectApiRefuses, expectBindingRefuses, expectContextKeepsFeature, expectFeatureMatchesReference, FeatureCase,
+  withFeatureRuns,
 } from './helpers/feature';
-import { randn, rngFor } from './helpers/random';
 
 trackMemory();
 usePoisonedOutputs();
@@ -63,17 +63,7 @@ describe('sliding window: the CPU backend against the float64 reference', () => 
   });
 
   test('a window wider than the sequence, or [-1, -1], is no window: the same bits as without it', async () => {
-    const rng = rngFor('window wide');
-    const shape = [2, 150, 2, 32];
-    const [q, k, v, dout] = [0, 1, 2, 3].map(() => Tensor.fromFloat32Array(randn(2 * 150 * 2 * 32, rng), shape, { device: 'cpu' }));
-    const owned: Tensor[] = [q, k, v, dout];
-    try {
-      const run = async (opts: object): Promise<Float32Array[]> => {
-        const f = flashAttention(q, k, v, opts);
-        const g = flashAttentionBackward(dout, q, k, v, f.out, f.lse, opts);
-        owned.push(f.out, f.lse, g.dq, g.dk, g.dv);
-        return Promise.all([f.out, f.lse, g.dq, g.dk, g.dv].map((x) => x.toFloat32Array()));
-      };
+    await withFeatureRuns('window wide', [2, 150, 2, 32], async (run) => {
       for (const causal of [false, true]) {
         const plain = await run({ causal });
         expect(await run({ causal, window: [-1, -1] })).toEqual(plain);
@@ -81,9 +71,7 @@ describe('sliding window: the CPU backend against the float64 reference', () => 
         // A window one key narrower does change the result (the checks above can fail).
         expect((await run({ causal, window: [148, 148] }))[0]).not.toEqual(plain[0]);
       }
-    } finally {
-      for (const x of owned) x.dispose();
-    }
+    });
   });
 });
 

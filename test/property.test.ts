@@ -227,6 +227,7 @@ const BAD_OPTIONS: Record<string, readonly unknown[]> = {
   softmaxScale: [NaN, Infinity, -Infinity, 0, -0.5, 1e-50, 1e39, '0.5', null, true],
   softcap: [NaN, Infinity, -1, 1e-50, 1e39, '2', null, true],
   window: [5, [1], [1, 2, 3], [-2, 0], [0.5, 0], [0, NaN], ['1', 2], null, {}],
+  alibiSlopes: [0.5, [NaN], [1e39], ['0.5'], new Float64Array(1), null, {}],
   kernel: ['fast', '', 'FLASH', 1, null, 'naive'],
   float32Precision: ['fp32', 'TF32', 1, null],
   deterministic: [1, 'yes', null],
@@ -234,10 +235,10 @@ const BAD_OPTIONS: Record<string, readonly unknown[]> = {
 };
 /** Option keys each entry validates (the forward ignores the backward's). */
 const OPTION_KEYS: Record<Entry, readonly string[]> = {
-  forward: ['causal', 'softmaxScale', 'softcap', 'window', 'kernel', 'float32Precision'],
+  forward: ['causal', 'softmaxScale', 'softcap', 'window', 'alibiSlopes', 'kernel', 'float32Precision'],
   // 'two-kernel' is accepted by flashAttentionWithGrad (the CPU refuses it in backward()): left out there.
-  withGrad: ['causal', 'softmaxScale', 'softcap', 'window', 'kernel', 'float32Precision', 'deterministic', 'algorithm'],
-  backward: ['causal', 'softmaxScale', 'softcap', 'window', 'kernel', 'float32Precision', 'deterministic', 'algorithm'],
+  withGrad: ['causal', 'softmaxScale', 'softcap', 'window', 'alibiSlopes', 'kernel', 'float32Precision', 'deterministic', 'algorithm'],
+  backward: ['causal', 'softmaxScale', 'softcap', 'window', 'alibiSlopes', 'kernel', 'float32Precision', 'deterministic', 'algorithm'],
   ctxBackward: ['deterministic', 'algorithm'],
 };
 const BAD_HEAD_DIMS: readonly number[] = [1, 4, 7, 12, 20, 36, 100, 264, 512];

@@ -516,9 +516,10 @@ describe('raw native binding (lib/native.ts binding())', () => {
     dout: ndout, q: nq, k: nk, v: nv, out: nout, lse: nlse, dims: dims(), causal: false, softmaxScale: 0.25, kernel: 0,
     deterministic: false, algorithm: 0, float32Precision: 0,
   });
-  const FWD_KEYS = "'q', 'k', 'v', 'dims', 'causal', 'softmaxScale', 'softcap', 'window', 'kernel', 'float32Precision' or 'strides'";
-  const BWD_KEYS = "'dout', 'q', 'k', 'v', 'out', 'lse', 'dims', 'causal', 'softmaxScale', 'softcap', 'window', 'kernel', " +
-    "'deterministic', 'algorithm', 'float32Precision', 'strides', 'grads' or 'gradStrides'";
+  const FWD_KEYS = "'q', 'k', 'v', 'dims', 'causal', 'softmaxScale', 'softcap', 'window', 'alibiSlopes', 'kernel', 'float32Precision' or " +
+    "'strides'";
+  const BWD_KEYS = "'dout', 'q', 'k', 'v', 'out', 'lse', 'dims', 'causal', 'softmaxScale', 'softcap', 'window', " +
+    "'alibiSlopes', 'kernel', 'deterministic', 'algorithm', 'float32Precision', 'strides', 'grads' or 'gradStrides'";
   const withKeys = (base: Record<string, unknown>, over: Record<string, unknown>): Record<string, unknown> => {
     const o = { ...base };
     for (const [key, x] of Object.entries(over)) o[key] = resolveArg(x);

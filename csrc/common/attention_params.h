@@ -86,6 +86,17 @@ struct AttentionFwdParams {
   // by the CPU backend; the binding refuses a bounded window for CUDA.
   int64_t window_left = -1;
   int64_t window_right = -1;
+  // ALiBi: with alibi_slopes set, -slope * |i + diag - j| joins score (i, j) after the softcap, slope =
+  // alibi_slopes[b * alibi_batch_stride + h] for batch b and query head h (alibi_batch_stride 0: one
+  // slope per head for every batch, else heads_q). Finite float32. Taken by the CPU backend; the
+  // binding refuses it for CUDA.
+  const float* alibi_slopes = nullptr;
+  int64_t alibi_batch_stride = 0;
+
+  // The ALiBi slope of batch b, query head h (0 without ALiBi).
+  float alibi_slope(int64_t b, int64_t h) const {
+    return alibi_slopes == nullptr ? 0.0f : alibi_slopes[b * alibi_batch_stride + h];
+  }
 };
 
 // The keys [lo(i), hi(i)) that query row i sees under the causal mask and the sliding window of p

@@ -97,7 +97,7 @@ void bwd_load_q_tile(const BwdPlan& plan, int64_t b, int64_t hq, int64_t i0, int
 // One (Q tile i, K/V tile j) step in the S = Q K^T orientation. The K/V tile was loaded by
 // bwd_load_kv; qc, doc: Q_i and dO_i, [rows_pad][d]; lse, dl: their row stats (bwd_load_row_stats).
 // dk, dv: [keys_pad][d] accumulators of tile j; dq: [rows_pad][d] accumulator of tile i.
-void bwd_pair(const BwdPlan& plan, int64_t i0, int64_t j0, int keys, const float* qc, const float* doc,
+void bwd_pair(const BwdPlan& plan, int64_t i0, int64_t j0, int keys, float slope, const float* qc, const float* doc,
               const float* lse, const float* dl, float* ws, float* dk, float* dv, float* dq) {
   const AttentionBwdParams& p = *plan.p;
   const int d = plan.head_dim;
@@ -139,6 +139,9 @@ void bwd_pair(const BwdPlan& plan, int64_t i0, int64_t j0, int keys, const float
     float* srow = s + r * kBk;
     float* dprow = dp + r * kBk;
     if (capped) softcap_scores(srow, keys_pad, p.softmax_scale, p.softcap, dtanh);
+    // ALiBi (it moves P, not the chain rule): in the capped row's units, else in Q K^T's.
+    if (slope != 0.0f)
+      alibi_scores(srow, keys_pad, capped ? slope : slope / p.softmax_scale, i0 + r + p.seqlen_k - p.seqlen_q - j0, -1);
     for (int c = 0; c < keys_pad; c += kLanes) {
       const Vec pv = keep_lanes(lanes + c, first, end, recompute_p(vload<Vec>(srow + c), p_scale, lse_r));
       vstore<Vec>(srow + c, pv);
@@ -236,8 +239,8 @@ void bwd_chunk_item(const BwdPlan& plan, int64_t item, float* ws) {
         bwd_load_kv(plan, b, hk, j0, keys, ws);
         for (int64_t qt = first; qt < end; ++qt) {
           const int64_t r0 = qt * kBq - blk_i0;  // first row of Q tile qt in the block
-          bwd_pair(plan, qt * kBq, j0, keys, q_blk + r0 * d, do_blk + r0 * d, lse_blk + r0, dl_blk + r0, ws,
-                   dk_acc + (j0 - key0) * d, dv_acc + (j0 - key0) * d, dq_acc + r0 * d);
+          bwd_pair(plan, qt * kBq, j0, keys, p.alibi_slope(b, hq), q_blk + r0 * d, do_blk + r0 * d, lse_blk + r0,
+                   dl_blk + r0, ws, dk_acc + (j0 - key0) * d, dv_acc + (j0 - key0) * d, dq_acc + r0 * d);
         }
       }
       if (plan.chunks == 1)

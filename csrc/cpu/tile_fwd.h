@@ -65,6 +65,9 @@ void fwd_item(const FwdPlan& plan, int64_t item, float* ws) {
   // log2(e) alone: P = exp2((s - m) log2 e), m the running max of the capped scores.
   const bool capped = p.softcap > 0.0f;
   const Vec scale = vsplat<Vec>(capped ? kLog2e : p.scale_log2);
+  const float slope = p.alibi_slope(b, h);
+  const float slope_units = capped ? slope : slope / p.softmax_scale;
+  const int64_t diag = p.seqlen_k - p.seqlen_q;
 
   for (int64_t j0 = key_begin; j0 < key_end; j0 += kBk) {
     const int keys = static_cast<int>(std::min<int64_t>(kBk, key_end - j0));
@@ -75,6 +78,9 @@ void fwd_item(const FwdPlan& plan, int64_t item, float* ws) {
     gemm<ALayout::kRowMajor, false>(keys_pad, rows_pad, d, kj.data, kj.ld, qt_s, bq, st, bq);
     if (capped)
       for (int jj = 0; jj < keys; ++jj) softcap_scores(st + jj * bq, rows_pad, p.softmax_scale, p.softcap, nullptr);
+    // ALiBi on the tile's scores: in the capped tile's units (scaled), else in Q K^T's (slope / scale).
+    if (slope != 0.0f)
+      for (int jj = 0; jj < keys; ++jj) alibi_scores(st + jj * bq, rows_pad, slope_units, i0 + diag - j0 - jj, 1);
 
     // Row i0 + r (padding rows too, so that they stay finite) sees tile keys [lo - j0, hi - j0).
     const bool masked = j0 < vis.lo(i0 + rows_pad - 1) || j0 + keys > vis.hi(i0);

@@ -134,6 +134,19 @@ inline void softcap_scores(float* s, int count, float scale, float cap, float* d
   }
 }
 
+// ALiBi, the score policy after the softcap: s[e] -= slope * |d0 + step * e| for e in [0, count), d0
+// the signed distance (query position + seqlen_k - seqlen_q - key position) of element 0 and step +1
+// along query rows, -1 along keys. count is a multiple of kLanes.
+inline void alibi_scores(float* s, int count, float slope, int64_t d0, int step) {
+  Vec ramp;  // step * lane
+  for (int l = 0; l < kLanes; ++l) ramp[l] = static_cast<float>(step * l);
+  const Vec sl = vsplat<Vec>(slope);
+  for (int i = 0; i < count; i += kLanes) {
+    const Vec dist = vsplat<Vec>(static_cast<float>(d0 + static_cast<int64_t>(step) * i)) + ramp;
+    vstore<Vec>(s + i, vload<Vec>(s + i) - sl * (dist < Vec{} ? -dist : dist));
+  }
+}
+
 // ---- GEMM -----------------------------------------------------------------------------------------
 // C[M x N] (= or +=) A[M x K] * B[K x N], all fp32. B and C are row-major (leading dimensions ldb,
 // ldc); A is read one element at a time (broadcast), so either layout is as fast.

@@ -4,7 +4,9 @@
 #include <cmath>
 #include <initializer_list>
 #include <limits>
+#include <memory>
 #include <string>
+#include <vector>
 
 #include "common/attention_params.h"
 #include "cpu/flash_cpu.h"
@@ -215,6 +217,60 @@ void check_window_device(const Window& w, Device device) {
   }
 }
 
+// options.alibiSlopes: undefined (none) or a Float32Array or Array of finite numbers that float32 holds:
+// headsQ of them (one per query head, for every batch) or batch * headsQ. Copied, so that the call keeps
+// them whatever the caller does with its array while the CPU work is queued.
+struct Alibi {
+  std::shared_ptr<const std::vector<float>> slopes;  // null: none
+  int64_t batch_stride = 0;                          // 0 (per head) or headsQ
+};
+Alibi alibi_arg(const Napi::Value& v, const Dims& d) {
+  Alibi a;
+  if (v.IsUndefined()) return a;
+  const char* const what =
+      "Expected alibiSlopes to be a Float32Array or an Array of headsQ or batch * headsQ finite numbers";
+  uint32_t n = 0;
+  if (v.IsTypedArray() && v.As<Napi::TypedArray>().TypedArrayType() == napi_float32_array) {
+    n = static_cast<uint32_t>(v.As<Napi::Float32Array>().ElementLength());
+  } else if (v.IsArray()) {
+    n = v.As<Napi::Array>().Length();
+  } else {
+    throw type_error(std::string(what) + " but received " + describe(v));
+  }
+  if (static_cast<int64_t>(n) != d.heads_q && static_cast<int64_t>(n) != d.batch * d.heads_q) {
+    throw range_error(std::string(what) + " (" + std::to_string(d.heads_q) + " or " +
+                      std::to_string(d.batch * d.heads_q) + ") but received " + std::to_string(n) + " of them");
+  }
+  auto slopes = std::make_shared<std::vector<float>>(n);
+  for (uint32_t i = 0; i < n; ++i) {
+    double x;
+    if (v.IsTypedArray()) {
+      x = v.As<Napi::Float32Array>()[i];
+    } else {
+      const Napi::Value e = v.As<Napi::Array>().Get(i);
+      if (!e.IsNumber()) throw type_error(std::string(what) + " but element " + std::to_string(i) + " is " + describe(e));
+      x = e.As<Napi::Number>().DoubleValue();
+    }
+    const float f = static_cast<float>(x);
+    if (!std::isfinite(x) || !std::isfinite(f)) {
+      throw range_error(std::string(what) + " but element " + std::to_string(i) + " is " + std::to_string(x));
+    }
+    (*slopes)[i] = f;
+  }
+  a.slopes = std::move(slopes);
+  a.batch_stride = static_cast<int64_t>(n) == d.heads_q ? 0 : d.heads_q;
+  return a;
+}
+
+// ALiBi runs on the CPU backend only: a CUDA call with slopes is refused before anything is allocated.
+void check_alibi_device(const Alibi& a, Device device) {
+  if (a.slopes != nullptr && device != Device::kCpu) {
+    throw range_error(
+        "Expected alibiSlopes to be undefined for CUDA tensors (the CUDA kernels do not take ALiBi yet; the CPU "
+        "backend does) but received " + std::to_string(a.slopes->size()) + " slopes");
+  }
+}
+
 Kernel kernel_arg(const Napi::Value& v) {
   return static_cast<Kernel>(int_arg(v, "kernel", 0, 2));
 }
@@ -320,6 +376,7 @@ struct AttnCallArgs {
   float scale;
   float softcap;  // 0: none
   Window window;
+  Alibi alibi;
   Kernel kernel;
   Fp32Precision fp32_precision;
   bool has_strides;
@@ -334,6 +391,7 @@ void read_call_args(const OptionsSnapshot& o, AttnCallArgs& a) {
   a.scale = scale_arg(o["softmaxScale"]);
   a.softcap = softcap_arg(o["softcap"]);
   a.window = window_arg(o["window"]);
+  a.alibi = alibi_arg(o["alibiSlopes"], a.dims);
   a.kernel = kernel_arg(o["kernel"]);
   a.fp32_precision = fp32_precision_arg(o["float32Precision"]);
 }
@@ -352,6 +410,7 @@ ForwardArgs forward_args(const Napi::Value& value) {
                            {"softmaxScale", true},
                            {"softcap", false},
                            {"window", false},
+                           {"alibiSlopes", false},
                            {"kernel", true},
                            {"float32Precision", true},
                            {"strides", false}});
@@ -361,7 +420,8 @@ ForwardArgs forward_args(const Napi::Value& value) {
   return a;
 }
 
-// attentionForward({ q, k, v, dims, causal, softmaxScale, softcap?, window?, kernel, float32Precision, strides? }):
+// attentionForward({ q, k, v, dims, causal, softmaxScale, softcap?, window?, alibiSlopes?, kernel, float32Precision,
+// strides? }):
 // [out, lse, kernel, plan]. One plain object (OptionsSnapshot: unknown keys and missing required ones are
 // refused); q, k, v: tensors ([buffer, offset]); dims: [batch, seqlenQ, seqlenK, headsQ, headsKV,
 // headDim]; kernel, float32Precision: codes of csrc/enums.json; strides: undefined (contiguous) or the
@@ -379,6 +439,7 @@ Napi::Value AttentionForward(const Napi::CallbackInfo& info) {
   expect_float(dtype, "q");
   check_softcap_device(args.softcap, device);
   check_window_device(args.window, device);
+  check_alibi_device(args.alibi, device);
   const int64_t q_numel = checked_numel({d.batch, d.seqlen_q, d.heads_q, d.head_dim}, "q");
   checked_numel({d.batch, d.seqlen_k, d.heads_kv, d.head_dim}, "k");
   const int64_t lse_numel = checked_numel({d.batch, d.heads_q, d.seqlen_q}, "lse");
@@ -396,6 +457,8 @@ Napi::Value AttentionForward(const Napi::CallbackInfo& info) {
   p.softcap = args.softcap;
   p.window_left = args.window.left;
   p.window_right = args.window.right;
+  p.alibi_slopes = args.alibi.slopes != nullptr ? args.alibi.slopes->data() : nullptr;
+  p.alibi_batch_stride = args.alibi.batch_stride;
   const auto point_at = [&](AttentionFwdParams& pp) {
     set_strides(q, &pp.q_batch_stride, &pp.q_row_stride, &pp.q_head_stride);
     set_strides(k, &pp.k_batch_stride, &pp.k_row_stride, &pp.k_head_stride);
@@ -447,7 +510,10 @@ Napi::Value AttentionForward(const Napi::CallbackInfo& info) {
 
   if (device == Device::kCpu) {
     cpu::ThreadPool* pool = &rt.pool();
-    submit_cpu(rt, {q.t.buf, k.t.buf, v.t.buf}, {out, lse}, [p, pool] { cpu::flash_fwd(p, *pool); });
+    submit_cpu(rt, {q.t.buf, k.t.buf, v.t.buf}, {out, lse}, [p, pool, slopes = args.alibi.slopes] {
+      (void)slopes;  // keeps p.alibi_slopes alive until the work has run
+      cpu::flash_fwd(p, *pool);
+    });
   } else {
 #ifdef FA_WITH_CUDA
     rt.cuda().ensure_usable();
@@ -501,6 +567,7 @@ BackwardArgs backward_args(const Napi::Value& value) {
                            {"softmaxScale", true},
                            {"softcap", false},
                            {"window", false},
+                           {"alibiSlopes", false},
                            {"kernel", true},
                            {"deterministic", true},
                            {"algorithm", true},
@@ -540,8 +607,8 @@ BackwardArgs backward_args(const Napi::Value& value) {
   return a;
 }
 
-// attentionBackward({ dout, q, k, v, out, lse, dims, causal, softmaxScale, softcap?, window?, kernel, deterministic,
-// algorithm, float32Precision, strides?, grads?, gradStrides? }): [dq, dk, dv, kernel, algorithm, plan]
+// attentionBackward({ dout, q, k, v, out, lse, dims, causal, softmaxScale, softcap?, window?, alibiSlopes?, kernel,
+// deterministic, algorithm, float32Precision, strides?, grads?, gradStrides? }): [dq, dk, dv, kernel, algorithm, plan]
 // ('flash' | 'naive', 'single-kernel' | 'two-kernel', PlanReport: as run). One plain object, as for
 // attentionForward. strides: undefined or 15 [batch, row, head] strides of dout, q, k, v, out. grads:
 // undefined or [dq, dk, dv], each a tensor to write the gradient into (a view, e.g. of a packed dqkv)
@@ -563,6 +630,7 @@ Napi::Value AttentionBackward(const Napi::CallbackInfo& info) {
   expect_float(dtype, "q");
   check_softcap_device(args.softcap, device);
   check_window_device(args.window, device);
+  check_alibi_device(args.alibi, device);
   const int64_t q_numel = checked_numel({d.batch, d.seqlen_q, d.heads_q, d.head_dim}, "q");
   const int64_t kv_numel = checked_numel({d.batch, d.seqlen_k, d.heads_kv, d.head_dim}, "k");
   const int64_t lse_numel = checked_numel({d.batch, d.heads_q, d.seqlen_q}, "lse");
@@ -617,6 +685,8 @@ Napi::Value AttentionBackward(const Napi::CallbackInfo& info) {
   p.softcap = args.softcap;
   p.window_left = args.window.left;
   p.window_right = args.window.right;
+  p.alibi_slopes = args.alibi.slopes != nullptr ? args.alibi.slopes->data() : nullptr;
+  p.alibi_batch_stride = args.alibi.batch_stride;
   const auto point_at = [&](AttentionBwdParams& pp) {
     set_strides(q, &pp.q_batch_stride, &pp.q_row_stride, &pp.q_head_stride);
     set_strides(k, &pp.k_batch_stride, &pp.k_row_stride, &pp.k_head_stride);
@@ -706,7 +776,10 @@ Napi::Value AttentionBackward(const Napi::CallbackInfo& info) {
   if (device == Device::kCpu) {
     cpu::ThreadPool* pool = &rt.pool();
     submit_cpu(rt, {dout.t.buf, q.t.buf, k.t.buf, v.t.buf, out.t.buf, lse.t.buf},
-               {grads[0].t.buf, grads[1].t.buf, grads[2].t.buf}, [p, pool] { cpu::flash_bwd(p, *pool); });
+               {grads[0].t.buf, grads[1].t.buf, grads[2].t.buf}, [p, pool, slopes = args.alibi.slopes] {
+                 (void)slopes;  // keeps p.alibi_slopes alive until the work has run
+                 cpu::flash_bwd(p, *pool);
+               });
   } else {
 #ifdef FA_WITH_CUDA
     rt.cuda().ensure_usable();

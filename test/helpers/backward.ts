@@ -258,7 +258,8 @@ export async function runBackward(t: BackwardCase, x: BackwardInputs): Promise<B
 
 /**
  * Calls `fn(b, h, i, n, p, ds)` for every query row that sees a key (keys [lo, n): a window's left side
- * hides the first lo, whose p and ds are 0), with the row's float64 softmax p[0..n) and
+ * hides the first lo, whose p and ds are 0), with the row's float64 softmax p[0..n) (of the softcapped
+ * scores with ALiBi where `t` has them) and
  * dS = p ∘ (dP − D) (dP_j = dO_i·v_j, D = dO_i·out_i with out_i = Σ_j p_j v_j),
  * computed from the stored values `s` (q, k, v, dout). Costs about 3·Σ n·d multiply-adds.
  */
@@ -272,6 +273,8 @@ function forEachRow(
   const p = new Float64Array(t.sk);
   const ds = new Float64Array(t.sk);
   const o = new Float64Array(d);
+  const cap = t.softcap ?? 0;
+  const slopes = t.alibi;
   for (let b = 0; b < t.b; b++) {
     for (let h = 0; h < t.hq; h++) {
       const kh = floor(h / group);
@@ -288,7 +291,8 @@ function forEachRow(
           const ko = ((b * t.sk + j) * t.hkv + kh) * d;
           let a = 0;
           for (let c = 0; c < d; c++) a += s.q[qo + c] * s.k[ko + c];
-          p[j] = a * scale;
+          p[j] = cap > 0 ? cap * Math.tanh((a * scale) / cap) : a * scale;
+          if (slopes !== undefined) p[j] -= slopes[slopes.length === t.hq ? h : b * t.hq + h] * abs(i + t.sk - t.sq - j);
           if (p[j] > m) m = p[j];
         }
         let l = 0;

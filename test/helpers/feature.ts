@@ -184,3 +184,28 @@ export async function expectContextKeepsFeature(seed: string, opts: object, plai
       ctxGrads.dv, plain.dq, plain.dk, plain.dv]) x.dispose();
   }
 }
+
+/** What `withFeatureRuns` hands its body: [out, lse, dq, dk, dv] of one call with `opts`. */
+export type FeatureRun = (opts: object) => Promise<Float32Array[]>;
+
+/**
+ * Runs `body` with a `run(opts)` that calls flashAttention and flashAttentionBackward on fixed random
+ * float32 CPU tensors of `shape` ([batch, seqlen, heads, headDim] for q, k, v and dout) and returns
+ * their outputs; every tensor is disposed afterwards. For bit-identity checks between options.
+ */
+export async function withFeatureRuns(seed: string, shape: number[], body: (run: FeatureRun) => Promise<void>): Promise<void> {
+  const rng = rngFor(seed);
+  const n = shape.reduce((a, x) => a * x, 1);
+  const [q, k, v, dout] = [0, 1, 2, 3].map(() => Tensor.fromFloat32Array(randn(n, rng), shape, { device: 'cpu' }));
+  const owned: Tensor[] = [q, k, v, dout];
+  try {
+    await body(async (opts) => {
+      const f = flashAttention(q, k, v, opts);
+      const g = flashAttentionBackward(dout, q, k, v, f.out, f.lse, opts);
+      owned.push(f.out, f.lse, g.dq, g.dk, g.dv);
+      return Promise.all([f.out, f.lse, g.dq, g.dk, g.dv].map((x) => x.toFloat32Array()));
+    });
+  } finally {
+    for (const x of owned) x.dispose();
+  }
+}

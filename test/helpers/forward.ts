@@ -24,6 +24,10 @@ export interface ForwardShape {
   scale?: number;
   /** options.window ([left, right], −1 unbounded); default none. */
   window?: readonly [number, number];
+  /** options.softcap (0 or undefined: none). */
+  softcap?: number;
+  /** options.alibiSlopes (hq or b·hq slopes); default none. */
+  alibi?: ArrayLike<number>;
 }
 
 /** [batch, seqlenQ, seqlenK, headsQ, headsKV, headDim]. */

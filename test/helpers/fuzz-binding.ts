@@ -94,6 +94,7 @@ const OPTION_VALUES: Record<string, fc.Arbitrary<Spec>> = {
   deterministic: mostly(fc.boolean().map(value)),
   softmaxScale: mostly(fc.constantFrom(0.25, 0.25, 0.5, 1, 1, 1e-50, -1, NaN).map(value)),
   softcap: mostly(fc.constantFrom(0, 0, 2, 30, 1e-50, 1e39, -1, NaN).map(value)),
+  alibiSlopes: mostly(fc.constantFrom([0.5], [0.5, 0.25], [0.5, 0.25, 0.125, 0.0625], [NaN], [1e39]).map(ints)),
   window: mostly(fc.tuple(fc.constantFrom(-1, -1, 0, 1, 3, -2, 0.5), fc.constantFrom(-1, -1, 0, 2, 1e300)).map(([l, r]) => ints([l, r]))),
   kernel: mostly(fc.constantFrom(0, 0, 0, 1, 1, 2, -1, 3).map(value)),
   algorithm: mostly(fc.constantFrom(0, 0, 0, 1, 1, 2, -1, 3).map(value)),
@@ -105,8 +106,8 @@ const OPTION_VALUES: Record<string, fc.Arbitrary<Spec>> = {
   ),
   gradStrides: stridesSpec(3),
 };
-const FORWARD_KEYS = ['q', 'k', 'v', 'dims', 'causal', 'softmaxScale', 'softcap', 'window', 'kernel', 'float32Precision', 'strides'];
-const BACKWARD_KEYS = ['dout', 'q', 'k', 'v', 'out', 'lse', 'dims', 'causal', 'softmaxScale', 'softcap', 'window', 'kernel', 'deterministic',
+const FORWARD_KEYS = ['q', 'k', 'v', 'dims', 'causal', 'softmaxScale', 'softcap', 'window', 'alibiSlopes', 'kernel', 'float32Precision', 'strides'];
+const BACKWARD_KEYS = ['dout', 'q', 'k', 'v', 'out', 'lse', 'dims', 'causal', 'softmaxScale', 'softcap', 'window', 'alibiSlopes', 'kernel', 'deterministic',
   'algorithm', 'float32Precision', 'strides', 'grads', 'gradStrides'];
 /** null 7 times out of 8, else a value of `arb`. */
 const rarely = <T>(arb: fc.Arbitrary<T>): fc.Arbitrary<T | null> =>
