@@ -82,7 +82,7 @@ struct AttentionFwdParams {
   float* lse = nullptr;  // natural log; +inf for rows with no visible key
   // Sliding window, bottom-right aligned like the causal mask (diag = seqlen_k - seqlen_q): query row i
   // sees key j iff i + diag - window_left <= j <= i + diag + window_right; -1 leaves a side unbounded,
-  // and with `causal` the right side is bounded at 0 (VisibleKeys). Each is -1 or in [0, 2^62]. Taken
+  // and with `causal` the right side is bounded at 0 (VisibleKeys). Each is -1 or in [0, 2^53). Taken
   // by the CPU backend; the binding refuses a bounded window for CUDA.
   int64_t window_left = -1;
   int64_t window_right = -1;
@@ -114,8 +114,6 @@ struct VisibleKeys {
   int64_t hi(int64_t i) const { return right < 0 ? seqlen_k : clamp_key(i + diag + right + 1); }
   bool sees(int64_t i, int64_t j) const { return lo(i) <= j && j < hi(i); }
   bool any(int64_t i) const { return lo(i) < hi(i); }
-  // Whether some row sees a key and another does not: tiles need the mask only then.
-  bool bounded() const { return left >= 0 || right >= 0; }
   // The first query row whose range reaches past key j (hi(i) > j), and the first whose range starts
   // after key j (lo(i) > j; seqlen_q when none does): rows [first_reaching(j), first_after(j)) are the
   // ones that can see key j.

@@ -21,7 +21,8 @@
 // Lanes outside [first, end) of P (keys past the end, entries the mask hides) are exactly 0, so no
 // Inf * 0 downstream.
 inline Vec keep_lanes(VecI lane_pos, int64_t first, int64_t end, Vec v) {
-  return lane_pos >= VecI{} + static_cast<int32_t>(first) && lane_pos < VecI{} + static_cast<int32_t>(end) ? v : Vec{};
+  const VecI lo = VecI{} + static_cast<int32_t>(first), hi = VecI{} + static_cast<int32_t>(end);
+  return lane_pos >= lo && lane_pos < hi ? v : Vec{};
 }
 
 // D = rowsum(dO ∘ O) for one (batch, query head, query tile), into plan.delta.
@@ -96,9 +97,10 @@ void bwd_load_q_tile(const BwdPlan& plan, int64_t b, int64_t hq, int64_t i0, int
 
 // One (Q tile i, K/V tile j) step in the S = Q K^T orientation. The K/V tile was loaded by
 // bwd_load_kv; qc, doc: Q_i and dO_i, [rows_pad][d]; lse, dl: their row stats (bwd_load_row_stats).
-// dk, dv: [keys_pad][d] accumulators of tile j; dq: [rows_pad][d] accumulator of tile i.
-void bwd_pair(const BwdPlan& plan, int64_t i0, int64_t j0, int keys, float slope, const float* qc, const float* doc,
-              const float* lse, const float* dl, float* ws, float* dk, float* dv, float* dq) {
+// dk, dv: [keys_pad][d] accumulators of tile j; dq: [rows_pad][d] accumulator of tile i. slope: the
+// ALiBi slope of the tile's batch and query head (0: none).
+void bwd_pair(const BwdPlan& plan, int64_t i0, int64_t j0, int keys, float slope, const float* qc,
+              const float* doc, const float* lse, const float* dl, float* ws, float* dk, float* dv, float* dq) {
   const AttentionBwdParams& p = *plan.p;
   const int d = plan.head_dim;
   constexpr int kBk = kBwdBlockK;
