@@ -398,31 +398,21 @@ function checkQKV(q: unknown, k: unknown, v: unknown, options: unknown): Backwar
     throw rangeError(`v to have the shape of k ${formatShape(K.shape)}`, formatShape(V.shape));
   }
   const o = checkOptions(options);
-  if (o.softcap > 0 && Q.device !== 'cpu') {
-    throw rangeError(
-      `options.softcap to be 0 for ${Q.device} tensors (the CUDA kernels do not take a softcap yet; the CPU backend does)`,
-      String(o.softcap),
-    );
+  if (o.alibi !== null && o.alibi.length !== headsQ && o.alibi.length !== batch * headsQ) {
+    throw rangeError(`options.alibiSlopes to hold headsQ (${headsQ}) or batch * headsQ (${batch * headsQ}) slopes`,
+      `${o.alibi.length}`);
   }
-  if (o.alibi !== null) {
-    if (o.alibi.length !== headsQ && o.alibi.length !== batch * headsQ) {
-      throw rangeError(`options.alibiSlopes to hold headsQ (${headsQ}) or batch * headsQ (${batch * headsQ}) slopes`,
-        `${o.alibi.length}`);
+  // The score options the CUDA kernels do not take yet: refused on CUDA tensors, naming the option.
+  const cpuOnly: [boolean, string, string, string][] = [
+    [o.softcap > 0, 'options.softcap to be 0', 'a softcap', String(o.softcap)],
+    [o.alibi !== null, 'options.alibiSlopes to be undefined', 'ALiBi', `${o.alibi?.length} slopes`],
+    [o.window[0] >= 0 || o.window[1] >= 0, 'options.window to be [-1, -1]', 'a sliding window', `[${o.window.join(', ')}]`],
+  ];
+  for (const [given, expected, feature, received] of cpuOnly) {
+    if (given && Q.device !== 'cpu') {
+      throw rangeError(`${expected} for ${Q.device} tensors (the CUDA kernels do not take ${feature} yet; the CPU backend does)`,
+        received);
     }
-    if (Q.device !== 'cpu') {
-      throw rangeError(
-        `options.alibiSlopes to be undefined for ${Q.device} tensors (the CUDA kernels do not take ALiBi yet; ` +
-          'the CPU backend does)',
-        `${o.alibi.length} slopes`,
-      );
-    }
-  }
-  if ((o.window[0] >= 0 || o.window[1] >= 0) && Q.device !== 'cpu') {
-    throw rangeError(
-      `options.window to be [-1, -1] for ${Q.device} tensors (the CUDA kernels do not take a sliding window yet; ` +
-        'the CPU backend does)',
-      `[${o.window.join(', ')}]`,
-    );
   }
   return {
     dims: [batch, seqlenQ, seqlenK, headsQ, headsKV, headDim],

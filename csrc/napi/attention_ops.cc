@@ -180,15 +180,6 @@ float softcap_arg(const Napi::Value& v) {
   return cf;
 }
 
-// The softcap runs on the CPU backend only: a CUDA call with one is refused before anything is
-// allocated.
-void check_softcap_device(float softcap, Device device) {
-  if (softcap > 0.0f && device != Device::kCpu) {
-    throw range_error("Expected softcap to be 0 for CUDA tensors (the CUDA kernels do not take a softcap yet; the "
-                      "CPU backend does) but received " + std::to_string(softcap));
-  }
-}
-
 // options.window: undefined (none) or [left, right], integers in [-1, 2^53 - 1] (-1: that side unbounded).
 struct Window {
   int64_t left = -1, right = -1;
@@ -205,16 +196,6 @@ Window window_arg(const Napi::Value& v) {
   w.left = int_arg(a.Get(0u), "window[0] (left)", -1, kMaxWindow);
   w.right = int_arg(a.Get(1u), "window[1] (right)", -1, kMaxWindow);
   return w;
-}
-
-// The sliding window runs on the CPU backend only: a CUDA call with a bounded one is refused before
-// anything is allocated.
-void check_window_device(const Window& w, Device device) {
-  if (w.bounded() && device != Device::kCpu) {
-    throw range_error("Expected window to be [-1, -1] for CUDA tensors (the CUDA kernels do not take a sliding "
-                      "window yet; the CPU backend does) but received [" + std::to_string(w.left) + ", " +
-                      std::to_string(w.right) + "]");
-  }
 }
 
 // options.alibiSlopes: undefined (none) or a Float32Array or Array of finite numbers that float32 holds:
@@ -260,15 +241,6 @@ Alibi alibi_arg(const Napi::Value& v, const Dims& d) {
   a.slopes = std::move(slopes);
   a.batch_stride = static_cast<int64_t>(n) == d.heads_q ? 0 : d.heads_q;
   return a;
-}
-
-// ALiBi runs on the CPU backend only: a CUDA call with slopes is refused before anything is allocated.
-void check_alibi_device(const Alibi& a, Device device) {
-  if (a.slopes != nullptr && device != Device::kCpu) {
-    throw range_error(
-        "Expected alibiSlopes to be undefined for CUDA tensors (the CUDA kernels do not take ALiBi yet; the CPU "
-        "backend does) but received " + std::to_string(a.slopes->size()) + " slopes");
-  }
 }
 
 Kernel kernel_arg(const Napi::Value& v) {
@@ -396,6 +368,34 @@ void read_call_args(const OptionsSnapshot& o, AttnCallArgs& a) {
   a.fp32_precision = fp32_precision_arg(o["float32Precision"]);
 }
 
+// The score options the CUDA kernels do not take yet (softcap, window, ALiBi) run on the CPU backend
+// only: a CUDA call with one is refused, naming it, before anything is allocated.
+void refuse_cpu_only_options(const AttnCallArgs& a, Device device) {
+  if (device == Device::kCpu) return;
+  const auto refuse = [](const std::string& expected, const char* feature, const std::string& received) {
+    throw range_error("Expected " + expected + " for CUDA tensors (the CUDA kernels do not take " + feature +
+                      " yet; the CPU backend does) but received " + received);
+  };
+  if (a.softcap > 0.0f) refuse("softcap to be 0", "a softcap", std::to_string(a.softcap));
+  if (a.window.bounded()) {
+    refuse("window to be [-1, -1]", "a sliding window",
+           "[" + std::to_string(a.window.left) + ", " + std::to_string(a.window.right) + "]");
+  }
+  if (a.alibi.slopes != nullptr) {
+    refuse("alibiSlopes to be undefined", "ALiBi", std::to_string(a.alibi.slopes->size()) + " slopes");
+  }
+}
+
+// The score options into the params of either pass (p.alibi_slopes points into a.alibi's copy, which
+// the caller keeps alive until the work has run).
+void set_score_options(AttentionFwdParams& p, const AttnCallArgs& a) {
+  p.softcap = a.softcap;
+  p.window_left = a.window.left;
+  p.window_right = a.window.right;
+  p.alibi_slopes = a.alibi.slopes != nullptr ? a.alibi.slopes->data() : nullptr;
+  p.alibi_batch_stride = a.alibi.batch_stride;
+}
+
 struct ForwardArgs : AttnCallArgs {
   int64_t strides[9];  // [batch, row, head] of q, k, v when has_strides
 };
@@ -437,9 +437,7 @@ Napi::Value AttentionForward(const Napi::CallbackInfo& info) {
   const Device device = args.q.device();
   const DType dtype = args.q.dtype();
   expect_float(dtype, "q");
-  check_softcap_device(args.softcap, device);
-  check_window_device(args.window, device);
-  check_alibi_device(args.alibi, device);
+  refuse_cpu_only_options(args, device);
   const int64_t q_numel = checked_numel({d.batch, d.seqlen_q, d.heads_q, d.head_dim}, "q");
   checked_numel({d.batch, d.seqlen_k, d.heads_kv, d.head_dim}, "k");
   const int64_t lse_numel = checked_numel({d.batch, d.heads_q, d.seqlen_q}, "lse");
@@ -454,11 +452,7 @@ Napi::Value AttentionForward(const Napi::CallbackInfo& info) {
 
   AttentionFwdParams p;
   fill_fwd_params(p, d, dtype, scale, causal);
-  p.softcap = args.softcap;
-  p.window_left = args.window.left;
-  p.window_right = args.window.right;
-  p.alibi_slopes = args.alibi.slopes != nullptr ? args.alibi.slopes->data() : nullptr;
-  p.alibi_batch_stride = args.alibi.batch_stride;
+  set_score_options(p, args);
   const auto point_at = [&](AttentionFwdParams& pp) {
     set_strides(q, &pp.q_batch_stride, &pp.q_row_stride, &pp.q_head_stride);
     set_strides(k, &pp.k_batch_stride, &pp.k_row_stride, &pp.k_head_stride);
@@ -628,9 +622,7 @@ Napi::Value AttentionBackward(const Napi::CallbackInfo& info) {
   const Device device = args.q.device();
   const DType dtype = args.q.dtype();
   expect_float(dtype, "q");
-  check_softcap_device(args.softcap, device);
-  check_window_device(args.window, device);
-  check_alibi_device(args.alibi, device);
+  refuse_cpu_only_options(args, device);
   const int64_t q_numel = checked_numel({d.batch, d.seqlen_q, d.heads_q, d.head_dim}, "q");
   const int64_t kv_numel = checked_numel({d.batch, d.seqlen_k, d.heads_kv, d.head_dim}, "k");
   const int64_t lse_numel = checked_numel({d.batch, d.heads_q, d.seqlen_q}, "lse");
@@ -682,11 +674,7 @@ Napi::Value AttentionBackward(const Napi::CallbackInfo& info) {
 
   AttentionBwdParams p;
   fill_fwd_params(p, d, dtype, scale, causal);
-  p.softcap = args.softcap;
-  p.window_left = args.window.left;
-  p.window_right = args.window.right;
-  p.alibi_slopes = args.alibi.slopes != nullptr ? args.alibi.slopes->data() : nullptr;
-  p.alibi_batch_stride = args.alibi.batch_stride;
+  set_score_options(p, args);
   const auto point_at = [&](AttentionBwdParams& pp) {
     set_strides(q, &pp.q_batch_stride, &pp.q_row_stride, &pp.q_head_stride);
     set_strides(k, &pp.k_batch_stride, &pp.k_row_stride, &pp.k_head_stride);
